@@ -1,0 +1,12 @@
+"""Pure-PyTorch GradInit engine (no fairseq import)."""
+from .batching import BatchPair, concat_batches, overlapping_pairs, slice_batch
+from .config import GradInitConfig
+from .engine import GradInit, GradInitResult, IterationRecord, gradinit
+from .modes import gradinit_mode, math_attention, unwrap_model
+from .scales import ScaledParameters, apply_scales, default_param_filter, summarize_scales
+
+__all__ = [
+    "BatchPair", "GradInit", "GradInitConfig", "GradInitResult", "IterationRecord", "ScaledParameters",
+    "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode",
+    "math_attention", "overlapping_pairs", "slice_batch", "summarize_scales", "unwrap_model",
+]

@@ -1,0 +1,120 @@
+"""Forming the batch pairs (S, S~) that GradInit evaluates."""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+
+import torch
+
+
+class BatchPair(NamedTuple):
+    """S, the batch the gradient is taken on, and S~, the batch the loss after the step is taken on."""
+
+    s: Any
+    s_tilde: Any
+
+
+def batch_size(batch: Any) -> int:
+    """Number of examples of a batch of tensors (first dimension of its first tensor)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0]
+    if isinstance(batch, dict):
+        for v in batch.values():
+            try:
+                return batch_size(v)
+            except ValueError:
+                continue
+    if isinstance(batch, (list, tuple)):
+        for v in batch:
+            try:
+                return batch_size(v)
+            except ValueError:
+                continue
+    raise ValueError(
+        f"cannot find a tensor in a batch of type {type(batch).__name__}; pass ready-made "
+        "BatchPair items or custom `split`/`concat` functions"
+    )
+
+
+def slice_batch(batch: Any, start: int, stop: int) -> Any:
+    """Rows ``start:stop`` of every tensor in a (nested) batch; other leaves are kept as they are."""
+    if isinstance(batch, torch.Tensor):
+        return batch[start:stop]
+    if isinstance(batch, dict):
+        return type(batch)((k, slice_batch(v, start, stop)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(slice_batch(v, start, stop) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(slice_batch(v, start, stop) for v in batch)
+    return batch
+
+
+def concat_batches(a: Any, b: Any) -> Any:
+    """Concatenate two batches of the same structure along the first dimension."""
+    if isinstance(a, torch.Tensor):
+        return torch.cat([a, b.to(a.device)], dim=0)
+    if isinstance(a, dict):
+        return type(a)((k, concat_batches(a[k], b[k])) for k in a)
+    if isinstance(a, tuple) and hasattr(a, "_fields"):
+        return type(a)(*(concat_batches(x, y) for x, y in zip(a, b)))
+    if isinstance(a, (list, tuple)):
+        return type(a)(concat_batches(x, y) for x, y in zip(a, b))
+    return a
+
+
+def overlapping_pairs(
+    batches: Iterable[Any],
+    overlap: float = 0.5,
+    *,
+    split: Optional[Callable[[Any, int, int], Any]] = None,
+    concat: Optional[Callable[[Any, Any], Any]] = None,
+) -> Iterator[BatchPair]:
+    """Turn a stream of batches b0, b1, ... into pairs (S, S~) with ``|S ∩ S~| = overlap·|S|``.
+
+    Pair t uses S = b_t and S~ = (last ``overlap`` part of b_t) + (first part of b_{t+1}), so S and
+    S~ have the same size, every batch serves once as S, and N batches give N-1 pairs (one pass
+    over a data loader is one GradInit epoch). ``split(batch, start, stop)`` and ``concat(a, b)``
+    default to row slicing and ``torch.cat`` on every tensor of a (nested) batch.
+    """
+    if not 0.0 <= overlap <= 1.0:
+        raise ValueError(f"overlap={overlap!r} is invalid: expected a number in [0, 1]")
+    split = split or slice_batch
+    concat = concat or concat_batches
+    it = iter(batches)
+    try:
+        prev = next(it)
+    except StopIteration:
+        return
+    if overlap >= 1.0:
+        yield BatchPair(prev, prev)
+        for b in it:
+            yield BatchPair(b, b)
+        return
+    for nxt in it:
+        n = batch_size(prev)
+        k = int(round(overlap * n))
+        m = min(n - k, batch_size(nxt))
+        if k == 0:
+            s_tilde = split(nxt, 0, m)
+        elif m == 0:
+            s_tilde = split(prev, n - k, n)
+        else:
+            s_tilde = concat(split(prev, n - k, n), split(nxt, 0, m))
+        yield BatchPair(prev, s_tilde)
+        prev = nxt
+
+
+def cycle_iterable(batches: Iterable[Any]) -> Iterator[Any]:
+    """Iterate ``batches`` repeatedly when it can be re-iterated (e.g. a DataLoader), else once."""
+    it = iter(batches)
+    if it is batches:
+        yield from it
+        return
+    empty = True
+    for b in it:
+        empty = False
+        yield b
+    if empty:
+        return
+    for _ in itertools.count():
+        yield from iter(batches)

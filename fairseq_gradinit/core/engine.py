@@ -1,0 +1,441 @@
+"""The GradInit engine (Zhu et al., 2021, Algorithm 1).
+
+Every selected parameter tensor is written as theta_i = alpha_i * W_i with W_i fixed. Since
+dL/dalpha_i = <dL/dtheta_i, W_i>, the engine works on the model's own parameters: it writes
+alpha*W (or alpha*W - eta*A[g]) into them in place, takes gradients with respect to them with
+``torch.autograd.grad`` (``.grad`` is never touched) and reduces them to one number per tensor.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .batching import BatchPair, cycle_iterable, overlapping_pairs
+from .config import GradInitConfig
+from .modes import gradinit_mode, math_attention, unwrap_model
+from .scales import ScaledParameters
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+@dataclass
+class IterationRecord:
+    """What happened in one GradInit iteration."""
+
+    iteration: int
+    #: "objective", "constraint" or "skipped".
+    branch: str
+    #: L(S; alpha W), averaged over ranks.
+    loss_s: Optional[float]
+    #: ||g||_p of the (rank-averaged) gradient on S.
+    grad_norm: Optional[float]
+    #: L(S~; alpha W - eta A[g]) (objective iterations only).
+    loss_s_tilde: Optional[float] = None
+    #: Why the iteration was skipped.
+    reason: Optional[str] = None
+
+
+@dataclass
+class GradInitResult:
+    """Outcome of :func:`gradinit`."""
+
+    #: Learned scale of every scaled tensor, by parameter name (first name of a shared tensor).
+    scales: Dict[str, float]
+    config: GradInitConfig
+    history: List[IterationRecord]
+    #: Seconds spent in :func:`gradinit`.
+    wall_time: float
+    #: Names that share a tensor with a key of ``scales`` (tied parameters).
+    aliases: Dict[str, List[str]] = field(default_factory=dict)
+    world_size: int = 1
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(r.branch == "skipped" for r in self.history)
+
+    @property
+    def num_constraint(self) -> int:
+        return sum(r.branch == "constraint" for r in self.history)
+
+    @property
+    def num_objective(self) -> int:
+        return sum(r.branch == "objective" for r in self.history)
+
+    def to_dict(self) -> dict:
+        return {
+            "scales": dict(self.scales),
+            "aliases": {k: list(v) for k, v in self.aliases.items()},
+            "config": self.config.to_dict(),
+            "history": [dataclasses.asdict(r) for r in self.history],
+            "wall_time": self.wall_time,
+            "world_size": self.world_size,
+            "iterations": len(self.history),
+            "num_objective": self.num_objective,
+            "num_constraint": self.num_constraint,
+            "num_skipped": self.num_skipped,
+        }
+
+
+class _Dist:
+    """All-reduce helpers that are no-ops in a single process."""
+
+    def __init__(self, process_group=None):
+        if process_group is None and dist.is_available() and dist.is_initialized():
+            process_group = dist.group.WORLD
+        self.group = process_group
+        self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
+        self.rank = dist.get_rank(process_group) if process_group is not None else 0
+        self.src = dist.get_global_rank(process_group, 0) if process_group is not None and \
+            process_group is not dist.group.WORLD else 0
+
+    @property
+    def active(self) -> bool:
+        return self.world_size > 1
+
+    def mean_(self, tensors: Sequence[torch.Tensor]) -> None:
+        if not self.active or not tensors:
+            return
+        # One flat buffer per dtype/device: a single collective instead of one per tensor.
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        dist.all_reduce(flat, group=self.group)
+        flat.div_(self.world_size)
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            t.copy_(flat[offset:offset + n].view_as(t))
+            offset += n
+
+    def broadcast_(self, tensors: Sequence[torch.Tensor]) -> None:
+        if not self.active:
+            return
+        for t in tensors:
+            dist.broadcast(t, src=self.src, group=self.group)
+
+
+def _grads(loss: torch.Tensor, params: Sequence[torch.Tensor], create_graph: bool = False) -> List[torch.Tensor]:
+    grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def _check_loss(loss: Any) -> torch.Tensor:
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise ValueError(
+            "loss_fn(model, batch) must return a scalar tensor (the mean loss of the batch), "
+            f"got {type(loss).__name__}{'' if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}"
+        )
+    if not loss.requires_grad:
+        raise ValueError("the loss returned by loss_fn does not require grad: is the forward pass "
+                         "run under torch.no_grad() or are all parameters frozen?")
+    return loss
+
+
+class _Adam:
+    """Adam on the scale vector whose every step is masked by a device-side 'finite' flag."""
+
+    def __init__(self, alpha: torch.Tensor, cfg: GradInitConfig):
+        self.cfg = cfg
+        self.m = torch.zeros_like(alpha)
+        self.v = torch.zeros_like(alpha)
+        self.step_count = torch.zeros((), dtype=alpha.dtype, device=alpha.device)
+
+    def step(self, alpha: torch.Tensor, grad: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        b1, b2 = cfg.betas
+        ok = ok & torch.isfinite(grad).all()
+        grad = torch.nan_to_num(grad, nan=0.0, posinf=0.0, neginf=0.0)
+        if cfg.scale_grad_clip is not None:
+            norm = grad.norm()
+            grad = grad * torch.clamp(cfg.scale_grad_clip / (norm + 1e-12), max=1.0)
+        t = self.step_count + 1
+        m = self.m * b1 + grad * (1 - b1)
+        v = self.v * b2 + grad * grad * (1 - b2)
+        m_hat = m / (1 - b1 ** t)
+        v_hat = v / (1 - b2 ** t)
+        new = alpha - cfg.lr * m_hat / (v_hat.sqrt() + cfg.eps)
+        new = new.clamp(min=cfg.min_scale, max=cfg.max_scale)
+        ok = ok & torch.isfinite(new).all()
+        self.m = torch.where(ok, m, self.m)
+        self.v = torch.where(ok, v, self.v)
+        self.step_count = torch.where(ok, t, self.step_count)
+        return torch.where(ok, new, alpha), ok
+
+
+class GradInit:
+    """Stateful GradInit run; :func:`gradinit` is the usual entry point."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, config: GradInitConfig, *,
+                 process_group=None):
+        self.model = unwrap_model(model)
+        self.loss_fn = loss_fn
+        self.cfg = config
+        self.gamma = config.resolved_gamma
+        self.dist = _Dist(process_group)
+        self.scaled = ScaledParameters(self.model, config.param_filter)
+        if self.dist.active:
+            # Every rank must start from rank 0's W (fairseq's legacy_ddp does not broadcast).
+            with torch.no_grad():
+                self.dist.broadcast_(self.scaled.params)
+        self.scaled.capture()
+        self.alpha = self.scaled.alpha
+        self.adam = _Adam(self.alpha, config)
+        self.history: List[IterationRecord] = []
+        self._pending: Optional[tuple] = None  # (record, loss_s_tilde tensor, ok tensor)
+        self._consecutive_skips = 0
+
+    # -- the two branches ---------------------------------------------------------------------
+    def _norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        if self.cfg.norm_p == 1:
+            return torch.stack([g.abs().sum(dtype=torch.float32) for g in grads]).sum()
+        return torch.stack([g.pow(2).sum(dtype=torch.float32) for g in grads]).sum().sqrt()
+
+    def _step_direction(self, grads: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
+        """A[g], computed in place in ``grads``."""
+        if self.cfg.optimizer == "adam":
+            return [g.sign_() for g in grads]
+        if self.cfg.sgd_step == "normalized":
+            factor = self.gamma / gnorm.clamp(min=1e-12)
+            return [g.mul_(factor.to(g.dtype)) for g in grads]
+        return grads
+
+    def _constraint_grad(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor) -> torch.Tensor:
+        """d||gbar||_p / d alpha through a second-order pass on S."""
+        if self.cfg.norm_p == 1:
+            v = [g.sign() for g in gbar]
+        else:
+            inv = 1.0 / gnorm.clamp(min=1e-12)
+            v = [g * inv.to(g.dtype) for g in gbar]
+        params = self.scaled.params
+        # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>.
+        with math_attention():
+            loss = _check_loss(self.loss_fn(self.model, s))
+            g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+            surrogate = sum((gi * vi).sum() for gi, vi in zip(g_local, v) if gi is not None)
+            if not isinstance(surrogate, torch.Tensor) or not surrogate.requires_grad:
+                return torch.zeros_like(self.alpha)
+            h = _grads(surrogate, params)
+        del g_local, surrogate, loss
+        return self.scaled.alpha_grad(h)
+
+    def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
+        """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
+        self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
+        loss = _check_loss(self.loss_fn(self.model, s_tilde))
+        h = _grads(loss, self.scaled.params)
+        return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().float()
+
+    # -- bookkeeping ----------------------------------------------------------------------
+    def _flush_pending(self, values: Optional[List[float]] = None) -> None:
+        if self._pending is None:
+            return
+        rec, loss_t, ok = self._pending
+        self._pending = None
+        if values is None:
+            values = torch.stack([loss_t, ok.float()]).tolist()
+        loss_v, ok_v = values
+        if rec.branch == "objective":
+            rec.loss_s_tilde = loss_v
+        if ok_v < 0.5:
+            rec.branch = "skipped"
+            rec.reason = "non-finite loss or scale gradient in the scale update"
+            self._skip(rec)
+        else:
+            self._consecutive_skips = 0
+
+    def _skip(self, rec: IterationRecord) -> None:
+        self._consecutive_skips += 1
+        warnings.warn(f"GradInit iteration {rec.iteration}: {rec.reason}; scales left unchanged",
+                      RuntimeWarning, stacklevel=3)
+        if self._consecutive_skips >= self.cfg.max_consecutive_skips:
+            raise FloatingPointError(
+                f"GradInit: {self._consecutive_skips} consecutive iterations had a non-finite loss or "
+                "gradient; the model or data produce NaN/Inf at these scales. Check the inputs, lower "
+                "GradInitConfig.lr or eta, or set max_scale."
+            )
+
+    def _log(self, it: int, total: Optional[int]) -> None:
+        self._flush_pending()
+        rec = self.history[-1]
+        a = self.alpha.detach()
+        stats = torch.stack([a.min(), a.mean(), a.max()]).tolist()
+        tot = f"/{total}" if total else ""
+        fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
+        logger.info(
+            "gradinit iter %d%s | %s | L(S) %s | L(S~) %s | |g|_%d %s (gamma %.4g) | scale min/mean/max "
+            "%.4g/%.4g/%.4g | skipped %d", it, tot, rec.branch, fmt(rec.loss_s), fmt(rec.loss_s_tilde),
+            self.cfg.norm_p, fmt(rec.grad_norm), self.gamma, *stats,
+            sum(r.branch == "skipped" for r in self.history),
+        )
+
+    # -- one iteration --------------------------------------------------------------------
+    def step(self, pair: BatchPair) -> IterationRecord:
+        """One iteration of Algorithm 1 on the pair (S, S~)."""
+        cfg, params = self.cfg, self.scaled.params
+        s, s_tilde = pair
+        it = len(self.history) + 1
+        self.scaled.write(self.alpha)
+        loss = _check_loss(self.loss_fn(self.model, s))
+        grads = _grads(loss, params)
+        loss_s = loss.detach().float().reshape(1)
+        del loss
+        self.dist.mean_(grads)
+        self.dist.mean_([loss_s])
+        gnorm = self._norm(grads)
+        finite = torch.isfinite(loss_s[0]) & torch.isfinite(gnorm)
+        # The only host sync of the iteration: the branch depends on it. It also collects the
+        # previous iteration's deferred S~ statistics.
+        head = [loss_s[0], gnorm, finite.float()]
+        if self._pending is not None:
+            head += [self._pending[1], self._pending[2].float()]
+        values = torch.stack(head).tolist()
+        if self._pending is not None:
+            self._flush_pending(values[3:5])
+        loss_v, gnorm_v, finite_v = values[:3]
+        rec = IterationRecord(iteration=it, branch="", loss_s=loss_v, grad_norm=gnorm_v)
+        self.history.append(rec)
+        if finite_v < 0.5:
+            rec.branch, rec.reason = "skipped", "non-finite loss or gradient on S"
+            self._skip(rec)
+            return rec
+
+        if gnorm_v > self.gamma:
+            rec.branch = "constraint"
+            alpha_grad = self._constraint_grad(s, grads, gnorm)
+            del grads
+            self.dist.mean_([alpha_grad])
+            ok = torch.ones((), dtype=torch.bool, device=self.alpha.device)
+            new_alpha, ok = self.adam.step(self.alpha, alpha_grad, ok)
+            self._pending = (rec, torch.zeros((), device=self.alpha.device), ok)
+        else:
+            rec.branch = "objective"
+            direction = self._step_direction(grads, gnorm)
+            alpha_grad, loss_t = self._objective_grad(s_tilde, direction)
+            del direction, grads
+            loss_t = loss_t.reshape(1)
+            self.dist.mean_([alpha_grad, loss_t])
+            ok = torch.isfinite(loss_t[0])
+            new_alpha, ok = self.adam.step(self.alpha, alpha_grad, ok)
+            self._pending = (rec, loss_t[0], ok)
+        self.dist.broadcast_([new_alpha])
+        self.alpha.copy_(new_alpha)
+        return rec
+
+    def finalize(self) -> None:
+        if self._pending is not None:
+            self._flush_pending()
+        self.scaled.write(self.alpha)
+
+
+def gradinit(
+    model: nn.Module,
+    batches: Iterable[Any],
+    loss_fn: LossFn,
+    config: Optional[GradInitConfig] = None,
+    *,
+    process_group=None,
+    callback: Optional[Callable[[IterationRecord], None]] = None,
+    **overrides,
+) -> GradInitResult:
+    """Learn one scale per parameter tensor of ``model`` with GradInit and apply it in place.
+
+    Args:
+        model: any ``nn.Module`` (DataParallel/DDP wrappers are unwrapped).
+        batches: an iterable of batches, paired into (S, S~) with ``config.overlap`` by
+            :func:`overlapping_pairs`, or of ready :class:`BatchPair` items used as they are.
+            Re-iterable inputs (lists, DataLoaders) are cycled until ``config.iters`` iterations.
+        loss_fn: ``loss_fn(model, batch)`` returning the mean loss of ``batch`` (scalar tensor).
+        config: a :class:`GradInitConfig`; keyword ``overrides`` replace its fields.
+        process_group: data-parallel group; defaults to the world group when
+            ``torch.distributed`` is initialized. Each rank passes its own shard of the data.
+        callback: called with every :class:`IterationRecord` as soon as it is complete.
+
+    Returns:
+        A :class:`GradInitResult`. The model then holds alpha_i * W_i; its train/eval flags and
+        normalization buffers are as before. If an exception interrupts the run, the model holds
+        the weights of the last completed iteration.
+    """
+    if config is None:
+        config = GradInitConfig(**overrides)
+    elif overrides:
+        config = dataclasses.replace(config, **overrides)
+    else:
+        config.validate()
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
+    if config.gamma is None:
+        logger.info("gradinit: gamma not set; using the rule of thumb %s -> gamma = %.4g",
+                    "eta*gamma = 0.1" if config.optimizer == "adam" else "eta*gamma^2 = 0.1",
+                    config.resolved_gamma)
+
+    start = time.perf_counter()
+    inner = unwrap_model(model)
+    engine = GradInit(inner, loss_fn, config, process_group=process_group)
+    total = config.iters
+    pairs = _pair_stream(batches, config)
+    completed = 0
+    with gradinit_mode(inner):
+        try:
+            if total != 0:
+                for pair in pairs:
+                    before = len(engine.history)
+                    engine.step(pair)
+                    completed += 1
+                    if callback is not None:
+                        for rec in engine.history[max(before - 1, 0):-1]:
+                            callback(rec)
+                    if completed % config.log_interval == 0:
+                        engine._log(completed, total)
+                    if total is not None and completed >= total:
+                        break
+            if total is not None and completed < total:
+                warnings.warn(f"GradInit: the batches ran out after {completed} of {total} iterations",
+                              RuntimeWarning, stacklevel=2)
+        finally:
+            # On success and on error alike, the model holds alpha*W of the last completed update.
+            with torch.no_grad():
+                engine.scaled.write(engine.alpha)
+        engine.finalize()
+    if callback is not None and engine.history:
+        callback(engine.history[-1])
+    if engine.history and completed % config.log_interval != 0:
+        engine._log(completed, total)
+    wall = time.perf_counter() - start
+    result = GradInitResult(
+        scales=engine.scaled.scales_dict(),
+        config=config,
+        history=engine.history,
+        wall_time=wall,
+        aliases=engine.scaled.aliases,
+        world_size=engine.dist.world_size,
+    )
+    logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %.1fs",
+                len(result.history), result.num_objective, result.num_constraint, result.num_skipped, wall)
+    return result
+
+
+def _pair_stream(batches: Iterable[Any], config: GradInitConfig) -> Iterator[BatchPair]:
+    stream = cycle_iterable(batches) if config.iters is not None else iter(batches)
+    try:
+        first = next(stream)
+    except StopIteration:
+        return iter(())
+
+    def chain():
+        yield first
+        yield from stream
+
+    if isinstance(first, BatchPair):
+        return chain()
+    return overlapping_pairs(chain(), config.overlap)

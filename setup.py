@@ -1,0 +1,34 @@
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+HERE = Path(__file__).parent
+
+setup(
+    name="fairseq-gradinit",
+    version="0.1.0",
+    description="GradInit: learning to initialize neural networks (fairseq plugin and PyTorch API)",
+    long_description=(HERE / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["fairseq_gradinit", "fairseq_gradinit.*"]),
+    install_requires=[
+        "torch>=2.1",
+        "numpy",
+        "tqdm",
+        "sacrebleu>=2",
+        "sentencepiece",
+    ],
+    extras_require={
+        # fairseq is an extra so that a user with fairseq from source does not get a second copy.
+        # ve-fairseq installs the import package `fairseq` and works on Python 3.11/3.12.
+        "fairseq": ["ve-fairseq>=0.12.3"],
+        "vision": ["torchvision"],
+        "dev": ["pytest>=7", "ve-fairseq>=0.12.3", "torchvision"],
+    },
+    entry_points={
+        "console_scripts": [
+            "gradinit-user-dir=fairseq_gradinit.fairseq_plugin.user_dir:main",
+        ],
+    },
+)
