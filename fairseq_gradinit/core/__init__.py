@@ -2,6 +2,7 @@
 from .batching import BatchPair, concat_batches, overlapping_pairs, slice_batch
 from .config import GradInitConfig
 from .engine import GradInit, GradInitResult, IterationRecord, gradinit
+from .metainit import MetaInit, MetaInitConfig, MetaInitRecord, MetaInitResult, gradient_quotient, metainit
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .scales import ScaledParameters, apply_scales, default_param_filter, summarize_scales
 
@@ -9,4 +10,5 @@ __all__ = [
     "BatchPair", "GradInit", "GradInitConfig", "GradInitResult", "IterationRecord", "ScaledParameters",
     "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode",
     "math_attention", "overlapping_pairs", "slice_batch", "summarize_scales", "unwrap_model",
+    "MetaInit", "MetaInitConfig", "MetaInitRecord", "MetaInitResult", "gradient_quotient", "metainit",
 ]

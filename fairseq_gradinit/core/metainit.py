@@ -1,0 +1,342 @@
+"""MetaInit (Dauphin & Schoenholz, 2019) as the GradInit paper runs it (its Appendix, "Improved
+Implementation of MetaInit"): real data batches and Adam, with the same gradient clipping and
+lower bound as GradInit, on one norm per weight tensor.
+
+MetaInit minimizes the gradient quotient
+
+    GQ(L, theta) = 1/N * sum_j | (g_j - (H g)_j) / (g_j + eps * sign(g_j)) - 1 |,
+
+the mean relative change of the gradient g after a gradient-descent step of unit length
+(g(theta - g) ~ g - H g), over all N trainable parameters, with H g = d(||g||^2 / 2)/d theta.
+It learns the norm of each weight tensor: theta_i = alpha_i * W_i with W_i fixed, so
+||theta_i|| = alpha_i * ||W_i|| and the same :class:`~fairseq_gradinit.core.scales.ScaledParameters`
+bookkeeping as GradInit applies. The gradient of GQ with respect to alpha needs third-order
+derivatives (a gradient of a Hessian-vector product), which makes MetaInit several times as
+expensive as a GradInit iteration in time and memory.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import time
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from .batching import cycle_iterable
+from .engine import LossFn, _Adam, _check_loss, _Dist, _grads
+from .modes import gradinit_mode, math_attention, unwrap_model
+from .scales import ScaledParameters
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MetaInitConfig:
+    """Options of :func:`metainit`."""
+
+    #: Learning rate of the Adam optimizer on the scales (the norm of tensor i is alpha_i ||W_i||).
+    lr: float = 1e-2
+    #: Adam betas (the paper uses Adam's defaults).
+    betas: Tuple[float, float] = (0.9, 0.999)
+    #: Adam epsilon.
+    adam_eps: float = 1e-8
+    #: eps of the gradient quotient's denominator g + eps * sign(g) (MetaInit uses 1e-5).
+    eps: float = 1e-5
+    #: Number of iterations (one batch each). ``None``: one pass over ``batches``.
+    iters: Optional[int] = None
+    #: Lower bound of every scale.
+    min_scale: float = 0.01
+    #: Optional upper bound of every scale.
+    max_scale: Optional[float] = None
+    #: Clip the norm of the scale gradient to this value (``None``: no clipping).
+    scale_grad_clip: Optional[float] = 1.0
+    #: Abort after this many consecutive iterations with a non-finite quotient or gradient.
+    max_consecutive_skips: int = 10
+    #: Log progress every this many iterations.
+    log_interval: int = 50
+    #: Selects which tensors get a norm to learn: ``fn(name, param) -> bool``. ``None``: every
+    #: trainable tensor that is not all zeros. The quotient always covers all trainable tensors.
+    param_filter: Optional[Callable[[str, nn.Parameter], bool]] = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(name, allowed):
+            raise ValueError(f"MetaInitConfig.{name}={getattr(self, name)!r} is invalid: expected {allowed}")
+
+        def pos(x):
+            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+        if not pos(self.lr):
+            bad("lr", "a finite number > 0")
+        try:
+            b1, b2 = (float(b) for b in self.betas)
+        except (TypeError, ValueError):
+            bad("betas", "a pair of floats in [0, 1)")
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            bad("betas", "a pair of floats in [0, 1)")
+        self.betas = (b1, b2)
+        if not pos(self.adam_eps):
+            bad("adam_eps", "a finite number > 0")
+        if not pos(self.eps):
+            bad("eps", "a finite number > 0 (MetaInit uses 1e-5)")
+        if self.iters is not None and (not isinstance(self.iters, int) or isinstance(self.iters, bool)
+                                       or self.iters < 0):
+            bad("iters", "an integer >= 0, or None for one pass over the batches")
+        if not pos(self.min_scale):
+            bad("min_scale", "a finite number > 0")
+        if self.max_scale is not None and not (pos(self.max_scale) and self.max_scale >= self.min_scale):
+            bad("max_scale", f"None or a finite number >= min_scale ({self.min_scale})")
+        if self.scale_grad_clip is not None and not pos(self.scale_grad_clip):
+            bad("scale_grad_clip", "None or a finite number > 0")
+        if not isinstance(self.max_consecutive_skips, int) or self.max_consecutive_skips < 1:
+            bad("max_consecutive_skips", "an integer >= 1")
+        if not isinstance(self.log_interval, int) or self.log_interval < 1:
+            bad("log_interval", "an integer >= 1")
+        if self.param_filter is not None and not callable(self.param_filter):
+            bad("param_filter", "None or a callable (name, param) -> bool")
+
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "param_filter"}
+        d["betas"] = list(self.betas)
+        d["param_filter"] = None if self.param_filter is None else getattr(
+            self.param_filter, "__name__", repr(self.param_filter))
+        return d
+
+
+@dataclass
+class MetaInitRecord:
+    """What happened in one MetaInit iteration."""
+
+    iteration: int
+    #: "update" or "skipped".
+    branch: str
+    #: Gradient quotient on the batch, before the update (rank-averaged).
+    gq: Optional[float]
+    #: Training loss on the batch (rank-averaged).
+    loss: Optional[float]
+    #: ||g||_2 of the local gradient (rank-averaged).
+    grad_norm: Optional[float]
+    reason: Optional[str] = None
+
+
+@dataclass
+class MetaInitResult:
+    """Outcome of :func:`metainit`."""
+
+    #: Learned scale alpha_i of every tensor (new norm / initial norm), by parameter name.
+    scales: Dict[str, float]
+    #: Learned norm alpha_i * ||W_i|| of every tensor.
+    norms: Dict[str, float]
+    #: Norm ||W_i|| before MetaInit.
+    initial_norms: Dict[str, float]
+    config: MetaInitConfig
+    history: List[MetaInitRecord]
+    wall_time: float
+    aliases: Dict[str, List[str]] = field(default_factory=dict)
+    world_size: int = 1
+
+    @property
+    def num_skipped(self) -> int:
+        return sum(r.branch == "skipped" for r in self.history)
+
+    def to_dict(self) -> dict:
+        return {
+            "scales": dict(self.scales),
+            "norms": dict(self.norms),
+            "initial_norms": dict(self.initial_norms),
+            "aliases": {k: list(v) for k, v in self.aliases.items()},
+            "config": self.config.to_dict(),
+            "history": [dataclasses.asdict(r) for r in self.history],
+            "wall_time": self.wall_time,
+            "world_size": self.world_size,
+            "iterations": len(self.history),
+            "num_skipped": self.num_skipped,
+        }
+
+
+def gradient_quotient(loss: torch.Tensor, params: Sequence[torch.Tensor], eps: float = 1e-5,
+                      grads: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
+    """MetaInit's gradient quotient of ``loss`` over ``params``, differentiable (create_graph).
+
+    ``grads`` may pass d loss / d params already computed with ``create_graph=True``.
+    """
+    if grads is None:
+        grads = _grads(loss, params, create_graph=True)
+    half_sq = sum((g * g).sum() for g in grads) / 2
+    if not half_sq.requires_grad:  # the gradient does not depend on the parameters (linear loss)
+        hv = [torch.zeros_like(p) for p in params]
+    else:
+        hv = _grads(half_sq, params, create_graph=True)
+    total = sum(p.numel() for p in params)
+    out = 0.0
+    for g, h in zip(grads, hv):
+        sign = torch.where(g >= 0, 1.0, -1.0).to(g.dtype).detach()
+        out = out + ((g - h) / (g + eps * sign) - 1).abs().sum()
+    return out / total
+
+
+class MetaInit:
+    """Stateful MetaInit run; :func:`metainit` is the usual entry point."""
+
+    def __init__(self, model: nn.Module, loss_fn: LossFn, config: MetaInitConfig, *, process_group=None):
+        self.model = unwrap_model(model)
+        self.loss_fn = loss_fn
+        self.cfg = config
+        self.dist = _Dist(process_group)
+        self.scaled = ScaledParameters(self.model, config.param_filter)
+        seen, self.all_params = set(), []
+        for p in self.model.parameters():
+            if p.requires_grad and id(p) not in seen:
+                seen.add(id(p))
+                self.all_params.append(p)
+        if self.dist.active:
+            with torch.no_grad():
+                self.dist.broadcast_(self.scaled.params)
+        self.scaled.capture()
+        self.alpha = self.scaled.alpha
+        self.initial_norms = torch.stack([w.float().norm() for w in self.scaled.W]).to(self.alpha.device)
+        adam_cfg = types.SimpleNamespace(lr=config.lr, betas=config.betas, eps=config.adam_eps,
+                                         scale_grad_clip=config.scale_grad_clip, min_scale=config.min_scale,
+                                         max_scale=config.max_scale)
+        self.adam = _Adam(self.alpha, adam_cfg)
+        self.history: List[MetaInitRecord] = []
+        self._consecutive_skips = 0
+
+    def step(self, batch: Any) -> MetaInitRecord:
+        cfg = self.cfg
+        it = len(self.history) + 1
+        self.scaled.write(self.alpha)
+        params = self.all_params
+        scaled_ids = {id(p) for p in self.scaled.params}
+        with math_attention():
+            loss = _check_loss(self.loss_fn(self.model, batch))
+            grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+            # Tensors the loss does not reach take no part in the quotient.
+            used = [(p, g) for p, g in zip(params, grads) if g is not None]
+            if not used:
+                raise ValueError("the loss returned by loss_fn depends on no trainable parameter")
+            gq = gradient_quotient(loss, [p for p, _ in used], cfg.eps, grads=[g for _, g in used])
+            gnorm = torch.stack([g.detach().float().pow(2).sum() for _, g in used]).sum().sqrt()
+            if isinstance(gq, torch.Tensor) and gq.requires_grad and any(id(p) in scaled_ids for p, _ in used):
+                h = _grads(gq, self.scaled.params)
+                alpha_grad = self.scaled.alpha_grad(h)
+            else:
+                alpha_grad = torch.zeros_like(self.alpha)
+        stats = torch.stack([gq.detach().float().reshape(()).to(self.alpha.device),
+                             loss.detach().float().to(self.alpha.device), gnorm.to(self.alpha.device)])
+        del loss, grads, used, gq
+        self.dist.mean_([alpha_grad, stats])
+        ok = torch.isfinite(stats).all()
+        new_alpha, ok = self.adam.step(self.alpha, alpha_grad, ok)
+        self.dist.broadcast_([new_alpha])
+        self.alpha.copy_(new_alpha)
+        gq_v, loss_v, gnorm_v, ok_v = torch.cat([stats, ok.float().reshape(1)]).tolist()
+        rec = MetaInitRecord(iteration=it, branch="update", gq=gq_v, loss=loss_v, grad_norm=gnorm_v)
+        self.history.append(rec)
+        if ok_v < 0.5:
+            rec.branch, rec.reason = "skipped", "non-finite quotient, loss or scale gradient"
+            self._consecutive_skips += 1
+            warnings.warn(f"MetaInit iteration {it}: {rec.reason}; scales left unchanged", RuntimeWarning,
+                          stacklevel=3)
+            if self._consecutive_skips >= cfg.max_consecutive_skips:
+                raise FloatingPointError(
+                    f"MetaInit: {self._consecutive_skips} consecutive iterations had a non-finite gradient "
+                    "quotient or gradient; check the inputs, or lower MetaInitConfig.lr")
+        else:
+            self._consecutive_skips = 0
+        return rec
+
+    def _log(self, it: int, total: Optional[int]) -> None:
+        rec = self.history[-1]
+        a = self.alpha.detach()
+        stats = torch.stack([a.min(), a.mean(), a.max()]).tolist()
+        fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
+        logger.info("metainit iter %d%s | GQ %s | loss %s | |g|_2 %s | scale min/mean/max %.4g/%.4g/%.4g | "
+                    "skipped %d", it, f"/{total}" if total else "", fmt(rec.gq), fmt(rec.loss),
+                    fmt(rec.grad_norm), *stats, sum(r.branch == "skipped" for r in self.history))
+
+    def result(self, wall: float) -> MetaInitResult:
+        scales = self.alpha.detach().float()
+        norms = (scales * self.initial_norms).cpu().tolist()
+        return MetaInitResult(
+            scales=self.scaled.scales_dict(),
+            norms=dict(zip(self.scaled.names, norms)),
+            initial_norms=dict(zip(self.scaled.names, self.initial_norms.cpu().tolist())),
+            config=self.cfg, history=self.history, wall_time=wall, aliases=self.scaled.aliases,
+            world_size=self.dist.world_size,
+        )
+
+
+def metainit(
+    model: nn.Module,
+    batches: Iterable[Any],
+    loss_fn: LossFn,
+    config: Optional[MetaInitConfig] = None,
+    *,
+    process_group=None,
+    callback: Optional[Callable[[MetaInitRecord], None]] = None,
+    **overrides,
+) -> MetaInitResult:
+    """Learn the norm of every selected weight tensor of ``model`` with MetaInit, in place.
+
+    Args:
+        model: any ``nn.Module`` (DataParallel/DDP wrappers are unwrapped). Normalization layers
+            use batch statistics and their running buffers are left untouched, as in GradInit.
+        batches: an iterable of batches (one per iteration). Re-iterable inputs are cycled until
+            ``config.iters`` iterations; with ``iters=None`` one pass is made.
+        loss_fn: ``loss_fn(model, batch)`` returning the mean loss of ``batch``.
+        config: a :class:`MetaInitConfig`; keyword ``overrides`` replace its fields.
+        process_group: data-parallel group (default: the world group when initialized).
+        callback: called with every :class:`MetaInitRecord`.
+
+    Returns:
+        A :class:`MetaInitResult`; the model then holds alpha_i * W_i.
+    """
+    if config is None:
+        config = MetaInitConfig(**overrides)
+    elif overrides:
+        config = dataclasses.replace(config, **overrides)
+    else:
+        config.validate()
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
+    start = time.perf_counter()
+    inner = unwrap_model(model)
+    engine = MetaInit(inner, loss_fn, config, process_group=process_group)
+    total = config.iters
+    stream = cycle_iterable(batches) if total is not None else iter(batches)
+    completed = 0
+    with gradinit_mode(inner):
+        try:
+            if total != 0:
+                for batch in stream:
+                    rec = engine.step(batch)
+                    completed += 1
+                    if callback is not None:
+                        callback(rec)
+                    if completed % config.log_interval == 0:
+                        engine._log(completed, total)
+                    if total is not None and completed >= total:
+                        break
+            if total is not None and completed < total:
+                warnings.warn(f"MetaInit: the batches ran out after {completed} of {total} iterations",
+                              RuntimeWarning, stacklevel=2)
+        finally:
+            with torch.no_grad():
+                engine.scaled.write(engine.alpha)
+    if engine.history and completed % config.log_interval != 0:
+        engine._log(completed, total)
+    wall = time.perf_counter() - start
+    result = engine.result(wall)
+    logger.info("metainit: %d iterations (%d skipped) in %.1fs", len(result.history), result.num_skipped, wall)
+    return result

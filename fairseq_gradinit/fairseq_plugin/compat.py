@@ -1,0 +1,40 @@
+"""Compatibility fixes applied when the plugin is loaded."""
+from __future__ import annotations
+
+import logging
+import types
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class _TorchWithPickleLoad(types.ModuleType):
+    """``torch`` as seen by fairseq's checkpoint code: ``torch.load`` defaults to weights_only=False.
+
+    fairseq checkpoints pickle an ``argparse.Namespace``/omegaconf config, which torch >= 2.6
+    refuses with its default ``weights_only=True``. Upstream fairseq later passed
+    ``weights_only=False`` explicitly; we do the same for fairseq's own modules only, leaving
+    ``torch.load`` unchanged for everybody else.
+    """
+
+    def __init__(self):
+        super().__init__("torch")
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+    @staticmethod
+    def load(*args, **kwargs):
+        kwargs.setdefault("weights_only", False)
+        return torch.load(*args, **kwargs)
+
+
+def patch_fairseq_checkpoint_loading() -> None:
+    """Let fairseq load its own (trusted) checkpoints on torch >= 2.6."""
+    import fairseq.checkpoint_utils as checkpoint_utils
+    import fairseq.distributed.utils as dist_utils
+
+    for mod in (checkpoint_utils, dist_utils):
+        if not isinstance(getattr(mod, "torch", None), _TorchWithPickleLoad):
+            mod.torch = _TorchWithPickleLoad()

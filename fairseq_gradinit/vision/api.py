@@ -1,0 +1,272 @@
+"""One-call GradInit and MetaInit for image classifiers (any ``nn.Module``).
+
+Both functions are thin wrappers around the pure-PyTorch engine in :mod:`fairseq_gradinit.core`:
+they build its configuration from keyword options, move batches to the model's device, supply a
+cross-entropy loss for ``(input, target)`` batches and show a progress bar.
+"""
+from __future__ import annotations
+
+import collections.abc
+import logging
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..core import GradInitConfig, GradInitResult, MetaInitConfig, MetaInitResult, unwrap_model
+from ..core import gradinit as core_gradinit
+from ..core import metainit as core_metainit
+
+logger = logging.getLogger(__name__)
+
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+Device = Union[str, torch.device, None]
+
+
+def classification_loss(model: nn.Module, batch: Any) -> torch.Tensor:
+    """Mean cross-entropy of ``model(input)`` against ``target`` for a batch ``(input, target, ...)``
+    or ``{"input": ..., "target": ...}`` (also ``"image"``/``"label"``)."""
+    if isinstance(batch, dict):
+        x = batch.get("input", batch.get("image"))
+        y = batch.get("target", batch.get("label"))
+    elif isinstance(batch, (list, tuple)) and len(batch) >= 2:
+        x, y = batch[0], batch[1]
+    else:
+        x = y = None
+    if x is None or y is None:
+        raise ValueError(
+            "the default loss expects (input, target) batches, as a torchvision DataLoader yields; "
+            f"got {type(batch).__name__}. Pass loss_fn=lambda model, batch: ... for other batches")
+    return F.cross_entropy(model(x), y)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """Device of the model's first parameter (or buffer); CPU for a model without tensors."""
+    inner = unwrap_model(model)
+    for t in inner.parameters():
+        return t.device
+    for t in inner.buffers():
+        return t.device
+    return torch.device("cpu")
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor moved to ``device`` (nested tuples, lists, dicts, namedtuples)."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return type(batch)((k, to_device(v, device)) for k, v in batch.items())
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(v, device) for v in batch)
+    return batch
+
+
+class DeviceLoader:
+    """Re-iterable view of ``loader`` whose batches are moved to ``device``.
+
+    Re-iterable, so the engine can cycle it when asked for more iterations than one pass has.
+    """
+
+    def __init__(self, loader: Iterable[Any], device: torch.device):
+        self.loader, self.device = loader, device
+
+    def __iter__(self) -> Iterator[Any]:
+        for b in self.loader:
+            yield to_device(b, self.device)
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+
+def _resolve_device(model: nn.Module, device: Device) -> torch.device:
+    here = model_device(model)
+    if device is None:
+        return here
+    dev = torch.device(device)
+    if dev.type != here.type or (dev.index is not None and here.index is not None and dev.index != here.index):
+        raise ValueError(f"device={str(dev)!r} but the model's parameters are on {here}; move the model "
+                         "first (model.to(device)) or leave device=None to use the model's device")
+    return dev
+
+
+def _loader_len(loader: Any) -> Optional[int]:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _progress_bar(total: Optional[int], enabled: bool, desc: str):
+    if not enabled:
+        return None
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # progress bars are optional
+        logger.info("tqdm is not installed: no progress bar")
+        return None
+    return tqdm(total=total, desc=desc, unit="it", dynamic_ncols=True, leave=False)
+
+
+def _one_shot(loader: Any) -> bool:
+    """True for an iterator (a generator...), which can be consumed only once."""
+    return isinstance(loader, collections.abc.Iterator)
+
+
+def _batches(loader: Iterable[Any], dev: torch.device) -> Iterable[Any]:
+    # A one-shot iterator must stay one-shot for the engine (it cycles re-iterable inputs only).
+    if _one_shot(loader):
+        return (to_device(b, dev) for b in loader)
+    return DeviceLoader(loader, dev)
+
+
+def gradinit(
+    model: nn.Module,
+    loader: Iterable[Any],
+    *,
+    optimizer: str = "sgd",
+    eta: float = 0.1,
+    gamma: Optional[float] = None,
+    lr: float = 1e-2,
+    iters: Optional[int] = None,
+    min_scale: float = 0.01,
+    max_scale: Optional[float] = None,
+    overlap: float = 0.5,
+    betas: Tuple[float, float] = (0.9, 0.999),
+    eps: float = 1e-8,
+    scale_grad_clip: Optional[float] = 1.0,
+    sgd_step: str = "grad",
+    loss_fn: Optional[LossFn] = None,
+    device: Device = None,
+    progress: bool = True,
+    param_filter: Optional[Callable[[str, nn.Parameter], bool]] = None,
+    process_group=None,
+    callback: Optional[Callable[[Any], None]] = None,
+    log_interval: int = 50,
+) -> GradInitResult:
+    """Initialize ``model`` with GradInit on the batches of ``loader`` (in place).
+
+    Defaults are the paper's CIFAR-10 recipe: the model will be trained with SGD at learning
+    rate ``eta=0.1``, gamma from the rule of thumb eta * gamma^2 = 0.1 (gamma = 1), Adam with
+    default betas on the scales, lower bound 0.01 and ``|S ∩ S~| = |S| / 2``.
+
+    Args:
+        model: any ``nn.Module``, also DataParallel/DDP-wrapped. BatchNorm layers use batch
+            statistics during GradInit; their running statistics are left untouched.
+        loader: an iterable of batches, e.g. a ``DataLoader`` of ``(input, target)``. Consecutive
+            batches b_t, b_{t+1} form S = b_t and S~ = last ``overlap`` part of b_t + first part of
+            b_{t+1}, so S and S~ both have the loader's batch size.
+        optimizer: the optimizer the model will be trained with, "sgd" or "adam".
+        eta: its (first-step) learning rate.
+        gamma: bound on the gradient norm; ``None`` uses the rule of thumb.
+        lr: tau, the learning rate of the Adam optimizer on the scales (the paper searches
+            1e-3 .. 1e-1).
+        iters: number of iterations; ``None`` is one pass over ``loader`` (len(loader) - 1
+            iterations); a larger number cycles a re-iterable loader.
+        min_scale, max_scale: bounds of every scale.
+        overlap: ``|S ∩ S~| / |S|``.
+        betas, eps: Adam hyperparameters of the scale optimizer.
+        scale_grad_clip: clip the norm of the scale gradient (``None``: off).
+        sgd_step: "grad" (A[g] = g) or "normalized" (A[g] = gamma g / ||g||) for SGD.
+        loss_fn: ``loss_fn(model, batch) -> mean loss``; default: cross-entropy on
+            ``(input, target)`` batches.
+        device: where batches go; default the model's device (the model is not moved).
+        progress: show a tqdm progress bar.
+        param_filter: ``fn(name, param) -> bool`` selecting the tensors that get a scale
+            (default: every trainable, non-zero tensor).
+        process_group: data-parallel group (each rank passes its own shard of the data).
+        callback: called with each :class:`~fairseq_gradinit.core.IterationRecord`.
+        log_interval: log a progress line every this many iterations.
+
+    Returns:
+        :class:`~fairseq_gradinit.core.GradInitResult` with ``scales`` (name -> float),
+        ``history`` and ``wall_time``.
+    """
+    config = GradInitConfig(
+        optimizer=optimizer, eta=eta, gamma=gamma, lr=lr, betas=tuple(betas), eps=eps, iters=iters,
+        min_scale=min_scale, max_scale=max_scale, overlap=overlap, scale_grad_clip=scale_grad_clip,
+        sgd_step=sgd_step, log_interval=log_interval, param_filter=param_filter,
+    )
+    dev = _resolve_device(model, device)
+    if iters is None and not _one_shot(loader):
+        n = _loader_len(loader)
+        if n is not None and n < 2 and overlap < 1.0:
+            raise ValueError(f"the loader has {n} batch(es): GradInit pairs consecutive batches and needs at "
+                             "least 2 (lower the batch size or pass iters=... to cycle it)")
+    total = iters
+    if total is None:
+        n = _loader_len(loader)
+        if n is not None:
+            total = n if overlap >= 1.0 else max(n - 1, 0)
+    bar = _progress_bar(total, progress, "GradInit")
+
+    def on_record(rec):
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"{rec.branch} L(S)={rec.loss_s if rec.loss_s is None else round(rec.loss_s, 4)}",
+                                refresh=False)
+        if callback is not None:
+            callback(rec)
+
+    try:
+        return core_gradinit(model, _batches(loader, dev), loss_fn or classification_loss, config,
+                             process_group=process_group, callback=on_record)
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def metainit(
+    model: nn.Module,
+    loader: Iterable[Any],
+    *,
+    lr: float = 1e-2,
+    iters: Optional[int] = None,
+    eps: float = 1e-5,
+    betas: Tuple[float, float] = (0.9, 0.999),
+    min_scale: float = 0.01,
+    max_scale: Optional[float] = None,
+    scale_grad_clip: Optional[float] = 1.0,
+    loss_fn: Optional[LossFn] = None,
+    device: Device = None,
+    progress: bool = True,
+    param_filter: Optional[Callable[[str, nn.Parameter], bool]] = None,
+    process_group=None,
+    callback: Optional[Callable[[Any], None]] = None,
+    log_interval: int = 50,
+) -> MetaInitResult:
+    """Initialize ``model`` with MetaInit (the GradInit paper's improved version: real data, Adam
+    on the weight norms with the same clipping and lower bound as GradInit), in place.
+
+    Args:
+        lr: learning rate of Adam on the per-tensor scales (norm_i = scale_i * initial norm_i).
+        iters: number of iterations (one batch each); ``None`` is one pass over ``loader``.
+        eps: eps of the gradient quotient's denominator.
+        Other arguments as in :func:`gradinit`.
+
+    Returns:
+        :class:`~fairseq_gradinit.core.MetaInitResult` with ``scales``, ``norms``,
+        ``initial_norms`` and ``history``.
+    """
+    config = MetaInitConfig(lr=lr, betas=tuple(betas), eps=eps, iters=iters, min_scale=min_scale,
+                            max_scale=max_scale, scale_grad_clip=scale_grad_clip, log_interval=log_interval,
+                            param_filter=param_filter)
+    dev = _resolve_device(model, device)
+    total = iters if iters is not None else _loader_len(loader)
+    bar = _progress_bar(total, progress, "MetaInit")
+
+    def on_record(rec):
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix_str(f"GQ={rec.gq if rec.gq is None else round(rec.gq, 4)}", refresh=False)
+        if callback is not None:
+            callback(rec)
+
+    try:
+        return core_metainit(model, _batches(loader, dev), loss_fn or classification_loss, config,
+                             process_group=process_group, callback=on_record)
+    finally:
+        if bar is not None:
+            bar.close()

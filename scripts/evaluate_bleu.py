@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""Translate a binarized split with fairseq-generate and score it with sacreBLEU.
+
+Runs::
+
+    python -m fairseq_cli.generate DATA --path CKPT --gen-subset SUBSET --beam 5 \\
+        --remove-bpe sentencepiece --max-tokens N [--batch-size B] [--user-dir D] [--cpu] [EXTRA...]
+
+with the same Python interpreter, collects the ``H-<id>`` (hypothesis) and ``T-<id>`` (reference)
+lines, which ``--remove-bpe sentencepiece`` has already turned back into plain text, and computes
+corpus BLEU with ``sacrebleu.metrics.BLEU`` (13a tokenization by default). A JSON file with the
+score, its signature and the run details is written, and a one-line summary is printed.
+
+Everything after ``--`` is passed unchanged to fairseq-generate, e.g.::
+
+    python scripts/evaluate_bleu.py data-bin/debian-ui-de-en/bin \\
+        --path checkpoints/run1/checkpoint_best.pt --cpu -- --lenpen 1.0 --nbest 1
+
+``--ref FILE`` scores against a raw reference file (line i = sample id i) instead of the ``T-``
+lines, which come from the binarized data (SentencePiece-normalized, unknown words as
+``<<unk>>``). ``--from-output FILE`` scores a saved fairseq-generate output without running it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+GRADINIT_USER_DIR = REPO_ROOT / "fairseq_gradinit"
+
+_HYP_RE = re.compile(r"^H-(\d+)\t")
+_REF_RE = re.compile(r"^T-(\d+)\t")
+_SRC_RE = re.compile(r"^S-(\d+)\t")
+_TRANSLATED_RE = re.compile(
+    r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s"
+)
+_FAIRSEQ_BLEU_RE = re.compile(r"^Generate (\S+) with beam=(\d+): (.*)$")
+
+
+class EvaluationError(RuntimeError):
+    """A user-facing error (failed generation, unusable output)."""
+
+
+# --------------------------------------------------------------------------------------------
+# parsing and scoring (pure functions, unit-tested without fairseq)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerateOutput:
+    hypotheses: Dict[int, str] = field(default_factory=dict)  # best (first) hypothesis per id
+    references: Dict[int, str] = field(default_factory=dict)
+    sources: Dict[int, str] = field(default_factory=dict)
+    translate_seconds: Optional[float] = None  # from fairseq's "Translated ... in Xs" line
+    n_translated: Optional[int] = None
+    fairseq_bleu: Optional[str] = None  # fairseq's own "Generate ... with beam=N: ..." result
+    subset: Optional[str] = None  # from that line
+    beam: Optional[int] = None  # from that line
+
+
+def parse_generate_output(lines: Iterable[str]) -> GenerateOutput:
+    """Parse fairseq-generate stdout.
+
+    ``H-<id>\\t<score>\\t<text>`` and ``T-<id>\\t<text>`` lines are collected (the text may be
+    empty). With ``--nbest > 1`` only the first ``H`` line per id (the best one) is kept. Log
+    lines and the ``D-``/``P-`` lines are ignored except for the "Translated N sentences ... in
+    Xs" timing line and fairseq's own BLEU line.
+    """
+    out = GenerateOutput()
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        m = _HYP_RE.match(line)
+        if m:
+            parts = line.split("\t", 2)
+            text = parts[2] if len(parts) == 3 else ""
+            out.hypotheses.setdefault(int(m.group(1)), text)
+            continue
+        m = _REF_RE.match(line)
+        if m:
+            out.references[int(m.group(1))] = line.split("\t", 1)[1]
+            continue
+        m = _SRC_RE.match(line)
+        if m:
+            out.sources[int(m.group(1))] = line.split("\t", 1)[1]
+            continue
+        m = _TRANSLATED_RE.search(line)
+        if m:
+            out.n_translated = int(m.group(1).replace(",", ""))
+            out.translate_seconds = float(m.group(3))
+            continue
+        m = _FAIRSEQ_BLEU_RE.match(line)
+        if m:
+            out.subset, out.beam, out.fairseq_bleu = m.group(1), int(m.group(2)), m.group(3)
+    return out
+
+
+def read_reference_file(path: Path) -> List[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\r\n") for line in f]
+
+
+def pair_up(
+    parsed: GenerateOutput, reference_lines: Optional[Sequence[str]] = None
+) -> Tuple[List[int], List[str], List[str]]:
+    """Return (ids, hypotheses, references) sorted by sample id.
+
+    References come from the ``T-`` lines, or from ``reference_lines`` (line i = sample id i)
+    when given. Raises :class:`EvaluationError` if nothing was generated or ids do not match.
+    """
+    if not parsed.hypotheses:
+        raise EvaluationError("no H-<id> lines found in the fairseq-generate output")
+    ids = sorted(parsed.hypotheses)
+    if reference_lines is not None:
+        out_of_range = [i for i in ids if i >= len(reference_lines)]
+        if out_of_range:
+            raise EvaluationError(
+                f"reference file has {len(reference_lines)} lines but the output has sample "
+                f"ids up to {max(out_of_range)}"
+            )
+        refs = [reference_lines[i] for i in ids]
+    else:
+        missing = [i for i in ids if i not in parsed.references]
+        if missing:
+            raise EvaluationError(
+                f"{len(missing)} hypotheses have no T-<id> reference line (e.g. id {missing[0]}); "
+                "is the subset missing its target side? Use --ref FILE."
+            )
+        extra = set(parsed.references) - set(ids)
+        if extra:
+            raise EvaluationError(
+                f"{len(extra)} references have no hypothesis (e.g. id {min(extra)})"
+            )
+        refs = [parsed.references[i] for i in ids]
+    return ids, [parsed.hypotheses[i] for i in ids], refs
+
+
+def score_bleu(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    tokenize: Optional[str] = None,
+    lowercase: bool = False,
+) -> dict:
+    """Corpus BLEU with sacreBLEU; returns score, signature and the statistics."""
+    from sacrebleu.metrics import BLEU
+
+    if len(hypotheses) != len(references):
+        raise EvaluationError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references"
+        )
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
+    result = bleu.corpus_score(list(hypotheses), [list(references)])
+    return {
+        "bleu": round(result.score, 4),
+        "signature": str(bleu.get_signature()),
+        "bleu_string": str(result),
+        "precisions": [round(p, 4) for p in result.precisions],
+        "brevity_penalty": round(result.bp, 4),
+        "sys_len": result.sys_len,
+        "ref_len": result.ref_len,
+    }
+
+
+def format_summary(result: dict) -> str:
+    wall = result.get("generation_wall_time_s")
+    wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "n/a"
+    return (
+        f"BLEU {result['bleu']:.2f} | {result['subset']} | beam {result['beam']} | "
+        f"{result['n_sentences']} sents | gen {wall_s} | {result['checkpoint']} | "
+        f"{result['signature']}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# running fairseq-generate
+# --------------------------------------------------------------------------------------------
+
+
+def build_generate_command(args, extra: Sequence[str]) -> List[str]:
+    cmd = [
+        sys.executable, "-m", "fairseq_cli.generate", str(args.data),
+        "--path", str(args.path),
+        "--gen-subset", args.gen_subset,
+        "--beam", str(args.beam),
+        "--remove-bpe", "sentencepiece",
+    ]
+    if args.batch_size is not None:
+        cmd += ["--batch-size", str(args.batch_size)]
+    if args.max_tokens is not None or args.batch_size is None:
+        cmd += ["--max-tokens", str(args.max_tokens or 4096)]
+    if args.user_dir:
+        user_dir = GRADINIT_USER_DIR if args.user_dir == "gradinit" else Path(args.user_dir)
+        cmd += ["--user-dir", str(user_dir)]
+    if args.cpu:
+        cmd.append("--cpu")
+    return cmd + list(extra)
+
+
+def run_generate(cmd: Sequence[str], save_output: Optional[Path]) -> Tuple[List[str], float]:
+    """Run fairseq-generate; returns (stdout lines, wall seconds). stderr is not captured."""
+    print("running: " + " ".join(cmd), file=sys.stderr, flush=True)
+    t0 = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, encoding="utf-8")
+    wall = time.time() - t0
+    lines = proc.stdout.splitlines()
+    if save_output is not None:
+        save_output.parent.mkdir(parents=True, exist_ok=True)
+        save_output.write_text(proc.stdout, encoding="utf-8")
+    if proc.returncode != 0:
+        tail = "\n".join(lines[-40:])
+        raise EvaluationError(f"fairseq-generate failed (exit {proc.returncode}); last output:\n{tail}")
+    return lines, wall
+
+
+def default_json_path(checkpoint: Path, subset: str) -> Path:
+    return checkpoint.parent / f"bleu.{checkpoint.stem}.{subset}.json"
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Run fairseq-generate on a binarized split and score it with sacreBLEU. "
+                    "Arguments after `--` are passed to fairseq-generate.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("data", type=Path, help="fairseq data-bin directory (e.g. OUT/bin of prepare_corpus.py)")
+    p.add_argument("--path", type=Path, default=None,
+                   help="model checkpoint (.pt); required unless --from-output is given")
+    p.add_argument("--gen-subset", default="test", help="binarized split to translate")
+    p.add_argument("--beam", type=int, default=5, help="beam size")
+    p.add_argument("--batch-size", type=int, default=None, help="sentences per batch")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="tokens per batch (4096 when neither this nor --batch-size is given)")
+    p.add_argument("--user-dir", default=None,
+                   help="fairseq --user-dir; the value 'gradinit' means this repository's "
+                        "fairseq_gradinit package (needed for checkpoints of the "
+                        "translation_gradinit task)")
+    p.add_argument("--cpu", action="store_true", help="generate on CPU")
+    p.add_argument("--ref", type=Path, default=None,
+                   help="plain-text reference file (line i = sample id i) to score against "
+                        "instead of the T- lines")
+    p.add_argument("--tokenize", default=None,
+                   help="sacreBLEU tokenizer (default: sacreBLEU's default, 13a)")
+    p.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU")
+    p.add_argument("--output-json", type=Path, default=None,
+                   help="where to write the result (default: next to the checkpoint, "
+                        "bleu.<checkpoint>.<subset>.json)")
+    p.add_argument("--save-output", type=Path, default=None,
+                   help="also save the raw fairseq-generate stdout to this file")
+    p.add_argument("--from-output", type=Path, default=None,
+                   help="do not run fairseq-generate; score this saved generate output instead")
+    return p
+
+
+def split_passthrough(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
+    try:
+        if args.from_output is None and args.path is None:
+            raise EvaluationError("--path CHECKPOINT is required (unless --from-output is given)")
+        if args.from_output is not None:
+            cmd = None
+            with open(args.from_output, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+            wall = None
+        else:
+            if not args.path.is_file():
+                raise EvaluationError(f"checkpoint not found: {args.path}")
+            if not args.data.is_dir():
+                raise EvaluationError(f"data directory not found: {args.data}")
+            cmd = build_generate_command(args, extra)
+            lines, wall = run_generate(cmd, args.save_output)
+
+        parsed = parse_generate_output(lines)
+        ref_lines = read_reference_file(args.ref) if args.ref is not None else None
+        ids, hyps, refs = pair_up(parsed, ref_lines)
+        if ref_lines is None and any("<<unk>>" in r for r in refs):
+            print("warning: some T- references contain <<unk>>; pass --ref with the raw "
+                  "reference file for exact scoring", file=sys.stderr)
+        if ref_lines is not None and len(ids) != len(ref_lines):
+            print(f"warning: {len(ids)} hypotheses for {len(ref_lines)} reference lines; "
+                  "scoring only the translated ids", file=sys.stderr)
+        scores = score_bleu(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase)
+    except (EvaluationError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+    from_file = args.from_output is not None
+    result = {
+        **scores,
+        "n_sentences": len(ids),
+        "checkpoint": str(args.path) if args.path is not None else None,
+        "data": str(args.data),
+        "subset": (parsed.subset if from_file and parsed.subset else args.gen_subset),
+        "beam": (parsed.beam if from_file and parsed.beam else args.beam),
+        "references": str(args.ref) if args.ref is not None else "T- lines",
+        "generation_wall_time_s": round(wall, 2) if wall is not None else None,
+        "fairseq_translate_time_s": parsed.translate_seconds,
+        "fairseq_bleu": parsed.fairseq_bleu,
+        "generate_command": cmd,
+        "generate_output": str(args.from_output or args.save_output or "") or None,
+    }
+    out_json = args.output_json or default_json_path(
+        args.path if args.path is not None else args.from_output, result["subset"])
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(format_summary(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,355 @@
+#!/usr/bin/env python3
+"""Prepare a local parallel corpus for fairseq with a joint SentencePiece model.
+
+Input: a directory with plain-text, line-aligned files
+
+    CORPUS_DIR/{train,valid,test}.{SRC,TGT}
+
+Output (``--out OUT``):
+
+    OUT/spm/spm.model, OUT/spm/spm.vocab     joint SentencePiece model (trained on train SRC+TGT)
+    OUT/spm/spm_train.log                    SentencePiece trainer log
+    OUT/spm/{train,valid,test}.{SRC,TGT}     the splits as space-separated pieces
+    OUT/bin/                                 fairseq-preprocess --joined-dictionary output
+                                             (dict.SRC.txt, dict.TGT.txt, *.bin/*.idx,
+                                             preprocess.log) plus a copy of spm.model/spm.vocab
+    OUT/prepare_corpus.json                  summary: arguments, line counts, vocab sizes, timings
+
+``OUT/bin`` is the DATA directory for fairseq-train / fairseq-generate; decode with
+``--remove-bpe sentencepiece`` (alias of ``--post-process sentencepiece``).
+
+Example::
+
+    python scripts/prepare_corpus.py /work/shared/data/debian-ui-de-en \\
+        --src de --tgt en --vocab-size 6000 --out data-bin/debian-ui-de-en
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterable, Iterator, List, Optional, Sequence
+
+logger = logging.getLogger("prepare_corpus")
+
+SPLITS = ("train", "valid", "test")
+SPM_PREFIX = "spm"
+ENCODE_CHUNK = 10000
+
+
+class PrepareError(RuntimeError):
+    """A user-facing error (missing input, bad option, failed subprocess)."""
+
+
+# --------------------------------------------------------------------------------------------
+# argument parsing
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=(
+            "Train a joint SentencePiece model on a local parallel corpus laid out as "
+            "CORPUS_DIR/{train,valid,test}.{SRC,TGT}, encode all splits, and binarize them "
+            "with fairseq-preprocess --joined-dictionary into OUT/bin."
+        ),
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("corpus_dir", type=Path,
+                   help="directory holding {train,valid,test}.{SRC,TGT} plain-text files")
+    p.add_argument("--src", required=True, help="source language suffix, e.g. de")
+    p.add_argument("--tgt", required=True, help="target language suffix, e.g. en")
+    p.add_argument("--out", "-o", required=True, type=Path,
+                   help="output directory (gets spm/, bin/ and prepare_corpus.json)")
+    p.add_argument("--vocab-size", type=int, default=6000,
+                   help="SentencePiece vocabulary size (joint for SRC and TGT)")
+    p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe", "char", "word"],
+                   help="SentencePiece model type")
+    p.add_argument("--character-coverage", type=float, default=1.0,
+                   help="SentencePiece character coverage (1.0 keeps every character seen in train)")
+    p.add_argument("--input-sentence-size", type=int, default=2_000_000,
+                   help="at most this many training sentences (SRC+TGT) are sampled by the "
+                        "SentencePiece trainer; 0 means use all")
+    p.add_argument("--soft-vocab-limit", action="store_true",
+                   help="treat --vocab-size as a soft limit (SentencePiece hard_vocab_limit=false); "
+                        "useful for tiny corpora that cannot fill the requested vocabulary")
+    p.add_argument("--max-train-lines", type=int, default=None,
+                   help="use only the first N training pairs (for quick tests); valid/test are "
+                        "always used in full")
+    p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+                   help="threads for SentencePiece and worker processes for fairseq-preprocess")
+    p.add_argument("--overwrite", action="store_true",
+                   help="allow writing into an OUT that already contains prepared data")
+    p.add_argument("--quiet", action="store_true", help="only log warnings and errors")
+    return p
+
+
+# --------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------
+
+
+def split_path(directory: Path, split: str, lang: str) -> Path:
+    return directory / f"{split}.{lang}"
+
+
+def check_inputs(corpus_dir: Path, src: str, tgt: str) -> dict:
+    """Check that every split exists for both languages and is line-aligned.
+
+    Returns ``{split: n_lines}``; raises :class:`PrepareError` with every problem found.
+    """
+    if not corpus_dir.is_dir():
+        raise PrepareError(f"corpus directory not found: {corpus_dir}")
+    if src == tgt:
+        raise PrepareError(f"--src and --tgt must differ (both are {src!r})")
+    missing = [str(split_path(corpus_dir, s, l)) for s in SPLITS for l in (src, tgt)
+               if not split_path(corpus_dir, s, l).is_file()]
+    if missing:
+        raise PrepareError(
+            "missing input file(s):\n  " + "\n  ".join(missing)
+            + f"\nexpected layout: {corpus_dir}/{{train,valid,test}}.{{{src},{tgt}}}"
+        )
+    counts = {}
+    problems = []
+    for split in SPLITS:
+        n_src = count_lines(split_path(corpus_dir, split, src))
+        n_tgt = count_lines(split_path(corpus_dir, split, tgt))
+        if n_src != n_tgt:
+            problems.append(f"{split}: {n_src} lines in .{src} but {n_tgt} lines in .{tgt}")
+        elif n_src == 0:
+            problems.append(f"{split}: files are empty")
+        counts[split] = n_src
+    if problems:
+        raise PrepareError("input files are not usable:\n  " + "\n  ".join(problems))
+    return counts
+
+
+def count_lines(path: Path) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        for _ in f:
+            n += 1
+    return n
+
+
+def read_lines(path: Path, limit: Optional[int] = None) -> Iterator[str]:
+    """Yield lines without the trailing newline (at most ``limit`` lines)."""
+    with open(path, encoding="utf-8", newline="\n") as f:
+        for i, line in enumerate(f):
+            if limit is not None and i >= limit:
+                break
+            yield line.rstrip("\r\n")
+
+
+def chunks(items: Iterable[str], size: int) -> Iterator[List[str]]:
+    buf: List[str] = []
+    for item in items:
+        buf.append(item)
+        if len(buf) >= size:
+            yield buf
+            buf = []
+    if buf:
+        yield buf
+
+
+# --------------------------------------------------------------------------------------------
+# steps
+# --------------------------------------------------------------------------------------------
+
+
+def train_spm(args, spm_dir: Path) -> Path:
+    """Train the joint SentencePiece model on train SRC + TGT; returns the .model path."""
+    import sentencepiece as spm
+
+    limit = args.max_train_lines
+
+    def sentences() -> Iterator[str]:
+        for lang in (args.src, args.tgt):
+            for line in read_lines(split_path(args.corpus_dir, "train", lang), limit):
+                if line.strip():
+                    yield line
+
+    prefix = spm_dir / SPM_PREFIX
+    log_path = spm_dir / "spm_train.log"
+    logger.info(
+        "training SentencePiece (%s, vocab %d, character coverage %g, %d threads) -> %s.model",
+        args.model_type, args.vocab_size, args.character_coverage, args.workers, prefix,
+    )
+    t0 = time.time()
+    with open(log_path, "w", encoding="utf-8") as log:
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=sentences(),
+                model_prefix=str(prefix),
+                vocab_size=args.vocab_size,
+                model_type=args.model_type,
+                character_coverage=args.character_coverage,
+                input_sentence_size=args.input_sentence_size,
+                shuffle_input_sentence=True,
+                hard_vocab_limit=not args.soft_vocab_limit,
+                num_threads=args.workers,
+                logstream=log,
+            )
+        except RuntimeError as exc:  # sentencepiece reports bad settings as RuntimeError
+            raise PrepareError(
+                f"SentencePiece training failed: {exc}\n(see {log_path}; for a tiny corpus try "
+                "a smaller --vocab-size or --soft-vocab-limit)"
+            ) from exc
+    logger.info("SentencePiece trained in %.1fs (log: %s)", time.time() - t0, log_path)
+    return prefix.with_suffix(".model")
+
+
+def encode_splits(args, model_path: Path, spm_dir: Path) -> dict:
+    """Encode every split with the model; returns {split: n_lines}."""
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(model_path))
+    counts = {}
+    for split in SPLITS:
+        limit = args.max_train_lines if split == "train" else None
+        for lang in (args.src, args.tgt):
+            src_path = split_path(args.corpus_dir, split, lang)
+            dst_path = split_path(spm_dir, split, lang)
+            n = 0
+            with open(dst_path, "w", encoding="utf-8", newline="\n") as out:
+                for batch in chunks(read_lines(src_path, limit), ENCODE_CHUNK):
+                    for pieces in sp.encode(batch, out_type=str, num_threads=args.workers):
+                        out.write(" ".join(pieces) + "\n")
+                    n += len(batch)
+            logger.info("encoded %s -> %s (%d lines)", src_path, dst_path, n)
+            counts[split] = n
+    return counts
+
+
+def preprocess_command(args, spm_dir: Path, bin_dir: Path) -> List[str]:
+    return [
+        sys.executable, "-m", "fairseq_cli.preprocess",
+        "--source-lang", args.src,
+        "--target-lang", args.tgt,
+        "--trainpref", str(spm_dir / "train"),
+        "--validpref", str(spm_dir / "valid"),
+        "--testpref", str(spm_dir / "test"),
+        "--destdir", str(bin_dir),
+        "--joined-dictionary",
+        "--workers", str(args.workers),
+    ]
+
+
+def run_preprocess(args, spm_dir: Path, bin_dir: Path) -> None:
+    cmd = preprocess_command(args, spm_dir, bin_dir)
+    logger.info("binarizing: %s", " ".join(cmd))
+    t0 = time.time()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout.splitlines():
+        if line.strip():
+            logger.debug("fairseq-preprocess: %s", line)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stdout.splitlines()[-30:])
+        raise PrepareError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{tail}")
+    logger.info("fairseq-preprocess finished in %.1fs", time.time() - t0)
+
+
+def dict_size(path: Path) -> int:
+    """Number of entries in a fairseq dict file plus the 4 special symbols."""
+    return count_lines(path) + 4
+
+
+def prepare(args) -> dict:
+    t_start = time.time()
+    if args.vocab_size < 2:
+        raise PrepareError("--vocab-size must be at least 2")
+    if args.max_train_lines is not None and args.max_train_lines < 1:
+        raise PrepareError("--max-train-lines must be positive")
+    if args.workers < 1:
+        raise PrepareError("--workers must be positive")
+
+    input_counts = check_inputs(args.corpus_dir, args.src, args.tgt)
+    logger.info("input %s: %s", args.corpus_dir,
+                ", ".join(f"{k} {v}" for k, v in input_counts.items()))
+
+    out: Path = args.out
+    spm_dir, bin_dir = out / "spm", out / "bin"
+    if (bin_dir / f"dict.{args.src}.txt").exists() and not args.overwrite:
+        raise PrepareError(f"{bin_dir} already holds prepared data; pass --overwrite to replace it")
+    if args.overwrite and bin_dir.exists():
+        shutil.rmtree(bin_dir)
+    spm_dir.mkdir(parents=True, exist_ok=True)
+    bin_dir.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.time()
+    model_path = train_spm(args, spm_dir)
+    t_spm = time.time() - t0
+
+    t0 = time.time()
+    counts = encode_splits(args, model_path, spm_dir)
+    t_encode = time.time() - t0
+
+    t0 = time.time()
+    run_preprocess(args, spm_dir, bin_dir)
+    t_bin = time.time() - t0
+
+    for suffix in (".model", ".vocab"):
+        shutil.copy2(model_path.with_suffix(suffix), bin_dir / (SPM_PREFIX + suffix))
+
+    dict_src = bin_dir / f"dict.{args.src}.txt"
+    expected = [dict_src, bin_dir / f"dict.{args.tgt}.txt"] + [
+        bin_dir / f"{split}.{args.src}-{args.tgt}.{lang}.{ext}"
+        for split in SPLITS for lang in (args.src, args.tgt) for ext in ("bin", "idx")
+    ]
+    absent = [str(p) for p in expected if not p.is_file()]
+    if absent:
+        raise PrepareError("fairseq-preprocess did not produce:\n  " + "\n  ".join(absent))
+
+    summary = {
+        "corpus_dir": str(args.corpus_dir.resolve()),
+        "src": args.src,
+        "tgt": args.tgt,
+        "out": str(out.resolve()),
+        "data_bin": str(bin_dir.resolve()),
+        "spm_model": str((bin_dir / (SPM_PREFIX + ".model")).resolve()),
+        "spm_model_type": args.model_type,
+        "spm_vocab_size": args.vocab_size,
+        "character_coverage": args.character_coverage,
+        "fairseq_dict_size": dict_size(dict_src),
+        "max_train_lines": args.max_train_lines,
+        "lines": counts,
+        "seconds": {
+            "spm_train": round(t_spm, 2),
+            "encode": round(t_encode, 2),
+            "binarize": round(t_bin, 2),
+            "total": round(time.time() - t_start, 2),
+        },
+    }
+    (out / "prepare_corpus.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    logger.info(
+        "done in %.1fs: data-bin %s | spm vocab %d | fairseq joined dict %d | lines %s",
+        summary["seconds"]["total"], bin_dir, args.vocab_size, summary["fairseq_dict_size"],
+        ", ".join(f"{k} {v}" for k, v in counts.items()),
+    )
+    return summary
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.WARNING if args.quiet else logging.INFO,
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+    )
+    try:
+        prepare(args)
+    except PrepareError as exc:
+        logger.error("%s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,245 @@
+"""End-to-end tests of the fairseq plugin on a tiny model and a slice of the Debian de-en corpus."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+fairseq = pytest.importorskip("fairseq")
+
+from fairseq import options, tasks, utils  # noqa: E402
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
+from fairseq.distributed import utils as distributed_utils  # noqa: E402
+
+import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (registers the task)
+from fairseq_gradinit.core import apply_scales  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.groups import transformer_group  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.task import (  # noqa: E402
+    TranslationGradInitTask,
+    gradinit_config_from_task,
+    will_restore_checkpoint,
+)
+from fairseq_gradinit.fairseq_plugin.user_dir import user_dir  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
+BIN = Path(sys.executable).parent
+
+TINY_MODEL = [
+    "--arch", "transformer_iwslt_de_en", "--encoder-layers", "2", "--decoder-layers", "2",
+    "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+    "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--share-all-embeddings", "--dropout", "0.1",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--max-tokens", "400",
+    "--cpu", "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "1",
+    "--num-workers", "0", "--seed", "3", "--no-progress-bar",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    if not SHARED.exists():
+        pytest.skip(f"shared corpus not found at {SHARED}")
+    root = tmp_path_factory.mktemp("tinydata")
+    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
+        for lang in ("de", "en"):
+            lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    from fairseq_cli import preprocess
+
+    args = options.get_preprocessing_parser().parse_args([
+        "--source-lang", "de", "--target-lang", "en", "--trainpref", str(root / "train"),
+        "--validpref", str(root / "valid"), "--testpref", str(root / "test"),
+        "--destdir", str(root / "bin"), "--joined-dictionary", "--nwordssrc", "600", "--workers", "1",
+    ])
+    preprocess.main(args)
+    return root / "bin"
+
+
+def train_inprocess(argv):
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=argv)
+    cfg = convert_namespace_to_omegaconf(args)
+    from fairseq_cli import train
+
+    distributed_utils.call_main(cfg, train.main)
+    return cfg
+
+
+def fresh_model(argv):
+    """The model fairseq-train builds for ``argv`` before any training (same RNG sequence)."""
+    import numpy as np
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=argv)
+    cfg = convert_namespace_to_omegaconf(args)
+    np.random.seed(cfg.common.seed)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    return task.build_model(cfg.model, from_checkpoint=True)
+
+
+def checkpoint_state(path):
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    return state["model"]
+
+
+def assert_same_weights(model, state, exact=True):
+    own = model.state_dict()
+    for k, v in state.items():
+        if k not in own or not torch.is_floating_point(v):
+            continue
+        if exact:
+            assert torch.equal(own[k].to(v.dtype), v), k
+        else:
+            torch.testing.assert_close(own[k].to(v.dtype), v, rtol=0, atol=1e-3, msg=k)
+
+
+def env_with_repo():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_path):
+    """lr=0 keeps the weights: the checkpoint after one update holds the start weights."""
+    save_a = tmp_path / "a"
+    common = [str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "0",
+              "--max-update", "1"]
+    train_inprocess(common + ["--save-dir", str(save_a), "--gradinit-iters", "4", "--gradinit-eta", "1e-3",
+                              "--gradinit-lr", "0.05", "--gradinit-log-interval", "2"])
+    info = json.loads((save_a / "gradinit.json").read_text())
+    assert info["iterations"] == 4 and len(info["history"]) == 4
+    assert info["config"]["optimizer"] == "adam" and info["config"]["eta"] == 1e-3
+    assert abs(info["config"]["resolved_gamma"] - 100.0) < 1e-9  # rule of thumb eta*gamma = 0.1
+    assert set(info["summary"]) and all(s["min"] >= 0.01 for s in info["summary"].values())
+    assert any(abs(v - 1.0) > 1e-4 for v in info["scales"].values())
+    # Shared input/output embeddings: one scale.
+    emb = [n for n in info["scales"] if "embed_tokens" in n or "output_projection" in n]
+    assert len(emb) == 1, emb
+
+    model = fresh_model(common + ["--save-dir", str(tmp_path / "unused")])
+    apply_scales(model, info["scales"])
+    state = checkpoint_state(save_a / "checkpoint_last.pt")
+    assert_same_weights(model, state)
+
+    # --gradinit-init-file reproduces the same start weights without computing.
+    save_b = tmp_path / "b"
+    train_inprocess(common + ["--save-dir", str(save_b), "--gradinit-init-file", str(save_a / "gradinit.json")])
+    state_b = checkpoint_state(save_b / "checkpoint_last.pt")
+    for k in state:
+        assert torch.equal(state[k], state_b[k]), k
+
+
+def test_train_then_resume_does_not_rerun(tiny_data, tmp_path, caplog):
+    save = tmp_path / "ck"
+    argv = [str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
+            "--save-dir", str(save), "--gradinit-iters", "3"]
+    train_inprocess(argv + ["--max-update", "2"])
+    gi = save / "gradinit.json"
+    first = gi.read_text()
+    assert json.loads(first)["iterations"] == 3
+    assert (save / "checkpoint_last.pt").exists()
+    assert will_restore_checkpoint(type("C", (), {"gradinit_save_dir": str(save),
+                                                  "gradinit_restore_file": "checkpoint_last.pt",
+                                                  "gradinit_checkpoint_suffix": "",
+                                                  "gradinit_finetune_from_model": None})())
+    caplog.set_level("INFO")
+    train_inprocess(argv + ["--max-update", "4"])
+    assert gi.read_text() == first
+    assert "a checkpoint will be restored; not running GradInit" in caplog.text
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["optimizer_history"][-1]["num_updates"] == 4
+
+
+def test_literal_usage_line_and_generate(tiny_data, tmp_path):
+    """`fairseq-train DATA --user-dir fairseq_gradinit --gradinit-iters N` with no --task, from the
+    repo root; then fairseq-generate from another directory with the installed-package user dir."""
+    save = tmp_path / "ck"
+    cmd = [str(BIN / "fairseq-train"), str(tiny_data), "--user-dir", "fairseq_gradinit", *TINY_MODEL,
+           "--lr", "1e-3", "--max-update", "2", "--save-dir", str(save), "--gradinit-iters", "3"]
+    proc = subprocess.run(cmd, cwd=REPO, env=env_with_repo(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (save / "gradinit.json").exists()
+    assert "gradinit iter 3/3" in proc.stdout + proc.stderr
+
+    gen = [str(BIN / "fairseq-generate"), str(tiny_data), "--user-dir", user_dir(), "--path",
+           str(save / "checkpoint_last.pt"), "--beam", "5", "--batch-size", "16", "--cpu",
+           "--gen-subset", "test", "--max-len-b", "20"]
+    proc = subprocess.run(gen, cwd=tmp_path, env=env_with_repo(), capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "BLEU" in out
+    assert "gradinit iter" not in out and "gradinit:" not in out
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "pytorch_ddp"])
+def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
+    port = _free_port()
+    save = tmp_path / "ck"
+    driver = Path(__file__).with_name("fairseq_dist_driver.py")
+    procs = []
+    for rank in range(2):
+        cmd = [sys.executable, str(driver), str(tmp_path / f"rank{rank}.pt"), str(tiny_data),
+               "--user-dir", str(REPO / "fairseq_gradinit"), "--task", "translation_gradinit", *TINY_MODEL,
+               "--lr", "1e-3", "--max-update", "2", "--save-dir", str(save), "--gradinit-iters", "3",
+               "--distributed-world-size", "2", "--distributed-rank", str(rank),
+               "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+               "--distributed-no-spawn", "--ddp-backend", ddp_backend]
+        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env_with_repo(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=600)[0])
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
+    r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
+    assert r0["scales"] == r1["scales"]
+    assert r0["world_size"] == 2
+    for k in r0["after_gradinit"]:
+        assert torch.equal(r0["after_gradinit"][k], r1["after_gradinit"][k]), k
+    for k in r0["after_training"]:
+        assert torch.equal(r0["after_training"][k], r1["after_training"][k]), k
+    # each rank evaluated its own shard: the rank-0 losses differ from rank 1's before averaging
+    assert r0["local_losses"] != r1["local_losses"]
+    assert json.loads((save / "gradinit.json").read_text())["world_size"] == 2
+
+
+def test_config_translation_and_groups():
+    cfg = type("C", (), dict(
+        gradinit_optimizer=None, gradinit_train_optimizer="sgd", gradinit_eta=None, gradinit_train_lr=[0.15],
+        gradinit_betas="(0.9, 0.98)", gradinit_gamma=None, gradinit_lr=1e-2, gradinit_iters=10,
+        gradinit_min_scale=0.01, gradinit_max_scale=None, gradinit_overlap=0.5,
+        gradinit_scale_grad_clip=None, gradinit_sgd_step="grad", gradinit_log_interval=5))()
+    g = gradinit_config_from_task(cfg)
+    assert g.optimizer == "sgd" and g.eta == 0.15 and g.norm_p == 2
+    assert abs(g.resolved_gamma - (0.1 / 0.15) ** 0.5) < 1e-12
+    cfg.gradinit_betas = "0.9"
+    with pytest.raises(ValueError, match="gradinit-betas"):
+        gradinit_config_from_task(cfg)
+    assert transformer_group("encoder.layers.0.self_attn.q_proj.weight") == "encoder.self_attn.q"
+    assert transformer_group("decoder.layers.1.encoder_attn.out_proj.weight") == "decoder.encoder_attn.out"
+    assert transformer_group("decoder.layers.1.fc2.weight") == "decoder.ffn.fc2"
+    assert transformer_group("encoder.embed_tokens.weight") == "encoder.embeddings"
+    assert transformer_group("encoder.layers.0.final_layer_norm.weight") == "encoder.layer_norm"
+    assert transformer_group("encoder.layers.0.self_attn.k_proj.bias") == "encoder.bias.self_attn.k"
+    assert issubclass(tasks.TASK_REGISTRY["translation"], TranslationGradInitTask)

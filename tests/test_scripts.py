@@ -1,0 +1,280 @@
+"""Tests of the data/evaluation scripts in scripts/ (CPU only, no network).
+
+The parsing/scoring tests use small synthetic text. The prepare_corpus.py end-to-end test runs
+SentencePiece and fairseq-preprocess on a 300-line slice of the shared debian-ui-de-en corpus; it
+is skipped when that corpus is absent. Its run time is dominated by importing fairseq in the
+fairseq-preprocess subprocess.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO_ROOT / "scripts"
+SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "debian-ui-de-en"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"_scripts_{name}", SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses need the module registered
+    spec.loader.exec_module(module)
+    return module
+
+
+evaluate_bleu = _load("evaluate_bleu")
+plot_curves = _load("plot_curves")
+prepare_corpus = _load("prepare_corpus")
+
+
+# --------------------------------------------------------------------------------------------
+# evaluate_bleu.py
+# --------------------------------------------------------------------------------------------
+
+GENERATE_OUTPUT = """\
+2024-05-01 10:00:00 | INFO | fairseq_cli.generate | {'_name': None, 'common': {...}}
+2024-05-01 10:00:01 | INFO | fairseq.tasks.translation | [de] dictionary: 6008 types
+S-1\tder Hund schläft .
+T-1\tthe dog is sleeping.
+H-1\t-0.512\tthe dog is sleeping.
+D-1\t-0.512\tthe dog is sleeping.
+P-1\t-0.1 -0.2 -0.3 -0.4 -0.5
+H-1\t-0.900\tthe dog sleeps.
+S-0\tdie Katze sitzt auf der Matte
+T-0\tthe cat sits on the mat
+H-0\t-0.300\tthe cat sat on the mat
+D-0\t-0.300\tthe cat sat on the mat
+P-0\t-0.1 -0.1
+S-2\tleer
+T-2\tempty
+H-2\t-3.000\t
+D-2\t-3.000\t
+P-2\t-1.0
+2024-05-01 10:00:05 | INFO | fairseq_cli.generate | NOTE: hypothesis and token scores are output in base 2
+2024-05-01 10:00:05 | INFO | fairseq_cli.generate | Translated 3 sentences (17 tokens) in 1.2s (2.50 sentences/s, 14.17 tokens/s)
+Generate test with beam=5: BLEU4 = 40.00, 70.0/50.0/40.0/30.0 (BP=1.000, ratio=1.000, syslen=10, reflen=10)
+"""
+
+
+def test_parse_generate_output_collects_best_hypotheses_and_references():
+    parsed = evaluate_bleu.parse_generate_output(GENERATE_OUTPUT.splitlines())
+    assert parsed.hypotheses == {
+        0: "the cat sat on the mat",
+        1: "the dog is sleeping.",  # first (best) of the two H-1 lines
+        2: "",  # empty hypothesis survives
+    }
+    assert parsed.references == {0: "the cat sits on the mat", 1: "the dog is sleeping.", 2: "empty"}
+    assert parsed.sources[1] == "der Hund schläft ."
+    assert parsed.n_translated == 3
+    assert parsed.translate_seconds == pytest.approx(1.2)
+    assert parsed.subset == "test" and parsed.beam == 5
+    assert parsed.fairseq_bleu.startswith("BLEU4 = 40.00")
+
+
+def test_pair_up_sorts_by_id_and_checks_consistency():
+    parsed = evaluate_bleu.parse_generate_output(GENERATE_OUTPUT.splitlines())
+    ids, hyps, refs = evaluate_bleu.pair_up(parsed)
+    assert ids == [0, 1, 2]
+    assert hyps[0] == "the cat sat on the mat" and refs[2] == "empty"
+
+    ids, hyps, refs = evaluate_bleu.pair_up(parsed, ["r0", "r1", "r2", "r3"])
+    assert refs == ["r0", "r1", "r2"]
+    with pytest.raises(evaluate_bleu.EvaluationError):
+        evaluate_bleu.pair_up(parsed, ["r0", "r1"])  # reference file too short
+
+    no_refs = evaluate_bleu.parse_generate_output(["H-0\t-1.0\thello"])
+    with pytest.raises(evaluate_bleu.EvaluationError, match="T-<id>"):
+        evaluate_bleu.pair_up(no_refs)
+    with pytest.raises(evaluate_bleu.EvaluationError, match="no H-<id>"):
+        evaluate_bleu.pair_up(evaluate_bleu.parse_generate_output(["some log line"]))
+
+
+def test_score_bleu_matches_sacrebleu_and_reports_signature():
+    import sacrebleu
+
+    hyps = ["the cat sat on the mat", "the dog is sleeping."]
+    refs = ["the cat sits on the mat", "the dog is sleeping."]
+    result = evaluate_bleu.score_bleu(hyps, refs)
+    expected = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert result["bleu"] == pytest.approx(expected, abs=1e-3)
+    assert "tok:13a" in result["signature"] and "nrefs:1" in result["signature"]
+    assert evaluate_bleu.score_bleu(refs, refs)["bleu"] == pytest.approx(100.0)
+    lower = evaluate_bleu.score_bleu(["THE CAT SAT ON THE MAT"], ["the cat sat on the mat"],
+                                    lowercase=True)
+    assert lower["bleu"] == pytest.approx(100.0) and "case:lc" in lower["signature"]
+
+
+def test_evaluate_bleu_main_from_saved_output(tmp_path, capsys):
+    out_file = tmp_path / "generate-test.txt"
+    out_file.write_text(GENERATE_OUTPUT, encoding="utf-8")
+    json_path = tmp_path / "bleu.json"
+    rc = evaluate_bleu.main([str(tmp_path), "--from-output", str(out_file),
+                             "--output-json", str(json_path)])
+    assert rc == 0
+    result = json.loads(json_path.read_text(encoding="utf-8"))
+    assert result["n_sentences"] == 3
+    assert result["subset"] == "test" and result["beam"] == 5
+    assert 0.0 < result["bleu"] < 100.0
+    assert result["signature"].startswith("nrefs:1")
+    summary = capsys.readouterr().out.strip().splitlines()[-1]
+    assert summary.startswith(f"BLEU {result['bleu']:.2f} | test | beam 5 | 3 sents")
+
+
+def test_build_generate_command_and_passthrough(tmp_path):
+    own, extra = evaluate_bleu.split_passthrough(
+        ["data", "--path", "ck.pt", "--cpu", "--", "--lenpen", "0.6", "--nbest", "1"])
+    assert extra == ["--lenpen", "0.6", "--nbest", "1"]
+    args = evaluate_bleu.build_parser().parse_args(own + ["--batch-size", "32", "--user-dir", "gradinit"])
+    cmd = evaluate_bleu.build_generate_command(args, extra)
+    assert cmd[:4] == [sys.executable, "-m", "fairseq_cli.generate", "data"]
+    joined = " ".join(cmd)
+    for piece in ("--path ck.pt", "--gen-subset test", "--beam 5", "--remove-bpe sentencepiece",
+                  "--batch-size 32", "--cpu", "--lenpen 0.6"):
+        assert piece in joined
+    assert "--max-tokens" not in cmd  # only batch size was requested
+    assert cmd[cmd.index("--user-dir") + 1] == str(REPO_ROOT / "fairseq_gradinit")
+    default = evaluate_bleu.build_generate_command(
+        evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]), [])
+    assert default[default.index("--max-tokens") + 1] == "4096"
+
+
+# --------------------------------------------------------------------------------------------
+# plot_curves.py
+# --------------------------------------------------------------------------------------------
+
+SIMPLE_LOG = """\
+2024-05-01 10:00:00 | INFO | fairseq_cli.train | task: TranslationTask
+2024-05-01 10:01:00 | INFO | train_inner | epoch 001:    100 / 350 loss=9.912, nll_loss=9.801, ppl=892.1, num_updates=100
+2024-05-01 10:01:10 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.84 | nll_loss 9.65 | ppl 803.2 | wps 5012 | wpb 2901 | bsz 110 | num_updates 100
+2024-05-01 10:01:11 | INFO | valid | epoch 001 | valid on 'test' subset | loss 9.99 | nll_loss 9.70 | ppl 830.1 | num_updates 100
+2024-05-01 10:02:10 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 7.5 | nll_loss 7.1 | ppl 137.2 | wps 5100 | wpb 2901 | bsz 110 | num_updates 200 | best_loss 7.5
+2024-05-01 10:02:11 | INFO | train | epoch 002 | loss 8.1 | nll_loss 7.9 | num_updates 200
+2024-05-01 10:03:10 | INFO | valid | epoch 003 | valid on 'valid' subset | loss 6.25 | nll_loss 5.9 | ppl 59.7 | num_updates 300 | best_loss 6.25
+"""
+
+JSON_LOG = """\
+2024-05-01 10:01:00 | INFO | train_inner | {"epoch": 1, "update": 0.286, "loss": "9.9", "num_updates": "100"}
+2024-05-01 10:01:10 | INFO | valid | {"epoch": 1, "valid_loss": "9.5", "valid_nll_loss": "9.3", "valid_ppl": "630", "valid_num_updates": "100"}
+2024-05-01 10:02:10 | INFO | valid | {"epoch": 2, "valid_loss": "7", "valid_nll_loss": "6.8", "valid_num_updates": "250", "valid_best_loss": "7"}
+2024-05-01 10:02:11 | INFO | train | {"epoch": 2, "train_loss": "8", "train_num_updates": "250"}
+"""
+
+
+def test_parse_simple_log_only_takes_the_requested_subset():
+    curve = plot_curves.parse_log(SIMPLE_LOG.splitlines())
+    assert curve == {100: 9.84, 200: 7.5, 300: 6.25}
+    assert plot_curves.parse_log(SIMPLE_LOG.splitlines(), metric="nll_loss")[200] == 7.1
+    assert plot_curves.parse_log(SIMPLE_LOG.splitlines(), subset="test") == {100: 9.99}
+
+
+def test_parse_json_log_and_resumed_runs():
+    assert plot_curves.parse_log(JSON_LOG.splitlines()) == {100: 9.5, 250: 7.0}
+    resumed = SIMPLE_LOG + SIMPLE_LOG.replace("loss 6.25", "loss 6.0")
+    assert plot_curves.parse_log(resumed.splitlines())[300] == 6.0  # later entry wins
+
+
+def test_markdown_table_has_union_of_updates_and_summary_rows():
+    table = plot_curves.markdown_table({"a": {100: 9.84, 200: 7.5}, "b": {100: 9.5, 250: 7.0}})
+    lines = table.strip().splitlines()
+    assert lines[2] == "| updates | a | b |"
+    assert "| 100 | 9.840 | 9.500 |" in lines
+    assert "| 200 | 7.500 | – |" in lines
+    assert "| 250 | – | 7.000 |" in lines
+    assert lines[-2] == "| **best** | 7.500 @ 200 | 7.000 @ 250 |"
+
+
+def test_plot_curves_main_writes_json_and_markdown(tmp_path, capsys):
+    (tmp_path / "a.log").write_text(SIMPLE_LOG, encoding="utf-8")
+    (tmp_path / "b.log").write_text(JSON_LOG, encoding="utf-8")
+    prefix = tmp_path / "out" / "curves"
+    rc = plot_curves.main(["--run", f"base={tmp_path / 'a.log'}",
+                           "--run", f"gradinit={tmp_path / 'b.log'}", "--out", str(prefix)])
+    assert rc == 0
+    data = json.loads(prefix.with_suffix(".json").read_text(encoding="utf-8"))
+    assert data["runs"]["base"]["curve"] == {"100": 9.84, "200": 7.5, "300": 6.25}
+    assert data["runs"]["gradinit"]["curve"]["250"] == 7.0
+    assert "| updates | base | gradinit |" in prefix.with_suffix(".md").read_text(encoding="utf-8")
+    captured = capsys.readouterr()
+    try:
+        import matplotlib  # noqa: F401
+        assert prefix.with_suffix(".png").is_file()
+    except ImportError:
+        assert "matplotlib is not installed" in captured.err
+        assert not prefix.with_suffix(".png").exists()
+    with pytest.raises(SystemExit):
+        plot_curves.main(["--run", "no-equals-sign"])
+
+
+# --------------------------------------------------------------------------------------------
+# prepare_iwslt14.sh / prepare_corpus.py
+# --------------------------------------------------------------------------------------------
+
+
+def test_prepare_iwslt14_script_syntax():
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("bash not available")
+    proc = subprocess.run([bash, "-n", str(SCRIPTS / "prepare_iwslt14.sh")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_prepare_corpus_reports_missing_files(tmp_path):
+    (tmp_path / "train.de").write_text("a\n", encoding="utf-8")
+    with pytest.raises(prepare_corpus.PrepareError) as exc:
+        prepare_corpus.check_inputs(tmp_path, "de", "en")
+    message = str(exc.value)
+    assert "train.en" in message and "valid.de" in message and "test.en" in message
+    assert prepare_corpus.main([str(tmp_path), "--src", "de", "--tgt", "en",
+                                "--out", str(tmp_path / "out")]) == 1
+
+
+def test_prepare_corpus_end_to_end(tmp_path):
+    if not SHARED_CORPUS.is_dir():
+        pytest.skip(f"shared corpus not found: {SHARED_CORPUS}")
+    pytest.importorskip("sentencepiece")
+    if importlib.util.find_spec("fairseq_cli") is None:
+        pytest.skip("fairseq is not installed")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, n in (("train", 600), ("valid", 300), ("test", 300)):
+        for lang in ("de", "en"):
+            with open(SHARED_CORPUS / f"{split}.{lang}", encoding="utf-8") as f:
+                head = [next(f) for _ in range(n)]
+            (corpus / f"{split}.{lang}").write_text("".join(head), encoding="utf-8")
+    out = tmp_path / "prepared"
+    rc = prepare_corpus.main([str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", "200",
+                              "--max-train-lines", "300", "--workers", "1", "--out", str(out)])
+    assert rc == 0
+    bin_dir = out / "bin"
+    for name in ("dict.de.txt", "dict.en.txt", "spm.model"):
+        assert (bin_dir / name).is_file(), name
+    for split in ("train", "valid", "test"):
+        for lang in ("de", "en"):
+            for ext in ("bin", "idx"):
+                assert (bin_dir / f"{split}.de-en.{lang}.{ext}").stat().st_size > 0
+    # joined dictionary: identical source and target dictionaries
+    assert (bin_dir / "dict.de.txt").read_text() == (bin_dir / "dict.en.txt").read_text()
+    summary = json.loads((out / "prepare_corpus.json").read_text(encoding="utf-8"))
+    assert summary["lines"] == {"train": 300, "valid": 300, "test": 300}
+    assert len((out / "spm" / "train.de").read_text(encoding="utf-8").splitlines()) == 300
+    # the encoded text round-trips through the SentencePiece model
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(bin_dir / "spm.model"))
+    assert sp.get_piece_size() == 200
+    first_pieces = (out / "spm" / "valid.en").read_text(encoding="utf-8").splitlines()[0].split(" ")
+    original = (corpus / "valid.en").read_text(encoding="utf-8").splitlines()[0]
+    assert first_pieces == sp.encode(original, out_type=str)
+    assert sp.decode_pieces(first_pieces) == sp.decode(sp.encode(original))
+    # a second run into the same output refuses to overwrite
+    assert prepare_corpus.main([str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", "200",
+                                "--out", str(out)]) == 1
