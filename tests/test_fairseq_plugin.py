@@ -204,7 +204,7 @@ def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
     outs = []
     for p in procs:
         try:
-            outs.append(p.communicate(timeout=600)[0])
+            outs.append(p.communicate(timeout=1200)[0])
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
