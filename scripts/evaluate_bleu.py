@@ -19,15 +19,27 @@ Everything after ``--`` is passed unchanged to fairseq-generate, e.g.::
 ``--ref FILE`` scores against a raw reference file (line i = sample id i) instead of the ``T-``
 lines, which come from the binarized data (SentencePiece-normalized, unknown words as
 ``<<unk>>``). ``--from-output FILE`` scores a saved fairseq-generate output without running it.
+
+``--required-batch-size-multiple 1`` is added unless given after ``--``: with fairseq's default
+of 8 the last batch is dropped when its size is not a multiple of 8, so a few test sentences
+would silently go untranslated. The number of hypotheses is also checked against the size of
+the binarized subset.
+
+fairseq 0.12.3 cannot load its checkpoints under torch >= 2.6 (``torch.load`` now defaults to
+``weights_only=True``); the subprocess therefore runs with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``
+(only evaluate checkpoints you trust).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import struct
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,23 +212,85 @@ def build_generate_command(args, extra: Sequence[str]) -> List[str]:
         cmd += ["--user-dir", str(user_dir)]
     if args.cpu:
         cmd.append("--cpu")
+    if "--required-batch-size-multiple" not in extra:
+        # fairseq 0.12 drops the last batch when its size is not a multiple of this value
+        # (default 8), silently leaving up to 7 sentences untranslated (fairseq issue #5036)
+        cmd += ["--required-batch-size-multiple", "1"]
     return cmd + list(extra)
 
 
-def run_generate(cmd: Sequence[str], save_output: Optional[Path]) -> Tuple[List[str], float]:
-    """Run fairseq-generate; returns (stdout lines, wall seconds). stderr is not captured."""
+def generate_env() -> Dict[str, str]:
+    """Environment for fairseq-generate.
+
+    fairseq 0.12.3 calls ``torch.load`` without ``weights_only``; torch >= 2.6 then refuses its
+    checkpoints (they pickle an argparse.Namespace). The checkpoints evaluated here are our own,
+    so the subprocess gets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` unless the caller set either
+    torch variable already.
+    """
+    env = dict(os.environ)
+    if "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in env:
+        env.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    return env
+
+
+def run_generate(
+    cmd: Sequence[str], save_output: Optional[Path]
+) -> Tuple[List[str], List[str], float]:
+    """Run fairseq-generate; returns (stdout lines, stderr lines, wall seconds).
+
+    stdout (the S/T/H/D/P lines) is captured; stderr (where fairseq's log usually ends up) is
+    echoed live and also returned, without the very long config line.
+    """
     print("running: " + " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.time()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, encoding="utf-8")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            encoding="utf-8", errors="replace", env=generate_env())
+    err_lines: List[str] = []
+
+    def pump_stderr() -> None:
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            if len(line) < 2000:
+                err_lines.append(line.rstrip("\n"))
+
+    pump = threading.Thread(target=pump_stderr, daemon=True)
+    pump.start()
+    stdout = proc.stdout.read()
+    returncode = proc.wait()
+    pump.join()
     wall = time.time() - t0
-    lines = proc.stdout.splitlines()
+    lines = stdout.splitlines()
     if save_output is not None:
         save_output.parent.mkdir(parents=True, exist_ok=True)
-        save_output.write_text(proc.stdout, encoding="utf-8")
-    if proc.returncode != 0:
-        tail = "\n".join(lines[-40:])
-        raise EvaluationError(f"fairseq-generate failed (exit {proc.returncode}); last output:\n{tail}")
-    return lines, wall
+        save_output.write_text(stdout, encoding="utf-8")
+    if returncode != 0:
+        tail = "\n".join(lines[-20:] + err_lines[-20:])
+        raise EvaluationError(f"fairseq-generate failed (exit {returncode}); last output:\n{tail}")
+    return lines, err_lines, wall
+
+
+def subset_size(data: Path, subset: str) -> Optional[int]:
+    """Number of sentences in a binarized subset, read from the header of its mmap .idx file.
+
+    Returns None when it cannot be determined (no data dir, other dataset format, several
+    language pairs with different sizes).
+    """
+    sizes = set()
+    for idx in sorted(Path(data).glob(f"{subset}.*-*.*.idx")):
+        try:
+            with open(idx, "rb") as f:
+                header = f.read(26)
+        except OSError:
+            continue
+        if len(header) == 26 and header[:9] == b"MMIDIDX\x00\x00":
+            sizes.add(struct.unpack("<Q", header[18:26])[0])
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def result_subset(args, parsed: GenerateOutput) -> str:
+    if args.from_output is not None and parsed.subset:
+        return parsed.subset
+    return args.gen_subset
 
 
 def default_json_path(checkpoint: Path, subset: str) -> Path:
@@ -281,22 +355,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cmd = None
             with open(args.from_output, encoding="utf-8") as f:
                 lines = f.read().splitlines()
-            wall = None
+            err_lines, wall = [], None
         else:
             if not args.path.is_file():
                 raise EvaluationError(f"checkpoint not found: {args.path}")
             if not args.data.is_dir():
                 raise EvaluationError(f"data directory not found: {args.data}")
             cmd = build_generate_command(args, extra)
-            lines, wall = run_generate(cmd, args.save_output)
+            lines, err_lines, wall = run_generate(cmd, args.save_output)
 
         parsed = parse_generate_output(lines)
+        if parsed.translate_seconds is None and err_lines:  # fairseq logged to stderr
+            logged = parse_generate_output(l for l in err_lines if _TRANSLATED_RE.search(l))
+            parsed.translate_seconds = logged.translate_seconds
+            parsed.n_translated = logged.n_translated
+        expected = subset_size(args.data, result_subset(args, parsed))
         ref_lines = read_reference_file(args.ref) if args.ref is not None else None
         ids, hyps, refs = pair_up(parsed, ref_lines)
         if ref_lines is None and any("<<unk>>" in r for r in refs):
             print("warning: some T- references contain <<unk>>; pass --ref with the raw "
                   "reference file for exact scoring", file=sys.stderr)
-        if ref_lines is not None and len(ids) != len(ref_lines):
+        if expected is not None and len(ids) != expected:
+            print(f"warning: fairseq-generate output has {len(ids)} hypotheses but the "
+                  f"binarized subset has {expected} sentences; BLEU covers only the translated "
+                  "ones", file=sys.stderr)
+        elif ref_lines is not None and len(ids) != len(ref_lines):
             print(f"warning: {len(ids)} hypotheses for {len(ref_lines)} reference lines; "
                   "scoring only the translated ids", file=sys.stderr)
         scores = score_bleu(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase)
@@ -304,14 +387,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
-    from_file = args.from_output is not None
     result = {
         **scores,
         "n_sentences": len(ids),
+        "n_subset_sentences": expected,
         "checkpoint": str(args.path) if args.path is not None else None,
         "data": str(args.data),
-        "subset": (parsed.subset if from_file and parsed.subset else args.gen_subset),
-        "beam": (parsed.beam if from_file and parsed.beam else args.beam),
+        "subset": result_subset(args, parsed),
+        "beam": (parsed.beam if args.from_output is not None and parsed.beam else args.beam),
         "references": str(args.ref) if args.ref is not None else "T- lines",
         "generation_wall_time_s": round(wall, 2) if wall is not None else None,
         "fairseq_translate_time_s": parsed.translate_seconds,

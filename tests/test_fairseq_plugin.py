@@ -243,3 +243,22 @@ def test_config_translation_and_groups():
     assert transformer_group("encoder.layers.0.final_layer_norm.weight") == "encoder.layer_norm"
     assert transformer_group("encoder.layers.0.self_attn.k_proj.bias") == "encoder.bias.self_attn.k"
     assert issubclass(tasks.TASK_REGISTRY["translation"], TranslationGradInitTask)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16/bf16 training in fairseq needs CUDA")
+@pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
+def test_half_precision_starts_from_gradinit_weights(tiny_data, tmp_path, precision):
+    """GradInit runs in fp32 on the GPU before fairseq casts the model and copies fp32 masters."""
+    model_args = [a for a in TINY_MODEL if a != "--cpu"]
+    save = tmp_path / "ck"
+    common = [str(tiny_data), "--task", "translation_gradinit", *model_args, "--lr", "0", "--max-update", "1",
+              precision]
+    train_inprocess(common + ["--save-dir", str(save), "--gradinit-iters", "4", "--gradinit-eta", "1e-3",
+                              "--gradinit-lr", "0.05"])
+    info = json.loads((save / "gradinit.json").read_text())
+    assert info["device"].startswith("cuda")
+    model = fresh_model(common + ["--save-dir", str(tmp_path / "unused")])
+    apply_scales(model, info["scales"])
+    dtype = torch.float16 if precision == "--fp16" else torch.bfloat16
+    model.to(dtype)
+    assert_same_weights(model, checkpoint_state(save / "checkpoint_last.pt"))

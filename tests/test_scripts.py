@@ -140,10 +140,25 @@ def test_build_generate_command_and_passthrough(tmp_path):
                   "--batch-size 32", "--cpu", "--lenpen 0.6"):
         assert piece in joined
     assert "--max-tokens" not in cmd  # only batch size was requested
+    assert cmd[cmd.index("--required-batch-size-multiple") + 1] == "1"
     assert cmd[cmd.index("--user-dir") + 1] == str(REPO_ROOT / "fairseq_gradinit")
     default = evaluate_bleu.build_generate_command(
         evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]), [])
     assert default[default.index("--max-tokens") + 1] == "4096"
+    custom = evaluate_bleu.build_generate_command(
+        evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]),
+        ["--required-batch-size-multiple", "8"])
+    assert custom.count("--required-batch-size-multiple") == 1 and custom[-1] == "8"
+
+
+def test_subset_size_reads_mmap_index_header(tmp_path):
+    import struct
+
+    header = b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + b"\x04" + struct.pack("<Q", 1500)
+    for lang in ("de", "en"):
+        (tmp_path / f"test.de-en.{lang}.idx").write_bytes(header + b"\x00" * 16)
+    assert evaluate_bleu.subset_size(tmp_path, "test") == 1500
+    assert evaluate_bleu.subset_size(tmp_path, "valid") is None
 
 
 # --------------------------------------------------------------------------------------------
