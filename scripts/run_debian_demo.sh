@@ -13,6 +13,8 @@ ARMS=("$@")
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 LR=${LR:-1e-3}              # = the paper's 5e-4 at d=512, scaled by sqrt(512/128) (Adam's step vs weight scale)
 UPDATES=${UPDATES:-600}
+VALID_EVERY=${VALID_EVERY:-100}
+WARMUP=${WARMUP:-200}
 GI_ITERS=${GI_ITERS:-200}
 GI_LR=${GI_LR:-1e-2}
 
@@ -21,7 +23,7 @@ MODEL=(--arch transformer_iwslt_de_en --encoder-layers 6 --decoder-layers 6
   --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings --dropout 0.3
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1
   --optimizer adam --adam-betas "(0.9, 0.98)" --lr "$LR" --lr-scheduler fixed
-  --max-tokens 4096 --max-update "$UPDATES" --validate-interval-updates 100 --validate-interval 1000
+  --max-tokens 4096 --max-update "$UPDATES" --validate-interval-updates "$VALID_EVERY" --validate-interval 1000
   --save-interval-updates 0 --no-epoch-checkpoints --keep-last-epochs 1
   --cpu --num-workers 0 --log-format simple --log-interval 50 --no-progress-bar)
 
@@ -30,7 +32,7 @@ for arm in "${ARMS[@]}"; do
   extra=()
   case "$arm" in
     xavier-s*) ;;
-    warmup-s*) extra=(--warmup-updates 200) ;;
+    warmup-s*) extra=(--warmup-updates "$WARMUP") ;;
     gradinit-s*) extra=(--gradinit-iters "$GI_ITERS" --gradinit-lr "$GI_LR" --gradinit-max-tokens 4096
                         --gradinit-log-interval 20) ;;
     *) echo "unknown arm $arm" >&2; exit 2 ;;

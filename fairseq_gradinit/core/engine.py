@@ -395,7 +395,7 @@ def gradinit(
                     if callback is not None:
                         for rec in engine.history[max(before - 1, 0):-1]:
                             callback(rec)
-                    if completed % config.log_interval == 0:
+                    if completed == 1 or completed % config.log_interval == 0:
                         engine._log(completed, total)
                     if total is not None and completed >= total:
                         break
