@@ -186,18 +186,27 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize("ddp_backend", ["legacy_ddp", "pytorch_ddp"])
+@pytest.mark.parametrize("ddp_backend", [
+    "legacy_ddp",
+    # fairseq wraps pytorch_ddp with device_ids=[rank], which torch rejects for CPU modules.
+    pytest.param("pytorch_ddp", marks=pytest.mark.skipif(
+        torch.cuda.device_count() < 2, reason="fairseq's pytorch_ddp needs one GPU per rank")),
+])
 def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
     port = _free_port()
+    on_gpu = ddp_backend == "pytorch_ddp"
     save = tmp_path / "ck"
     driver = Path(__file__).with_name("fairseq_dist_driver.py")
     procs = []
     for rank in range(2):
+        model_args = [a for a in TINY_MODEL if not (on_gpu and a == "--cpu")]
         cmd = [sys.executable, str(driver), str(tmp_path / f"rank{rank}.pt"), str(tiny_data),
-               "--user-dir", str(REPO / "fairseq_gradinit"), "--task", "translation_gradinit", *TINY_MODEL,
+               "--user-dir", str(REPO / "fairseq_gradinit"), "--task", "translation_gradinit", *model_args,
                "--lr", "1e-3", "--max-update", "2", "--save-dir", str(save), "--gradinit-iters", "3",
                "--distributed-world-size", "2", "--distributed-rank", str(rank),
-               "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+               "--distributed-backend", "nccl" if on_gpu else "gloo",
+               "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+               *(["--device-id", str(rank)] if on_gpu else []),
                "--distributed-no-spawn", "--ddp-backend", ddp_backend]
         procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env_with_repo(), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
