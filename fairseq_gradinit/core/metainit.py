@@ -16,6 +16,7 @@ expensive as a GradInit iteration in time and memory.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -23,10 +24,11 @@ import time
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batching import cycle_iterable
 from .engine import LossFn, _Adam, _check_loss, _Dist, _grads
@@ -183,6 +185,42 @@ def gradient_quotient(loss: torch.Tensor, params: Sequence[torch.Tensor], eps: f
     return out / total
 
 
+def _batch_norm_composite(self: _BatchNorm, x: torch.Tensor) -> torch.Tensor:
+    """Batch-statistics BN from elementary ops, differentiable to any order (PyTorch's fused
+    batch_norm stops at second order when its input depends on the parameters)."""
+    dims = [0] + list(range(2, x.dim()))
+    mean = x.mean(dims, keepdim=True)
+    centered = x - mean
+    var = centered.pow(2).mean(dims, keepdim=True)  # biased variance, as BN uses for normalizing
+    y = centered * torch.rsqrt(var + self.eps)
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    if self.weight is not None:
+        y = y * self.weight.view(shape)
+    if self.bias is not None:
+        y = y + self.bias.view(shape)
+    return y
+
+
+@contextlib.contextmanager
+def higher_order_batch_norm(model: nn.Module) -> Iterator[nn.Module]:
+    """Within the context, BatchNorm layers that normalize with batch statistics (as in
+    :func:`~fairseq_gradinit.core.modes.gradinit_mode`) run a composite implementation that
+    supports third-order derivatives. The modules are restored on exit."""
+    swapped = []
+    for m in model.modules():
+        if isinstance(m, _BatchNorm) and m.training and not m.track_running_stats:
+            swapped.append((m, m.__dict__.get("forward")))
+            m.forward = types.MethodType(_batch_norm_composite, m)
+    try:
+        yield model
+    finally:
+        for m, old in swapped:
+            if old is None:
+                del m.forward
+            else:
+                m.forward = old
+
+
 class MetaInit:
     """Stateful MetaInit run; :func:`metainit` is the usual entry point."""
 
@@ -316,7 +354,7 @@ def metainit(
     total = config.iters
     stream = cycle_iterable(batches) if total is not None else iter(batches)
     completed = 0
-    with gradinit_mode(inner):
+    with gradinit_mode(inner), higher_order_batch_norm(inner):
         try:
             if total != 0:
                 for batch in stream:

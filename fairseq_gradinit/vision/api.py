@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import logging
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -51,10 +51,12 @@ def model_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
-def to_device(batch: Any, device: torch.device) -> Any:
+def to_device(batch: Any, device: Union[str, torch.device]) -> Any:
     """``batch`` with every tensor moved to ``device`` (nested tuples, lists, dicts, namedtuples)."""
+    device = torch.device(device)
     if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
+        # non_blocking only host -> CUDA (pinned memory); a copy to the host must be synchronous
+        return batch.to(device, non_blocking=device.type == "cuda")
     if isinstance(batch, dict):
         return type(batch)((k, to_device(v, device)) for k, v in batch.items())
     if isinstance(batch, tuple) and hasattr(batch, "_fields"):
@@ -137,7 +139,7 @@ def gradinit(
     betas: Tuple[float, float] = (0.9, 0.999),
     eps: float = 1e-8,
     scale_grad_clip: Optional[float] = 1.0,
-    sgd_step: str = "grad",
+    sgd_step: str = "normalized",
     loss_fn: Optional[LossFn] = None,
     device: Device = None,
     progress: bool = True,
@@ -149,8 +151,9 @@ def gradinit(
     """Initialize ``model`` with GradInit on the batches of ``loader`` (in place).
 
     Defaults are the paper's CIFAR-10 recipe: the model will be trained with SGD at learning
-    rate ``eta=0.1``, gamma from the rule of thumb eta * gamma^2 = 0.1 (gamma = 1), Adam with
-    default betas on the scales, lower bound 0.01 and ``|S ∩ S~| = |S| / 2``.
+    rate ``eta=0.1``, gamma from the rule of thumb eta * gamma^2 = 0.1 (gamma = 1), SGD's first
+    step A[g] = gamma g / ||g||_2 (Sec. 3.1; the authors' CIFAR scripts), Adam with default
+    betas on the scales, lower bound 0.01 and ``|S ∩ S~| = |S| / 2``.
 
     Args:
         model: any ``nn.Module``, also DataParallel/DDP-wrapped. BatchNorm layers use batch
@@ -169,7 +172,7 @@ def gradinit(
         overlap: ``|S ∩ S~| / |S|``.
         betas, eps: Adam hyperparameters of the scale optimizer.
         scale_grad_clip: clip the norm of the scale gradient (``None``: off).
-        sgd_step: "grad" (A[g] = g) or "normalized" (A[g] = gamma g / ||g||) for SGD.
+        sgd_step: "normalized" (A[g] = gamma g / ||g||_2) or "grad" (A[g] = g) for SGD.
         loss_fn: ``loss_fn(model, batch) -> mean loss``; default: cross-entropy on
             ``(input, target)`` batches.
         device: where batches go; default the model's device (the model is not moved).

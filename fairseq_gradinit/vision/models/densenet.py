@@ -52,7 +52,7 @@ class Transition(nn.Module):
         self.conv = nn.Conv2d(c_in, c_out, 1, bias=not bn)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.avg_pool2d(self.conv(F.relu(self.norm(x))), 2, ceil_mode=True)
+        return F.avg_pool2d(self.conv(F.relu(self.norm(x))), 2)
 
 
 class DenseNetBC(nn.Module):
