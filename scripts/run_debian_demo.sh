@@ -17,13 +17,16 @@ VALID_EVERY=${VALID_EVERY:-100}
 WARMUP=${WARMUP:-200}
 GI_ITERS=${GI_ITERS:-200}
 GI_LR=${GI_LR:-1e-2}
+MAX_TOKENS=${MAX_TOKENS:-4096}
+GI_LOG=${GI_LOG:-10}
+BLEU=${BLEU:-1}              # 0: skip the test-set BLEU evaluation (beam 5 is slow on CPU)
 
 MODEL=(--arch transformer_iwslt_de_en --encoder-layers 6 --decoder-layers 6
   --encoder-embed-dim 128 --decoder-embed-dim 128 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
   --encoder-attention-heads 4 --decoder-attention-heads 4 --share-all-embeddings --dropout 0.3
   --criterion label_smoothed_cross_entropy --label-smoothing 0.1
   --optimizer adam --adam-betas "(0.9, 0.98)" --lr "$LR" --lr-scheduler fixed
-  --max-tokens 4096 --max-update "$UPDATES" --validate-interval-updates "$VALID_EVERY" --validate-interval 1000
+  --max-tokens "$MAX_TOKENS" --max-update "$UPDATES" --validate-interval-updates "$VALID_EVERY" --validate-interval 1000
   --save-interval-updates 0 --no-epoch-checkpoints --keep-last-epochs 1
   --cpu --num-workers 0 --log-format simple --log-interval 50 --no-progress-bar)
 
@@ -33,8 +36,8 @@ for arm in "${ARMS[@]}"; do
   case "$arm" in
     xavier-s*) ;;
     warmup-s*) extra=(--warmup-updates "$WARMUP") ;;
-    gradinit-s*) extra=(--gradinit-iters "$GI_ITERS" --gradinit-lr "$GI_LR" --gradinit-max-tokens 4096
-                        --gradinit-log-interval 20) ;;
+    gradinit-s*) extra=(--gradinit-iters "$GI_ITERS" --gradinit-lr "$GI_LR" --gradinit-max-tokens "$MAX_TOKENS"
+                        --gradinit-log-interval "$GI_LOG") ;;
     *) echo "unknown arm $arm" >&2; exit 2 ;;
   esac
   dir="$OUT/$arm"
@@ -42,6 +45,7 @@ for arm in "${ARMS[@]}"; do
   echo "[$(date +%T)] $arm -> $dir"
   (cd "$REPO" && fairseq-train "$DATA" --user-dir fairseq_gradinit --task translation_gradinit "${MODEL[@]}" \
       --seed "$seed" --save-dir "$dir" "${extra[@]}") > "$dir/train.log" 2>&1
+  [ "$BLEU" = 0 ] && continue
   python "$REPO/scripts/evaluate_bleu.py" "$DATA" --path "$dir/checkpoint_last.pt" --user-dir "$REPO/fairseq_gradinit" \
       --output-json "$dir/bleu.json" --cpu > "$dir/bleu.log" 2>&1 || echo "BLEU evaluation failed for $arm (see $dir/bleu.log)"
 done

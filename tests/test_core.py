@@ -234,6 +234,59 @@ def test_constraint_branch_reduces_grad_norm_below_gamma(optimizer):
     assert res.num_constraint + res.num_objective == 60
 
 
+def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch):
+    """After a constraint iteration the first pass over S keeps its graph (one pass instead of two);
+    this gives the same scales, and iterations after objective ones stay first order."""
+    cfg = GradInitConfig(optimizer="adam", eta=0.01, lr=0.1, iters=1)
+    model = make_mlp(dims=(6, 16, 16, 3), weight_scale=3.0)
+    pairs = make_pairs(30)
+    gnorm0 = GradInit(copy.deepcopy(model), ce_loss, cfg)
+    gamma = gnorm0._norm(_grads(ce_loss(gnorm0.model, pairs[0][0]), gnorm0.scaled.params)).item() / 2
+
+    second_order = []
+    orig_grad = torch.autograd.grad
+
+    def spy(*args, **kwargs):
+        if kwargs.get("create_graph"):
+            second_order.append(engines_step[0])
+        return orig_grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", spy)
+    engines_step = [0]
+    runs = {}
+    for reuse in (True, False):
+        m = copy.deepcopy(model)
+        engine = GradInit(m, ce_loss, dataclasses_replace(cfg, gamma=gamma))
+        second_order.clear()
+        per_iter = []
+        with gradinit_mode(m):
+            for i, pair in enumerate(pairs):
+                engines_step[0] = i
+                if not reuse:
+                    engine._last_branch = ""
+                before = len(second_order)
+                engine.step(pair)
+                per_iter.append(len(second_order) - before)
+            engine.finalize()
+        runs[reuse] = (engine.alpha.clone(), [r.branch for r in engine.history], per_iter)
+    (a1, br1, n1), (a0, br0, n0) = runs[True], runs[False]
+    assert br1 == br0, (br1, br0)
+    assert br1 and "constraint" in br1 and "objective" in br1
+    assert_close(a1, a0, rtol=1e-10, atol=1e-12)
+    for i, b in enumerate(br1):
+        follows_constraint = i > 0 and br1[i - 1] == "constraint"
+        # one create_graph pass per constraint iteration, reused when speculated; objective
+        # iterations build a second-order graph only right after a constraint iteration
+        assert n1[i] == (1 if (b == "constraint" or follows_constraint) else 0), (i, br1, n1)
+        assert n0[i] == (1 if b == "constraint" else 0), (i, br0, n0)
+
+
+def dataclasses_replace(cfg, **kw):
+    import dataclasses
+
+    return dataclasses.replace(cfg, **kw)
+
+
 # --------------------------------------------------------------------------------------------
 # 3. clamping
 # --------------------------------------------------------------------------------------------

@@ -15,6 +15,55 @@ OPTIMIZERS = ("adam", "sgd")
 SGD_STEPS = ("grad", "normalized")
 
 
+def is_positive(x) -> bool:
+    """A finite real number > 0 (bools excluded)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def invalid(cfg, name: str, allowed: str):
+    """Raise the ``ValueError`` for field ``name`` of the config dataclass ``cfg``."""
+    raise ValueError(f"{type(cfg).__name__}.{name}={getattr(cfg, name)!r} is invalid: expected {allowed}")
+
+
+def validate_scale_fields(cfg, *, eps_field: str = "eps", lr_hint: str = "") -> None:
+    """Check the fields every scale-learning config shares (GradInit and MetaInit): the Adam
+    optimizer of the scales, the iteration count, the scale bounds and the run controls."""
+    if not is_positive(cfg.lr):
+        invalid(cfg, "lr", "a finite number > 0" + lr_hint)
+    try:
+        b1, b2 = (float(b) for b in cfg.betas)
+    except (TypeError, ValueError):
+        invalid(cfg, "betas", "a pair of floats in [0, 1)")
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+        invalid(cfg, "betas", "a pair of floats in [0, 1)")
+    cfg.betas = (b1, b2)
+    if not is_positive(getattr(cfg, eps_field)):
+        invalid(cfg, eps_field, "a finite number > 0")
+    if cfg.iters is not None and (not isinstance(cfg.iters, int) or isinstance(cfg.iters, bool) or cfg.iters < 0):
+        invalid(cfg, "iters", "an integer >= 0, or None for one pass over the batches")
+    if not is_positive(cfg.min_scale):
+        invalid(cfg, "min_scale", "a finite number > 0 (the paper uses 0.01)")
+    if cfg.max_scale is not None and not (is_positive(cfg.max_scale) and cfg.max_scale >= cfg.min_scale):
+        invalid(cfg, "max_scale", f"None or a finite number >= min_scale ({cfg.min_scale})")
+    if cfg.scale_grad_clip is not None and not is_positive(cfg.scale_grad_clip):
+        invalid(cfg, "scale_grad_clip", "None or a finite number > 0")
+    if not isinstance(cfg.max_consecutive_skips, int) or cfg.max_consecutive_skips < 1:
+        invalid(cfg, "max_consecutive_skips", "an integer >= 1")
+    if not isinstance(cfg.log_interval, int) or cfg.log_interval < 1:
+        invalid(cfg, "log_interval", "an integer >= 1")
+    if cfg.param_filter is not None and not callable(cfg.param_filter):
+        invalid(cfg, "param_filter", "None or a callable (name, param) -> bool")
+
+
+def config_to_dict(cfg) -> dict:
+    """Fields of a config dataclass as JSON-ready values (``param_filter`` by name)."""
+    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "param_filter"}
+    d["betas"] = list(cfg.betas)
+    d["param_filter"] = None if cfg.param_filter is None else getattr(
+        cfg.param_filter, "__name__", repr(cfg.param_filter))
+    return d
+
+
 @dataclass
 class GradInitConfig:
     """Options of :func:`fairseq_gradinit.core.gradinit`.
@@ -64,51 +113,18 @@ class GradInitConfig:
     # -- validation -----------------------------------------------------------------------
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first invalid field and its allowed range."""
-        def bad(name, allowed):
-            raise ValueError(
-                f"GradInitConfig.{name}={getattr(self, name)!r} is invalid: expected {allowed}"
-            )
-
-        def pos(x):
-            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
         if not isinstance(self.optimizer, str) or self.optimizer.lower() not in OPTIMIZERS:
-            bad("optimizer", f"one of {OPTIMIZERS}")
+            invalid(self, "optimizer", f"one of {OPTIMIZERS}")
         self.optimizer = self.optimizer.lower()
-        if not pos(self.eta):
-            bad("eta", "a finite number > 0 (the training learning rate)")
-        if self.gamma is not None and not pos(self.gamma):
-            bad("gamma", "a finite number > 0, or None to use the rule of thumb")
-        if not pos(self.lr):
-            bad("lr", "a finite number > 0 (the paper uses 1e-3 .. 1e-1)")
-        try:
-            b1, b2 = (float(b) for b in self.betas)
-        except (TypeError, ValueError):
-            bad("betas", "a pair of floats in [0, 1)")
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            bad("betas", "a pair of floats in [0, 1)")
-        self.betas = (b1, b2)
-        if not pos(self.eps):
-            bad("eps", "a finite number > 0")
-        if self.iters is not None and (not isinstance(self.iters, int) or isinstance(self.iters, bool)
-                                       or self.iters < 0):
-            bad("iters", "an integer >= 0, or None for one pass over the batches")
-        if not pos(self.min_scale):
-            bad("min_scale", "a finite number > 0 (the paper uses 0.01)")
-        if self.max_scale is not None and not (pos(self.max_scale) and self.max_scale >= self.min_scale):
-            bad("max_scale", f"None or a finite number >= min_scale ({self.min_scale})")
+        if not is_positive(self.eta):
+            invalid(self, "eta", "a finite number > 0 (the training learning rate)")
+        if self.gamma is not None and not is_positive(self.gamma):
+            invalid(self, "gamma", "a finite number > 0, or None to use the rule of thumb")
         if not (isinstance(self.overlap, (int, float)) and 0.0 <= self.overlap <= 1.0):
-            bad("overlap", "a number in [0, 1]")
-        if self.scale_grad_clip is not None and not pos(self.scale_grad_clip):
-            bad("scale_grad_clip", "None or a finite number > 0")
+            invalid(self, "overlap", "a number in [0, 1]")
         if self.sgd_step not in SGD_STEPS:
-            bad("sgd_step", f"one of {SGD_STEPS}")
-        if not isinstance(self.max_consecutive_skips, int) or self.max_consecutive_skips < 1:
-            bad("max_consecutive_skips", "an integer >= 1")
-        if not isinstance(self.log_interval, int) or self.log_interval < 1:
-            bad("log_interval", "an integer >= 1")
-        if self.param_filter is not None and not callable(self.param_filter):
-            bad("param_filter", "None or a callable (name, param) -> bool")
+            invalid(self, "sgd_step", f"one of {SGD_STEPS}")
+        validate_scale_fields(self, eps_field="eps", lr_hint=" (the paper uses 1e-3 .. 1e-1)")
 
     # -- derived quantities ---------------------------------------------------------------
     @property
@@ -126,9 +142,6 @@ class GradInitConfig:
         return math.sqrt(RULE_OF_THUMB / self.eta)
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "param_filter"}
-        d["betas"] = list(self.betas)
+        d = config_to_dict(self)
         d["resolved_gamma"] = self.resolved_gamma
-        d["param_filter"] = None if self.param_filter is None else getattr(
-            self.param_filter, "__name__", repr(self.param_filter))
         return d

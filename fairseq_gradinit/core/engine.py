@@ -7,9 +7,9 @@ alpha*W (or alpha*W - eta*A[g]) into them in place, takes gradients with respect
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
-import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -192,6 +192,7 @@ class GradInit:
         self.history: List[IterationRecord] = []
         self._pending: Optional[tuple] = None  # (record, loss_s_tilde tensor, ok tensor)
         self._consecutive_skips = 0
+        self._last_branch = ""
 
     # -- the two branches ---------------------------------------------------------------------
     def _norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -208,8 +209,10 @@ class GradInit:
             return [g.mul_(factor.to(g.dtype)) for g in grads]
         return grads
 
-    def _constraint_grad(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor) -> torch.Tensor:
-        """d||gbar||_p / d alpha through a second-order pass on S."""
+    def _constraint_grad(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
+                         g_local: Optional[Sequence[Optional[torch.Tensor]]] = None) -> torch.Tensor:
+        """d||gbar||_p / d alpha by double backward through ``g_local``, this rank's gradient on S
+        with its graph (computed here by a second-order pass on S when not given)."""
         if self.cfg.norm_p == 1:
             v = [g.sign() for g in gbar]
         else:
@@ -218,13 +221,15 @@ class GradInit:
         params = self.scaled.params
         # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>.
         with math_attention():
-            loss = _check_loss(self.loss_fn(self.model, s))
-            g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+            if g_local is None:
+                loss = _check_loss(self.loss_fn(self.model, s))
+                g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+                del loss
             surrogate = sum((gi * vi).sum() for gi, vi in zip(g_local, v) if gi is not None)
             if not isinstance(surrogate, torch.Tensor) or not surrogate.requires_grad:
                 return torch.zeros_like(self.alpha)
             h = _grads(surrogate, params)
-        del g_local, surrogate, loss
+        del g_local, surrogate
         return self.scaled.alpha_grad(h)
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
@@ -280,12 +285,23 @@ class GradInit:
     # -- one iteration --------------------------------------------------------------------
     def step(self, pair: BatchPair) -> IterationRecord:
         """One iteration of Algorithm 1 on the pair (S, S~)."""
-        cfg, params = self.cfg, self.scaled.params
+        params = self.scaled.params
         s, s_tilde = pair
         it = len(self.history) + 1
         self.scaled.write(self.alpha)
-        loss = _check_loss(self.loss_fn(self.model, s))
-        grads = _grads(loss, params)
+        # Constraint iterations come in runs (the norm comes down over many steps): after one,
+        # build the second-order graph of S in this first pass already, so that a constraint
+        # iteration costs one pass over S instead of two. A wrong guess costs only the graph's
+        # memory, released before the objective pass over S~.
+        speculate = self._last_branch == "constraint"
+        g_local = None
+        with math_attention() if speculate else contextlib.nullcontext():
+            loss = _check_loss(self.loss_fn(self.model, s))
+            if speculate:
+                g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+                grads = [torch.zeros_like(p) if g is None else g.detach().clone() for p, g in zip(params, g_local)]
+            else:
+                grads = _grads(loss, params)
         loss_s = loss.detach().float().reshape(1)
         del loss
         self.dist.mean_(grads)
@@ -305,19 +321,21 @@ class GradInit:
         self.history.append(rec)
         if finite_v < 0.5:
             rec.branch, rec.reason = "skipped", "non-finite loss or gradient on S"
+            self._last_branch = rec.branch
             self._skip(rec)
             return rec
 
         if gnorm_v > self.gamma:
-            rec.branch = "constraint"
-            alpha_grad = self._constraint_grad(s, grads, gnorm)
-            del grads
+            rec.branch = self._last_branch = "constraint"
+            alpha_grad = self._constraint_grad(s, grads, gnorm, g_local)
+            del grads, g_local
             self.dist.mean_([alpha_grad])
             ok = torch.ones((), dtype=torch.bool, device=self.alpha.device)
             new_alpha, ok = self.adam.step(self.alpha, alpha_grad, ok)
             self._pending = (rec, torch.zeros((), device=self.alpha.device), ok)
         else:
-            rec.branch = "objective"
+            rec.branch = self._last_branch = "objective"
+            del g_local
             direction = self._step_direction(grads, gnorm)
             alpha_grad, loss_t = self._objective_grad(s_tilde, direction)
             del direction, grads
@@ -329,6 +347,11 @@ class GradInit:
         self.dist.broadcast_([new_alpha])
         self.alpha.copy_(new_alpha)
         return rec
+
+    @property
+    def settled(self) -> int:
+        """How many records of ``history`` are final (the last one waits for its S~ statistics)."""
+        return len(self.history) - (self._pending is not None)
 
     def finalize(self) -> None:
         if self._pending is not None:
@@ -364,16 +387,8 @@ def gradinit(
         normalization buffers are as before. If an exception interrupts the run, the model holds
         the weights of the last completed iteration.
     """
-    if config is None:
-        config = GradInitConfig(**overrides)
-    elif overrides:
-        config = dataclasses.replace(config, **overrides)
-    else:
-        config.validate()
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not callable(loss_fn):
-        raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
+    config = resolve_config(GradInitConfig, config, overrides)
+    check_inputs(model, loss_fn)
     if config.gamma is None:
         logger.info("gradinit: gamma not set; using the rule of thumb %s -> gamma = %.4g",
                     "eta*gamma = 0.1" if config.optimizer == "adam" else "eta*gamma^2 = 0.1",
@@ -382,35 +397,9 @@ def gradinit(
     start = time.perf_counter()
     inner = unwrap_model(model)
     engine = GradInit(inner, loss_fn, config, process_group=process_group)
-    total = config.iters
-    pairs = _pair_stream(batches, config)
-    completed = 0
     with gradinit_mode(inner):
-        try:
-            if total != 0:
-                for pair in pairs:
-                    before = len(engine.history)
-                    engine.step(pair)
-                    completed += 1
-                    if callback is not None:
-                        for rec in engine.history[max(before - 1, 0):-1]:
-                            callback(rec)
-                    if completed == 1 or completed % config.log_interval == 0:
-                        engine._log(completed, total)
-                    if total is not None and completed >= total:
-                        break
-            if total is not None and completed < total:
-                warnings.warn(f"GradInit: the batches ran out after {completed} of {total} iterations",
-                              RuntimeWarning, stacklevel=2)
-        finally:
-            # On success and on error alike, the model holds alpha*W of the last completed update.
-            with torch.no_grad():
-                engine.scaled.write(engine.alpha)
-        engine.finalize()
-    if callback is not None and engine.history:
-        callback(engine.history[-1])
-    if engine.history and completed % config.log_interval != 0:
-        engine._log(completed, total)
+        run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
+                       callback=callback, name="GradInit")
     wall = time.perf_counter() - start
     result = GradInitResult(
         scales=engine.scaled.scales_dict(),
@@ -423,6 +412,63 @@ def gradinit(
     logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %.1fs",
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped, wall)
     return result
+
+
+def resolve_config(cls, config, overrides: dict):
+    """``config`` (validated again), a copy with ``overrides``, or ``cls(**overrides)``."""
+    if config is None:
+        return cls(**overrides)
+    if overrides:
+        return dataclasses.replace(config, **overrides)
+    config.validate()
+    return config
+
+
+def check_inputs(model: Any, loss_fn: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
+
+
+def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
+                   callback: Optional[Callable[[Any], None]], name: str) -> int:
+    """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
+
+    ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
+    ``_log``, ``scaled`` and ``alpha``. Whatever happens, the model ends up holding alpha*W of
+    the last completed update. Returns the number of completed iterations.
+    """
+    completed = reported = 0
+
+    def report():
+        nonlocal reported
+        if callback is not None:
+            for rec in engine.history[reported:engine.settled]:
+                callback(rec)
+        reported = engine.settled
+
+    try:
+        if total != 0:
+            for item in stream:
+                engine.step(item)
+                completed += 1
+                report()
+                if completed == 1 or completed % log_interval == 0:
+                    engine._log(completed, total)
+                if total is not None and completed >= total:
+                    break
+        if total is not None and completed < total:
+            warnings.warn(f"{name}: the batches ran out after {completed} of {total} iterations",
+                          RuntimeWarning, stacklevel=3)
+    finally:
+        with torch.no_grad():
+            engine.scaled.write(engine.alpha)
+    engine.finalize()
+    report()
+    if engine.history and completed % log_interval != 0 and completed != 1:
+        engine._log(completed, total)
+    return completed
 
 
 def _pair_stream(batches: Iterable[Any], config: GradInitConfig) -> Iterator[BatchPair]:

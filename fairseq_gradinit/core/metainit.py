@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import time
 import types
 import warnings
@@ -31,7 +30,8 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batching import cycle_iterable
-from .engine import LossFn, _Adam, _check_loss, _Dist, _grads
+from .config import config_to_dict, invalid, is_positive, validate_scale_fields
+from .engine import LossFn, _Adam, _check_loss, _Dist, _grads, check_inputs, resolve_config, run_iterations
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .scales import ScaledParameters
 
@@ -70,47 +70,13 @@ class MetaInitConfig:
         self.validate()
 
     def validate(self) -> None:
-        def bad(name, allowed):
-            raise ValueError(f"MetaInitConfig.{name}={getattr(self, name)!r} is invalid: expected {allowed}")
-
-        def pos(x):
-            return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-
-        if not pos(self.lr):
-            bad("lr", "a finite number > 0")
-        try:
-            b1, b2 = (float(b) for b in self.betas)
-        except (TypeError, ValueError):
-            bad("betas", "a pair of floats in [0, 1)")
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            bad("betas", "a pair of floats in [0, 1)")
-        self.betas = (b1, b2)
-        if not pos(self.adam_eps):
-            bad("adam_eps", "a finite number > 0")
-        if not pos(self.eps):
-            bad("eps", "a finite number > 0 (MetaInit uses 1e-5)")
-        if self.iters is not None and (not isinstance(self.iters, int) or isinstance(self.iters, bool)
-                                       or self.iters < 0):
-            bad("iters", "an integer >= 0, or None for one pass over the batches")
-        if not pos(self.min_scale):
-            bad("min_scale", "a finite number > 0")
-        if self.max_scale is not None and not (pos(self.max_scale) and self.max_scale >= self.min_scale):
-            bad("max_scale", f"None or a finite number >= min_scale ({self.min_scale})")
-        if self.scale_grad_clip is not None and not pos(self.scale_grad_clip):
-            bad("scale_grad_clip", "None or a finite number > 0")
-        if not isinstance(self.max_consecutive_skips, int) or self.max_consecutive_skips < 1:
-            bad("max_consecutive_skips", "an integer >= 1")
-        if not isinstance(self.log_interval, int) or self.log_interval < 1:
-            bad("log_interval", "an integer >= 1")
-        if self.param_filter is not None and not callable(self.param_filter):
-            bad("param_filter", "None or a callable (name, param) -> bool")
+        """Raise ``ValueError`` naming the first invalid field and its allowed range."""
+        if not is_positive(self.eps):
+            invalid(self, "eps", "a finite number > 0 (MetaInit uses 1e-5)")
+        validate_scale_fields(self, eps_field="adam_eps")
 
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "param_filter"}
-        d["betas"] = list(self.betas)
-        d["param_filter"] = None if self.param_filter is None else getattr(
-            self.param_filter, "__name__", repr(self.param_filter))
-        return d
+        return config_to_dict(self)
 
 
 @dataclass
@@ -292,6 +258,13 @@ class MetaInit:
             self._consecutive_skips = 0
         return rec
 
+    @property
+    def settled(self) -> int:
+        return len(self.history)
+
+    def finalize(self) -> None:
+        self.scaled.write(self.alpha)
+
     def _log(self, it: int, total: Optional[int]) -> None:
         rec = self.history[-1]
         a = self.alpha.detach()
@@ -338,42 +311,15 @@ def metainit(
     Returns:
         A :class:`MetaInitResult`; the model then holds alpha_i * W_i.
     """
-    if config is None:
-        config = MetaInitConfig(**overrides)
-    elif overrides:
-        config = dataclasses.replace(config, **overrides)
-    else:
-        config.validate()
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not callable(loss_fn):
-        raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
+    config = resolve_config(MetaInitConfig, config, overrides)
+    check_inputs(model, loss_fn)
     start = time.perf_counter()
     inner = unwrap_model(model)
     engine = MetaInit(inner, loss_fn, config, process_group=process_group)
-    total = config.iters
-    stream = cycle_iterable(batches) if total is not None else iter(batches)
-    completed = 0
+    stream = cycle_iterable(batches) if config.iters is not None else iter(batches)
     with gradinit_mode(inner), higher_order_batch_norm(inner):
-        try:
-            if total != 0:
-                for batch in stream:
-                    rec = engine.step(batch)
-                    completed += 1
-                    if callback is not None:
-                        callback(rec)
-                    if completed % config.log_interval == 0:
-                        engine._log(completed, total)
-                    if total is not None and completed >= total:
-                        break
-            if total is not None and completed < total:
-                warnings.warn(f"MetaInit: the batches ran out after {completed} of {total} iterations",
-                              RuntimeWarning, stacklevel=2)
-        finally:
-            with torch.no_grad():
-                engine.scaled.write(engine.alpha)
-    if engine.history and completed % config.log_interval != 0:
-        engine._log(completed, total)
+        run_iterations(engine, stream, config.iters, log_interval=config.log_interval, callback=callback,
+                       name="MetaInit")
     wall = time.perf_counter() - start
     result = engine.result(wall)
     logger.info("metainit: %d iterations (%d skipped) in %.1fs", len(result.history), result.num_skipped, wall)
