@@ -31,7 +31,6 @@ import json
 import logging
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -45,7 +44,7 @@ ENCODE_CHUNK = 10000
 
 
 class PrepareError(RuntimeError):
-    """A user-facing error (missing input, bad option, failed subprocess)."""
+    """A user-facing error (missing input, bad option, failed fairseq-preprocess)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,9 +227,9 @@ def encode_splits(args, model_path: Path, spm_dir: Path) -> dict:
     return counts
 
 
-def preprocess_command(args, spm_dir: Path, bin_dir: Path) -> List[str]:
+def preprocess_arguments(args, spm_dir: Path, bin_dir: Path) -> List[str]:
+    """The fairseq-preprocess command line (without the program name)."""
     return [
-        sys.executable, "-m", "fairseq_cli.preprocess",
         "--source-lang", args.src,
         "--target-lang", args.tgt,
         "--trainpref", str(spm_dir / "train"),
@@ -243,16 +242,29 @@ def preprocess_command(args, spm_dir: Path, bin_dir: Path) -> List[str]:
 
 
 def run_preprocess(args, spm_dir: Path, bin_dir: Path) -> None:
-    cmd = preprocess_command(args, spm_dir, bin_dir)
-    logger.info("binarizing: %s", " ".join(cmd))
+    # In this process: fairseq-preprocess as a subprocess would import torch and fairseq a second time.
+    argv = preprocess_arguments(args, spm_dir, bin_dir)
+    logger.info("binarizing: fairseq-preprocess %s", " ".join(argv))
     t0 = time.time()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout.splitlines():
-        if line.strip():
-            logger.debug("fairseq-preprocess: %s", line)
-    if proc.returncode != 0:
-        tail = "\n".join(proc.stdout.splitlines()[-30:])
-        raise PrepareError(f"fairseq-preprocess failed (exit {proc.returncode}):\n{tail}")
+    try:
+        from fairseq import options
+        from fairseq_cli import preprocess
+    except ImportError as e:
+        raise PrepareError(f"fairseq is not importable ({e}); install it with pip install -e .[fairseq]") from e
+    # fairseq-preprocess adds a FileHandler (OUT/bin/preprocess.log) to its logger: detach it afterwards.
+    plog = logging.getLogger("fairseq_cli.preprocess")
+    handlers = list(plog.handlers)
+    try:
+        preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    except SystemExit as e:
+        raise PrepareError(f"fairseq-preprocess rejected its arguments (exit {e.code}): {' '.join(argv)}") from e
+    except Exception as e:  # noqa: BLE001 - reported to the user with the cause
+        raise PrepareError(f"fairseq-preprocess failed: {type(e).__name__}: {e}") from e
+    finally:
+        for h in plog.handlers[:]:
+            if h not in handlers:
+                plog.removeHandler(h)
+                h.close()
     logger.info("fairseq-preprocess finished in %.1fs", time.time() - t0)
 
 

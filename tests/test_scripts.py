@@ -2,8 +2,7 @@
 
 The parsing/scoring tests use small synthetic text. The prepare_corpus.py end-to-end test runs
 SentencePiece and fairseq-preprocess on a 300-line slice of the shared debian-ui-de-en corpus; it
-is skipped when that corpus is absent. Its run time is dominated by importing fairseq in the
-fairseq-preprocess subprocess.
+is skipped when that corpus is absent.
 """
 
 from __future__ import annotations
