@@ -24,6 +24,8 @@ setup(
         # ve-fairseq installs the import package `fairseq` and works on Python 3.11/3.12.
         "fairseq": ["ve-fairseq>=0.12.3"],
         "vision": ["torchvision"],
+        # PNG plots of scripts/plot_curves.py (JSON and Markdown need nothing extra).
+        "plot": ["matplotlib"],
         # The tested set (Python 3.11/3.12, Linux x86_64): pinned so a fresh machine gets a
         # torch/torchvision pair that load together instead of the newest multi-GB CUDA build.
         "dev": ["pytest>=7", "ve-fairseq==0.12.3", "torch==2.14.1", "torchvision==0.29.1"],
