@@ -203,22 +203,11 @@ def gradinit(
         n = _loader_len(loader)
         if n is not None:
             total = n if overlap >= 1.0 else max(n - 1, 0)
-    bar = _progress_bar(total, progress, "GradInit")
-
-    def on_record(rec):
-        if bar is not None:
-            bar.update(1)
-            bar.set_postfix_str(f"{rec.branch} L(S)={rec.loss_s if rec.loss_s is None else round(rec.loss_s, 4)}",
-                                refresh=False)
-        if callback is not None:
-            callback(rec)
-
-    try:
-        return core_gradinit(model, _batches(loader, dev), loss_fn or classification_loss, config,
-                             process_group=process_group, callback=on_record)
-    finally:
-        if bar is not None:
-            bar.close()
+    return _with_progress(
+        "GradInit", total, progress, callback,
+        lambda rec: f"{rec.branch} L(S)={rec.loss_s if rec.loss_s is None else round(rec.loss_s, 4)}",
+        lambda on_record: core_gradinit(model, _batches(loader, dev), loss_fn or classification_loss, config,
+                                        process_group=process_group, callback=on_record))
 
 
 def metainit(
@@ -258,18 +247,27 @@ def metainit(
                             param_filter=param_filter)
     dev = _resolve_device(model, device)
     total = iters if iters is not None else _loader_len(loader)
-    bar = _progress_bar(total, progress, "MetaInit")
+    return _with_progress(
+        "MetaInit", total, progress, callback,
+        lambda rec: f"GQ={rec.gq if rec.gq is None else round(rec.gq, 4)}",
+        lambda on_record: core_metainit(model, _batches(loader, dev), loss_fn or classification_loss, config,
+                                        process_group=process_group, callback=on_record))
+
+
+def _with_progress(desc: str, total: Optional[int], progress: bool, callback: Optional[Callable[[Any], None]],
+                   postfix: Callable[[Any], str], run: Callable[[Callable[[Any], None]], Any]) -> Any:
+    """``run(on_record)`` with a tqdm bar advanced by every record (and ``callback`` called)."""
+    bar = _progress_bar(total, progress, desc)
 
     def on_record(rec):
         if bar is not None:
             bar.update(1)
-            bar.set_postfix_str(f"GQ={rec.gq if rec.gq is None else round(rec.gq, 4)}", refresh=False)
+            bar.set_postfix_str(postfix(rec), refresh=False)
         if callback is not None:
             callback(rec)
 
     try:
-        return core_metainit(model, _batches(loader, dev), loss_fn or classification_loss, config,
-                             process_group=process_group, callback=on_record)
+        return run(on_record)
     finally:
         if bar is not None:
             bar.close()

@@ -51,3 +51,18 @@ def init_model_(model: nn.Module, init: str) -> nn.Module:
 
 def norm2d(c: int, bn: bool) -> nn.Module:
     return nn.BatchNorm2d(c) if bn else nn.Identity()
+
+
+def residual_stages(block, c_in: int, widths, blocks_per_stage: int, **block_kwargs):
+    """Three CIFAR residual stages: ``blocks_per_stage`` blocks of ``block(c_in, c_out, stride=..., **kw)``
+    per width, the first block of every stage after the first downsampling by 2. Returns
+    ``(stages, c_out)``."""
+    stages = []
+    for i, c in enumerate(widths):
+        blocks = []
+        for j in range(blocks_per_stage):
+            blocks.append(block(c_in, c, stride=2 if (i > 0 and j == 0) else 1, **block_kwargs))
+            c_in = c
+        stages.append(nn.Sequential(*blocks))
+    return stages, c_in
+

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import channels, check_common, init_model_, norm2d
+from .layers import channels, check_common, init_model_, norm2d, residual_stages
 from .registry import register_model
 
 
@@ -68,14 +68,7 @@ class CifarResNet(nn.Module):
         widths = [channels(c, width) for c in (16, 32, 64)]
         self.conv1 = nn.Conv2d(in_channels, widths[0], 3, padding=1, bias=not self.bn)
         self.bn1 = norm2d(widths[0], self.bn)
-        c_in, stages = widths[0], []
-        for i, c in enumerate(widths):
-            blocks = []
-            for j in range(n):
-                blocks.append(BasicBlock(c_in, c, stride=2 if (i > 0 and j == 0) else 1, bn=self.bn))
-                c_in = c
-            stages.append(nn.Sequential(*blocks))
-        self.layer1, self.layer2, self.layer3 = stages
+        (self.layer1, self.layer2, self.layer3), c_in = residual_stages(BasicBlock, widths[0], widths, n, bn=self.bn)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(c_in, num_classes)
         init_model_(self, init)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .layers import channels, check_common, init_model_, norm2d
+from .layers import channels, check_common, init_model_, norm2d, residual_stages
 from .registry import register_model
 
 
@@ -43,14 +43,7 @@ class WideResNet(nn.Module):
         stem = channels(16, width)
         widths = [channels(c * widen_factor, width) for c in (16, 32, 64)]
         self.conv1 = nn.Conv2d(in_channels, stem, 3, padding=1, bias=True)
-        c_in, stages = stem, []
-        for i, c in enumerate(widths):
-            blocks = []
-            for j in range(n):
-                blocks.append(WideBlock(c_in, c, stride=2 if (i > 0 and j == 0) else 1, bn=self.bn))
-                c_in = c
-            stages.append(nn.Sequential(*blocks))
-        self.layer1, self.layer2, self.layer3 = stages
+        (self.layer1, self.layer2, self.layer3), c_in = residual_stages(WideBlock, stem, widths, n, bn=self.bn)
         self.bn_final = norm2d(c_in, self.bn)
         self.pool = nn.AdaptiveAvgPool2d(1)
         self.fc = nn.Linear(c_in, num_classes)
