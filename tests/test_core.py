@@ -256,14 +256,12 @@ def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch)
     runs = {}
     for reuse in (True, False):
         m = copy.deepcopy(model)
-        engine = GradInit(m, ce_loss, dataclasses_replace(cfg, gamma=gamma))
+        engine = GradInit(m, ce_loss, dataclasses_replace(cfg, gamma=gamma, reuse_graph=reuse))
         second_order.clear()
         per_iter = []
         with gradinit_mode(m):
             for i, pair in enumerate(pairs):
                 engines_step[0] = i
-                if not reuse:
-                    engine._last_branch = ""
                 before = len(second_order)
                 engine.step(pair)
                 per_iter.append(len(second_order) - before)
@@ -550,6 +548,7 @@ def test_exception_mid_run_leaves_last_completed_weights():
     ("overlap", dict(overlap=-0.1)),
     ("scale_grad_clip", dict(scale_grad_clip=0)),
     ("sgd_step", dict(sgd_step="x")),
+    ("reuse_graph", dict(reuse_graph="yes")),
     ("max_consecutive_skips", dict(max_consecutive_skips=0)),
     ("log_interval", dict(log_interval=0)),
     ("param_filter", dict(param_filter="all")),

@@ -99,6 +99,11 @@ class GradInitConfig:
     #: SGD step form A[g]: "grad" uses A[g] = g (Eq. 2 and the authors' code); "normalized" uses
     #: A[g] = gamma * g / ||g||_2 (the text of Sec. 3.1). Ignored for Adam.
     sgd_step: str = "grad"
+    #: After a constraint iteration, keep the second-order graph of the next first pass over S, so
+    #: that a following constraint iteration costs one pass over S instead of two. The price: the
+    #: first objective iteration after a run of constraint iterations carries that graph (dropped
+    #: before the S~ pass). ``False``: objective iterations never build a second-order graph.
+    reuse_graph: bool = True
     #: Abort with an error after this many consecutive iterations with a non-finite loss/gradient.
     max_consecutive_skips: int = 10
     #: Log progress every this many iterations (through ``logging``).
@@ -124,6 +129,8 @@ class GradInitConfig:
             invalid(self, "overlap", "a number in [0, 1]")
         if self.sgd_step not in SGD_STEPS:
             invalid(self, "sgd_step", f"one of {SGD_STEPS}")
+        if not isinstance(self.reuse_graph, bool):
+            invalid(self, "reuse_graph", "True or False")
         validate_scale_fields(self, eps_field="eps", lr_hint=" (the paper uses 1e-3 .. 1e-1)")
 
     # -- derived quantities ---------------------------------------------------------------

@@ -293,7 +293,7 @@ class GradInit:
         # build the second-order graph of S in this first pass already, so that a constraint
         # iteration costs one pass over S instead of two. A wrong guess costs only the graph's
         # memory, released before the objective pass over S~.
-        speculate = self._last_branch == "constraint"
+        speculate = self.cfg.reuse_graph and self._last_branch == "constraint"
         g_local = None
         with math_attention() if speculate else contextlib.nullcontext():
             loss = _check_loss(self.loss_fn(self.model, s))
