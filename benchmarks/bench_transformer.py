@@ -176,14 +176,14 @@ def worker(args):
         ctx = None
     else:
         gamma = 1e30 if args.worker == "gradinit_objective" else 1e-30
-        cfg = GradInitConfig(optimizer="adam", eta=1e-3, gamma=gamma, lr=2.5e-3, iters=None)
+        # Without graph reuse every constraint iteration is priced like one after an objective iteration.
+        cfg = GradInitConfig(optimizer="adam", eta=1e-3, gamma=gamma, lr=2.5e-3, iters=None,
+                             reuse_graph=args.worker != "gradinit_constraint_switch")
         ctx = gradinit_mode(model)
         ctx.__enter__()
         engine = GradInit(model, label_smoothed_loss, cfg)
 
         def op():
-            if args.worker == "gradinit_constraint_switch":
-                engine._last_branch = "objective"  # as if the previous iteration was an objective one
             engine.step(pair)
 
     # The first call is measured for memory (it includes the allocations a real run has once:

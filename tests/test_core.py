@@ -1,5 +1,6 @@
 """Tests of the pure-PyTorch GradInit engine (fairseq_gradinit.core), CPU only and small."""
 import copy
+import dataclasses
 import math
 import os
 import socket
@@ -256,7 +257,7 @@ def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch)
     runs = {}
     for reuse in (True, False):
         m = copy.deepcopy(model)
-        engine = GradInit(m, ce_loss, dataclasses_replace(cfg, gamma=gamma, reuse_graph=reuse))
+        engine = GradInit(m, ce_loss, dataclasses.replace(cfg, gamma=gamma, reuse_graph=reuse))
         second_order.clear()
         per_iter = []
         with gradinit_mode(m):
@@ -277,12 +278,6 @@ def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch)
         # iterations build a second-order graph only right after a constraint iteration
         assert n1[i] == (1 if (b == "constraint" or follows_constraint) else 0), (i, br1, n1)
         assert n0[i] == (1 if b == "constraint" else 0), (i, br0, n0)
-
-
-def dataclasses_replace(cfg, **kw):
-    import dataclasses
-
-    return dataclasses.replace(cfg, **kw)
 
 
 # --------------------------------------------------------------------------------------------
