@@ -20,6 +20,10 @@ GI_LR=${GI_LR:-1e-2}
 MAX_TOKENS=${MAX_TOKENS:-4096}
 GI_LOG=${GI_LOG:-10}
 BLEU=${BLEU:-1}              # 0: skip the test-set BLEU evaluation (beam 5 is slow on CPU)
+CPU=${CPU:-1}                # 0: train, run GradInit and generate on the GPU (fairseq's default device)
+REF=${REF:-}                 # raw reference file for BLEU (e.g. ../shared/data/debian-ui-de-en/test.en)
+DEVICE_ARGS=()
+[ "$CPU" = 0 ] || DEVICE_ARGS=(--cpu)
 
 MODEL=(--arch transformer_iwslt_de_en --encoder-layers 6 --decoder-layers 6
   --encoder-embed-dim 128 --decoder-embed-dim 128 --encoder-ffn-embed-dim 512 --decoder-ffn-embed-dim 512
@@ -28,7 +32,7 @@ MODEL=(--arch transformer_iwslt_de_en --encoder-layers 6 --decoder-layers 6
   --optimizer adam --adam-betas "(0.9, 0.98)" --lr "$LR" --lr-scheduler fixed
   --max-tokens "$MAX_TOKENS" --max-update "$UPDATES" --validate-interval-updates "$VALID_EVERY" --validate-interval 1000
   --save-interval-updates 0 --no-epoch-checkpoints --keep-last-epochs 1
-  --cpu --num-workers 0 --log-format simple --log-interval 50 --no-progress-bar)
+  "${DEVICE_ARGS[@]}" --num-workers 0 --log-format simple --log-interval 50 --no-progress-bar)
 
 for arm in "${ARMS[@]}"; do
   seed=${arm##*-s}
@@ -47,5 +51,5 @@ for arm in "${ARMS[@]}"; do
       --seed "$seed" --save-dir "$dir" "${extra[@]}") > "$dir/train.log" 2>&1
   [ "$BLEU" = 0 ] && continue
   python "$REPO/scripts/evaluate_bleu.py" "$DATA" --path "$dir/checkpoint_last.pt" --user-dir "$REPO/fairseq_gradinit" \
-      --output-json "$dir/bleu.json" --cpu > "$dir/bleu.log" 2>&1 || echo "BLEU evaluation failed for $arm (see $dir/bleu.log)"
+      --output-json "$dir/bleu.json" "${DEVICE_ARGS[@]}" ${REF:+--ref "$REF"} > "$dir/bleu.log" 2>&1 || echo "BLEU evaluation failed for $arm (see $dir/bleu.log)"
 done

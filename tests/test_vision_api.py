@@ -230,6 +230,25 @@ def test_device_handling():
         gradinit(model, batches(3), iters=1, device="cuda", progress=False)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_batchnorm_and_attention_models():
+    """cuDNN batch norm and CUDA's fused attention under both branches; batches move to the model's device."""
+    torch.manual_seed(0)
+    model = create_model("resnet110", bn=True, width=0.25).cuda()
+    stats = norm_state(model)
+    for gamma in (1e-9, 1e9):
+        result = gradinit(model, batches(3), iters=2, gamma=gamma, lr=0.05, progress=False)
+        check_result(model, result)
+        assert {r.branch for r in result.history} == {"constraint" if gamma < 1 else "objective"}
+    assert all(torch.equal(v, stats[k]) for k, v in norm_state(model).items())
+    vit = small_vit().cuda()
+    for gamma in (1e-9, 1e9):
+        result = gradinit(vit, batches(3, side=16), iters=2, gamma=gamma, optimizer="adam", eta=1e-3,
+                          lr=0.05, progress=False)
+        check_result(vit, result)
+    assert next(vit.parameters()).device.type == "cuda"
+
+
 def test_gradient_quotient_of_a_quadratic():
     # L = a/2 * theta^2: g = a theta, Hg = a^2 theta, GQ = |(g - Hg)/g - 1| = a.
     theta = nn.Parameter(torch.tensor([1.5, -2.0]))
