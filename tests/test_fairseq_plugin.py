@@ -19,6 +19,7 @@ from fairseq_gradinit.core import apply_scales  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.groups import transformer_group  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.task import (  # noqa: E402
     TranslationGradInitTask,
+    _select,
     gradinit_config_from_task,
     will_restore_checkpoint,
 )
@@ -60,10 +61,12 @@ def tiny_data(tmp_path_factory):
     return root / "bin"
 
 
-def train_inprocess(argv):
+def train_inprocess(argv, tpu=None):
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, input_args=argv)
     cfg = convert_namespace_to_omegaconf(args)
+    if tpu is not None:
+        cfg.common.tpu = tpu
     from fairseq_cli import train
 
     distributed_utils.call_main(cfg, train.main)
@@ -259,6 +262,18 @@ def test_config_translation_and_groups():
     assert issubclass(tasks.TASK_REGISTRY["translation"], TranslationGradInitTask)
 
 
+@pytest.mark.parametrize("extra", [[], ["--cpu"], ["--fp16"]])
+def test_global_settings_resolve_from_the_command_line(extra):
+    """The task's copies of global settings must follow them (a bool-typed copy once read as True)."""
+    argv = ["data-bin-not-read", "--task", "translation_gradinit", *[a for a in TINY_MODEL if a != "--cpu"],
+            "--lr", "3e-4", "--seed", "5", *extra]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), input_args=argv))
+    assert _select(cfg.task, "gradinit_cpu") is ("--cpu" in extra)
+    assert _select(cfg.task, "gradinit_seed") == 5
+    assert _select(cfg.task, "gradinit_train_max_tokens") == 400
+    assert gradinit_config_from_task(cfg.task).eta == 3e-4
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16/bf16 training in fairseq needs CUDA")
 @pytest.mark.parametrize("precision", ["--fp16", "--bf16"])
 def test_half_precision_starts_from_gradinit_weights(tiny_data, tmp_path, precision):
@@ -267,8 +282,10 @@ def test_half_precision_starts_from_gradinit_weights(tiny_data, tmp_path, precis
     save = tmp_path / "ck"
     common = [str(tiny_data), "--task", "translation_gradinit", *model_args, "--lr", "0", "--max-update", "1",
               precision]
+    # fairseq-train's command line turns --bf16 into --tpu (options.parse_args_and_arch); bf16 on a
+    # GPU is the configuration fairseq-hydra-train builds (common.bf16=true, common.tpu=false).
     train_inprocess(common + ["--save-dir", str(save), "--gradinit-iters", "4", "--gradinit-eta", "1e-3",
-                              "--gradinit-lr", "0.05"])
+                              "--gradinit-lr", "0.05"], tpu=False)
     info = json.loads((save / "gradinit.json").read_text())
     assert info["device"].startswith("cuda")
     model = fresh_model(common + ["--save-dir", str(tmp_path / "unused")])

@@ -76,11 +76,13 @@ class TranslationGradInitConfig(TranslationConfig):
     )
     gradinit_log_interval: int = field(default=20, metadata={"help": "log GradInit progress every N iterations"})
     # Global settings the task needs; not command-line options of their own.
+    # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
+    # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.
     gradinit_train_lr: Any = II("optimization.lr")
-    gradinit_train_max_tokens: Optional[int] = II("dataset.max_tokens")
+    gradinit_train_max_tokens: Any = II("dataset.max_tokens")
     gradinit_train_optimizer: Optional[str] = "${oc.select:optimizer._name,null}"
-    gradinit_cpu: bool = II("common.cpu")
-    gradinit_seed: int = II("common.seed")
+    gradinit_cpu: Any = II("common.cpu")
+    gradinit_seed: Any = II("common.seed")
     gradinit_save_dir: str = II("checkpoint.save_dir")
     gradinit_restore_file: str = II("checkpoint.restore_file")
     gradinit_checkpoint_suffix: str = II("checkpoint.checkpoint_suffix")
