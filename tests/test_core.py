@@ -210,11 +210,12 @@ def test_scale_gradients_match_finite_differences(optimizer, sgd_step, branch, c
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("constraint_grad", ["exact", "finite_difference"])
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
-def test_constraint_branch_reduces_grad_norm_below_gamma(optimizer):
+def test_constraint_branch_reduces_grad_norm_below_gamma(optimizer, constraint_grad):
     model = make_mlp(dims=(6, 16, 16, 3), weight_scale=3.0, act=nn.ReLU)
     batches = make_batches(6)
-    cfg = GradInitConfig(optimizer=optimizer, eta=0.01, iters=1, lr=0.05)
+    cfg = GradInitConfig(optimizer=optimizer, eta=0.01, iters=1, lr=0.05, constraint_grad=constraint_grad)
     g0 = GradInit(copy.deepcopy(model), ce_loss, cfg)
     grads = _grads(ce_loss(g0.model, batches[0]), g0.scaled.params)
     gamma = g0._norm(grads).item() / 4
@@ -278,6 +279,46 @@ def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch)
         # iterations build a second-order graph only right after a constraint iteration
         assert n1[i] == (1 if (b == "constraint" or follows_constraint) else 0), (i, br1, n1)
         assert n0[i] == (1 if b == "constraint" else 0), (i, br0, n0)
+
+
+def _constraint_grads_both_ways(model, batch, loss_fn, optimizer, fd_eps):
+    cfg = GradInitConfig(optimizer=optimizer, eta=1e-3, gamma=1e-9, lr=1e-3, fd_eps=fd_eps,
+                         constraint_grad="finite_difference")
+    with gradinit_mode(model):
+        engine = GradInit(model, loss_fn, cfg)
+        params = engine.scaled.params
+        grads = _grads(loss_fn(model, batch), params)
+        gnorm = engine._norm(grads)
+        exact = engine._constraint_grad(batch, grads, gnorm).double()
+        base = engine.scaled.alpha_grad(grads, torch.float64)
+        fd = engine._constraint_grad_fd(batch, grads, gnorm, base).double()
+        engine.finalize()
+    return exact, fd
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_finite_difference_constraint_grad_matches_exact(optimizer, monkeypatch):
+    """On smooth models the forward difference of g along v approximates the double backward."""
+    model = make_mlp(dims=(6, 16, 16, 3), weight_scale=2.0)  # tanh, float64
+    exact, fd = _constraint_grads_both_ways(model, make_batches(1)[0], ce_loss, optimizer, 1e-5)
+    assert (fd - exact).norm() < 1e-3 * exact.norm()
+    torch.manual_seed(0)
+    tt = TinyTransformer()  # float32, ReLU FFN, attention
+    exact, fd = _constraint_grads_both_ways(tt, torch.randint(0, 20, (8, 12)), lm_loss, optimizer, 1e-4)
+    assert (fd - exact).norm() < 2e-2 * exact.norm()
+    # a whole run in this mode never builds a second-order graph
+    calls = []
+    orig_grad = torch.autograd.grad
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs.get("create_graph", False))
+        return orig_grad(*args, **kwargs)
+
+    monkeypatch.setattr(torch.autograd, "grad", spy)
+    res = gradinit(make_mlp(dims=(6, 16, 3), weight_scale=3.0), make_pairs(6), ce_loss,
+                   GradInitConfig(optimizer=optimizer, eta=0.01, gamma=1e-9, lr=0.05, iters=6,
+                                  constraint_grad="finite_difference"))
+    assert res.num_constraint == 6 and calls and not any(calls)
 
 
 # --------------------------------------------------------------------------------------------
@@ -544,6 +585,9 @@ def test_exception_mid_run_leaves_last_completed_weights():
     ("scale_grad_clip", dict(scale_grad_clip=0)),
     ("sgd_step", dict(sgd_step="x")),
     ("reuse_graph", dict(reuse_graph="yes")),
+    ("constraint_grad", dict(constraint_grad="fd")),
+    ("fd_eps", dict(fd_eps=0)),
+    ("fd_eps", dict(fd_eps=1.0)),
     ("max_consecutive_skips", dict(max_consecutive_skips=0)),
     ("log_interval", dict(log_interval=0)),
     ("param_filter", dict(param_filter="all")),
@@ -684,8 +728,8 @@ DIST_T = 8
 DIST_GAMMA = 7.0
 
 
-def _dist_config():
-    return GradInitConfig(eta=0.01, gamma=DIST_GAMMA, lr=0.02, iters=DIST_T)
+def _dist_config(constraint_grad="exact"):
+    return GradInitConfig(eta=0.01, gamma=DIST_GAMMA, lr=0.02, iters=DIST_T, constraint_grad=constraint_grad)
 
 
 def _dist_model(seed):
@@ -696,7 +740,7 @@ def _dist_pairs(rank):
     return make_pairs(DIST_T, seed=100 + rank, d_in=5, bs=6)
 
 
-def _dist_worker(rank, world_size, port, out_dir):
+def _dist_worker(rank, world_size, port, out_dir, constraint_grad):
     import torch.distributed as dist
 
     torch.set_num_threads(1)
@@ -705,7 +749,7 @@ def _dist_worker(rank, world_size, port, out_dir):
     try:
         # Different initial weights per rank: GradInit must broadcast rank 0's W.
         model = _dist_model(seed=rank)
-        res = gradinit(model, _dist_pairs(rank), ce_loss, _dist_config())
+        res = gradinit(model, _dist_pairs(rank), ce_loss, _dist_config(constraint_grad))
         torch.save({
             "scales": torch.tensor(list(res.scales.values()), dtype=torch.float64),
             "names": list(res.scales),
@@ -730,13 +774,13 @@ def _free_port():
 START_METHOD = os.environ.get("GRADINIT_TEST_START_METHOD", "fork" if os.name == "posix" else "spawn")
 
 
-def _spawn_two_ranks(out_dir, deadline_s=300.0):
+def _spawn_two_ranks(out_dir, constraint_grad="exact", deadline_s=300.0):
     import torch.multiprocessing as mp
 
     last = None
     for _attempt in range(3):
         port = _free_port()
-        ctx = mp.start_processes(_dist_worker, args=(2, port, str(out_dir)), nprocs=2, join=False,
+        ctx = mp.start_processes(_dist_worker, args=(2, port, str(out_dir), constraint_grad), nprocs=2, join=False,
                                  start_method=START_METHOD)
         end = time.monotonic() + deadline_s
         try:
@@ -758,8 +802,9 @@ def _spawn_two_ranks(out_dir, deadline_s=300.0):
     raise last
 
 
-def test_two_process_gloo_ranks_agree_and_average(tmp_path):
-    _spawn_two_ranks(tmp_path)
+@pytest.mark.parametrize("constraint_grad", ["exact", "finite_difference"])
+def test_two_process_gloo_ranks_agree_and_average(tmp_path, constraint_grad):
+    _spawn_two_ranks(tmp_path, constraint_grad)
     r0 = torch.load(tmp_path / "rank0.pt")
     r1 = torch.load(tmp_path / "rank1.pt")
     assert r0["world_size"] == r1["world_size"] == 2
@@ -775,7 +820,7 @@ def test_two_process_gloo_ranks_agree_and_average(tmp_path):
                          for x0, x1 in zip(p0, p1)))
              for p0, p1 in zip(_dist_pairs(0), _dist_pairs(1))]
     m_union = _dist_model(seed=0)
-    res_union = gradinit(m_union, union, ce_loss, _dist_config())
+    res_union = gradinit(m_union, union, ce_loss, _dist_config(constraint_grad))
     assert [r.branch for r in res_union.history] == branches
     s_union = torch.tensor(list(res_union.scales.values()), dtype=torch.float64)
     assert_close(r0["scales"], s_union, rtol=0, atol=1e-4)
@@ -785,7 +830,7 @@ def test_two_process_gloo_ranks_agree_and_average(tmp_path):
 
     # ... and differs from a run on rank 0's shard alone: the averaging matters.
     m_single = _dist_model(seed=0)
-    res_single = gradinit(m_single, _dist_pairs(0), ce_loss, _dist_config())
+    res_single = gradinit(m_single, _dist_pairs(0), ce_loss, _dist_config(constraint_grad))
     s_single = torch.tensor(list(res_single.scales.values()), dtype=torch.float64)
     assert (s_single - r0["scales"]).abs().max() > 1e-3
 

@@ -262,7 +262,7 @@ def test_config_translation_and_groups():
     assert issubclass(tasks.TASK_REGISTRY["translation"], TranslationGradInitTask)
 
 
-@pytest.mark.parametrize("extra", [[], ["--cpu"], ["--fp16"]])
+@pytest.mark.parametrize("extra", [[], ["--cpu", "--gradinit-constraint-grad", "finite_difference"], ["--fp16"]])
 def test_global_settings_resolve_from_the_command_line(extra):
     """The task's copies of global settings must follow them (a bool-typed copy once read as True)."""
     argv = ["data-bin-not-read", "--task", "translation_gradinit", *[a for a in TINY_MODEL if a != "--cpu"],
@@ -271,7 +271,9 @@ def test_global_settings_resolve_from_the_command_line(extra):
     assert _select(cfg.task, "gradinit_cpu") is ("--cpu" in extra)
     assert _select(cfg.task, "gradinit_seed") == 5
     assert _select(cfg.task, "gradinit_train_max_tokens") == 400
-    assert gradinit_config_from_task(cfg.task).eta == 3e-4
+    gcfg = gradinit_config_from_task(cfg.task)
+    assert gcfg.eta == 3e-4 and gcfg.fd_eps == 1e-4
+    assert gcfg.constraint_grad == ("finite_difference" if "finite_difference" in extra else "exact")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16/bf16 training in fairseq needs CUDA")

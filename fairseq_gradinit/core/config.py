@@ -13,6 +13,7 @@ RULE_OF_THUMB = 0.1
 
 OPTIMIZERS = ("adam", "sgd")
 SGD_STEPS = ("grad", "normalized")
+CONSTRAINT_GRADS = ("exact", "finite_difference")
 
 
 def is_positive(x) -> bool:
@@ -104,6 +105,13 @@ class GradInitConfig:
     #: first objective iteration after a run of constraint iterations carries that graph (dropped
     #: before the S~ pass). ``False``: objective iterations never build a second-order graph.
     reuse_graph: bool = True
+    #: How constraint iterations get d||g||_p/d alpha, a Hessian-vector product: "exact" by double
+    #: backward (Algorithm 1), or "finite_difference": (g(theta + eps v) - g(theta)) / eps from one
+    #: more first-order pass over S (about half the cost; no second-order graph, so fused attention
+    #: kernels stay on), with v = d||g||_p/dg and eps = fd_eps * ||theta||_2 / ||v||_2.
+    constraint_grad: str = "exact"
+    #: Relative step of the finite difference (see ``constraint_grad``).
+    fd_eps: float = 1e-4
     #: Abort with an error after this many consecutive iterations with a non-finite loss/gradient.
     max_consecutive_skips: int = 10
     #: Log progress every this many iterations (through ``logging``).
@@ -131,6 +139,10 @@ class GradInitConfig:
             invalid(self, "sgd_step", f"one of {SGD_STEPS}")
         if not isinstance(self.reuse_graph, bool):
             invalid(self, "reuse_graph", "True or False")
+        if self.constraint_grad not in CONSTRAINT_GRADS:
+            invalid(self, "constraint_grad", f"one of {CONSTRAINT_GRADS}")
+        if not (is_positive(self.fd_eps) and self.fd_eps < 1):
+            invalid(self, "fd_eps", "a number in (0, 1)")
         validate_scale_fields(self, eps_field="eps", lr_hint=" (the paper uses 1e-3 .. 1e-1)")
 
     # -- derived quantities ---------------------------------------------------------------

@@ -232,6 +232,27 @@ class GradInit:
         del g_local, surrogate
         return self.scaled.alpha_grad(h)
 
+    def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
+                            base: torch.Tensor) -> torch.Tensor:
+        """d||gbar||_p / d alpha = <H v, W_i> with H v from a forward difference of this rank's
+        gradient on S; ``base`` = <g_local, W_i>, the same product at theta."""
+        if self.cfg.norm_p == 1:
+            v = [g.sign() for g in gbar]
+        else:
+            inv = 1.0 / gnorm.clamp(min=1e-12)
+            v = [g * inv.to(g.dtype) for g in gbar]
+        params = self.scaled.params
+        with torch.no_grad():
+            sq = lambda ts: torch.stack([t.pow(2).sum(dtype=torch.float64) for t in ts]).sum()  # noqa: E731
+            eps = self.cfg.fd_eps * sq(params).sqrt() / sq(v).sqrt().clamp(min=1e-30)
+        self.scaled.write(self.alpha, direction=v, eta=-eps.to(params[0].dtype))
+        del v
+        loss = _check_loss(self.loss_fn(self.model, s))
+        h = _grads(loss, params)
+        del loss
+        # float64 products: the difference of the two is ~eps times smaller than either.
+        return ((self.scaled.alpha_grad(h, torch.float64) - base) / eps).float()
+
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
         """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
         self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
@@ -293,7 +314,8 @@ class GradInit:
         # build the second-order graph of S in this first pass already, so that a constraint
         # iteration costs one pass over S instead of two. A wrong guess costs only the graph's
         # memory, released before the objective pass over S~.
-        speculate = self.cfg.reuse_graph and self._last_branch == "constraint"
+        fd = self.cfg.constraint_grad == "finite_difference"
+        speculate = self.cfg.reuse_graph and self._last_branch == "constraint" and not fd
         g_local = None
         with math_attention() if speculate else contextlib.nullcontext():
             loss = _check_loss(self.loss_fn(self.model, s))
@@ -304,6 +326,8 @@ class GradInit:
                 grads = _grads(loss, params)
         loss_s = loss.detach().float().reshape(1)
         del loss
+        # The finite difference needs this rank's own <g, W_i> (grads are averaged in place next).
+        base = self.scaled.alpha_grad(grads, torch.float64) if fd else None
         self.dist.mean_(grads)
         self.dist.mean_([loss_s])
         gnorm = self._norm(grads)
@@ -327,7 +351,10 @@ class GradInit:
 
         if gnorm_v > self.gamma:
             rec.branch = self._last_branch = "constraint"
-            alpha_grad = self._constraint_grad(s, grads, gnorm, g_local)
+            if fd:
+                alpha_grad = self._constraint_grad_fd(s, grads, gnorm, base)
+            else:
+                alpha_grad = self._constraint_grad(s, grads, gnorm, g_local)
             del grads, g_local
             self.dist.mean_([alpha_grad])
             ok = torch.ones((), dtype=torch.bool, device=self.alpha.device)

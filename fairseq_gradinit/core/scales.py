@@ -79,11 +79,12 @@ class ScaledParameters:
             for p, w, a, d in zip(self.params, self.W, scales, direction):
                 p.copy_(torch.addcmul(-eta * d, w, a.to(w.device)))
 
-    def alpha_grad(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
-        """dL/dalpha_i = <dL/dtheta_i, W_i> for the gradients ``grads`` w.r.t. the parameters."""
+    def alpha_grad(self, grads: Sequence[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """dL/dalpha_i = <dL/dtheta_i, W_i> for the gradients ``grads`` w.r.t. the parameters,
+        accumulated in ``dtype``."""
         dev = self.alpha.device
         return torch.stack([
-            torch.dot(g.reshape(-1).float(), w.reshape(-1).float()).to(dev)
+            torch.dot(g.reshape(-1).to(dtype), w.reshape(-1).to(dtype)).to(dev)
             for g, w in zip(grads, self.W)
         ])
 

@@ -70,6 +70,14 @@ class TranslationGradInitConfig(TranslationConfig):
     gradinit_scale_grad_clip: Optional[float] = field(
         default=None, metadata={"help": "clip the norm of the scale gradient (default: no clipping)"}
     )
+    gradinit_constraint_grad: ChoiceEnum(["exact", "finite_difference"]) = field(
+        default="exact", metadata={"help": "gradient of ||g|| in constraint iterations: exact (double "
+                                           "backward, Algorithm 1) or finite_difference (one more first-order "
+                                           "pass over S; about half the cost, approximate)"}
+    )
+    gradinit_fd_eps: float = field(
+        default=1e-4, metadata={"help": "relative step of --gradinit-constraint-grad finite_difference"}
+    )
     gradinit_init_file: Optional[str] = field(
         default=None, metadata={"help": "apply the scales of a saved gradinit.json instead of computing "
                                         "them (same architecture and --seed give the same weights)"}
@@ -110,6 +118,8 @@ def gradinit_config_from_task(cfg) -> GradInitConfig:
         iters=int(cfg.gradinit_iters), min_scale=cfg.gradinit_min_scale, max_scale=cfg.gradinit_max_scale,
         overlap=cfg.gradinit_overlap, scale_grad_clip=cfg.gradinit_scale_grad_clip,
         sgd_step=str(cfg.gradinit_sgd_step), log_interval=int(cfg.gradinit_log_interval),
+        constraint_grad=str(getattr(cfg, "gradinit_constraint_grad", "exact")),
+        fd_eps=float(getattr(cfg, "gradinit_fd_eps", 1e-4)),
     )
 
 
