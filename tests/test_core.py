@@ -290,8 +290,7 @@ def _constraint_grads_both_ways(model, batch, loss_fn, optimizer, fd_eps):
         grads = _grads(loss_fn(model, batch), params)
         gnorm = engine._norm(grads)
         exact = engine._constraint_grad(batch, grads, gnorm).double()
-        base = engine.scaled.alpha_grad(grads, torch.float64)
-        fd = engine._constraint_grad_fd(batch, grads, gnorm, base).double()
+        fd = engine._constraint_grad_fd(batch, grads, gnorm).double()
         engine.finalize()
     return exact, fd
 

@@ -246,7 +246,8 @@ def test_config_translation_and_groups():
         gradinit_optimizer=None, gradinit_train_optimizer="sgd", gradinit_eta=None, gradinit_train_lr=[0.15],
         gradinit_betas="(0.9, 0.98)", gradinit_gamma=None, gradinit_lr=1e-2, gradinit_iters=10,
         gradinit_min_scale=0.01, gradinit_max_scale=None, gradinit_overlap=0.5,
-        gradinit_scale_grad_clip=None, gradinit_sgd_step="grad", gradinit_log_interval=5))()
+        gradinit_scale_grad_clip=None, gradinit_sgd_step="grad", gradinit_log_interval=5,
+        gradinit_constraint_grad="exact", gradinit_fd_eps=1e-4))()
     g = gradinit_config_from_task(cfg)
     assert g.optimizer == "sgd" and g.eta == 0.15 and g.norm_p == 2
     assert abs(g.resolved_gamma - (0.1 / 0.15) ** 0.5) < 1e-12

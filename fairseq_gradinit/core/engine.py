@@ -209,15 +209,18 @@ class GradInit:
             return [g.mul_(factor.to(g.dtype)) for g in grads]
         return grads
 
+    def _norm_grad(self, gbar: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
+        """v = d||gbar||_p / d gbar."""
+        if self.cfg.norm_p == 1:
+            return [g.sign() for g in gbar]
+        inv = 1.0 / gnorm.clamp(min=1e-12)
+        return [g * inv.to(g.dtype) for g in gbar]
+
     def _constraint_grad(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
                          g_local: Optional[Sequence[Optional[torch.Tensor]]] = None) -> torch.Tensor:
         """d||gbar||_p / d alpha by double backward through ``g_local``, this rank's gradient on S
         with its graph (computed here by a second-order pass on S when not given)."""
-        if self.cfg.norm_p == 1:
-            v = [g.sign() for g in gbar]
-        else:
-            inv = 1.0 / gnorm.clamp(min=1e-12)
-            v = [g * inv.to(g.dtype) for g in gbar]
+        v = self._norm_grad(gbar, gnorm)
         params = self.scaled.params
         # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>.
         with math_attention():
@@ -232,15 +235,13 @@ class GradInit:
         del g_local, surrogate
         return self.scaled.alpha_grad(h)
 
-    def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
-                            base: torch.Tensor) -> torch.Tensor:
-        """d||gbar||_p / d alpha = <H v, W_i> with H v from a forward difference of this rank's
-        gradient on S; ``base`` = <g_local, W_i>, the same product at theta."""
-        if self.cfg.norm_p == 1:
-            v = [g.sign() for g in gbar]
-        else:
-            inv = 1.0 / gnorm.clamp(min=1e-12)
-            v = [g * inv.to(g.dtype) for g in gbar]
+    def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor) -> torch.Tensor:
+        """d||gbar||_p / d alpha = <H v, W_i> with H v from a forward difference of the gradient on
+        S. Each rank returns (<g_r(theta + eps v), W_i> - <gbar, W_i>) / eps; their mean is the
+        difference quotient of the averaged gradient."""
+        # float64 products: the difference of the two is ~eps times smaller than either.
+        base = self.scaled.alpha_grad(gbar, torch.float64)
+        v = self._norm_grad(gbar, gnorm)
         params = self.scaled.params
         with torch.no_grad():
             sq = lambda ts: torch.stack([t.pow(2).sum(dtype=torch.float64) for t in ts]).sum()  # noqa: E731
@@ -250,7 +251,6 @@ class GradInit:
         loss = _check_loss(self.loss_fn(self.model, s))
         h = _grads(loss, params)
         del loss
-        # float64 products: the difference of the two is ~eps times smaller than either.
         return ((self.scaled.alpha_grad(h, torch.float64) - base) / eps).float()
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
@@ -326,8 +326,6 @@ class GradInit:
                 grads = _grads(loss, params)
         loss_s = loss.detach().float().reshape(1)
         del loss
-        # The finite difference needs this rank's own <g, W_i> (grads are averaged in place next).
-        base = self.scaled.alpha_grad(grads, torch.float64) if fd else None
         self.dist.mean_(grads)
         self.dist.mean_([loss_s])
         gnorm = self._norm(grads)
@@ -352,7 +350,7 @@ class GradInit:
         if gnorm_v > self.gamma:
             rec.branch = self._last_branch = "constraint"
             if fd:
-                alpha_grad = self._constraint_grad_fd(s, grads, gnorm, base)
+                alpha_grad = self._constraint_grad_fd(s, grads, gnorm)
             else:
                 alpha_grad = self._constraint_grad(s, grads, gnorm, g_local)
             del grads, g_local

@@ -118,8 +118,7 @@ def gradinit_config_from_task(cfg) -> GradInitConfig:
         iters=int(cfg.gradinit_iters), min_scale=cfg.gradinit_min_scale, max_scale=cfg.gradinit_max_scale,
         overlap=cfg.gradinit_overlap, scale_grad_clip=cfg.gradinit_scale_grad_clip,
         sgd_step=str(cfg.gradinit_sgd_step), log_interval=int(cfg.gradinit_log_interval),
-        constraint_grad=str(getattr(cfg, "gradinit_constraint_grad", "exact")),
-        fd_eps=float(getattr(cfg, "gradinit_fd_eps", 1e-4)),
+        constraint_grad=str(cfg.gradinit_constraint_grad), fd_eps=float(cfg.gradinit_fd_eps),
     )
 
 
