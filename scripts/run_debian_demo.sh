@@ -17,6 +17,8 @@ VALID_EVERY=${VALID_EVERY:-100}
 WARMUP=${WARMUP:-200}
 GI_ITERS=${GI_ITERS:-200}
 GI_LR=${GI_LR:-1e-2}
+GI_GAMMA=${GI_GAMMA:-}       # GradInit's gamma; empty: the rule of thumb eta*gamma = 0.1 (Adam)
+GI_ETA=${GI_ETA:-}           # GradInit's eta; empty: the training lr
 MAX_TOKENS=${MAX_TOKENS:-4096}
 GI_LOG=${GI_LOG:-10}
 BLEU=${BLEU:-1}              # 0: skip the test-set BLEU evaluation (beam 5 is slow on CPU)
@@ -41,7 +43,8 @@ for arm in "${ARMS[@]}"; do
     xavier-s*) ;;
     warmup-s*) extra=(--warmup-updates "$WARMUP") ;;
     gradinit-s*) extra=(--gradinit-iters "$GI_ITERS" --gradinit-lr "$GI_LR" --gradinit-max-tokens "$MAX_TOKENS"
-                        --gradinit-log-interval "$GI_LOG") ;;
+                        --gradinit-log-interval "$GI_LOG" ${GI_GAMMA:+--gradinit-gamma "$GI_GAMMA"}
+                        ${GI_ETA:+--gradinit-eta "$GI_ETA"}) ;;
     *) echo "unknown arm $arm" >&2; exit 2 ;;
   esac
   dir="$OUT/$arm"
