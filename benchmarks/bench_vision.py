@@ -81,6 +81,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--eta", default=0.1, type=float, help="GradInit's eta (the SGD learning rate)")
     p.add_argument("--threads", default=None, type=int, help="torch.set_num_threads (CPU)")
     p.add_argument("--seed", default=0, type=int, help="random seed")
+    p.add_argument("--fd", action="store_true",
+                   help="also time a constraint iteration with constraint_grad='finite_difference' (opt-in, approximate)")
     p.add_argument("--out", default="benchmarks/results/vision", help="output path prefix (.json and .md are added)")
     return p
 
@@ -205,11 +207,13 @@ def bench_model(name: str, bn: Optional[bool], args, device: torch.device) -> Di
 
     # -- GradInit iterations ----------------------------------------------------------------
     pair = BatchPair((x1, y1), (x2, y2))
-    for branch, gamma in (("objective", 1e30), ("constraint", 1e-30)):
+    kinds = [("objective", 1e30), ("constraint", 1e-30)] + ([("constraint_fd", 1e-30)] if args.fd else [])
+    for branch, gamma in kinds:
         model = build(name, bn, args, device)
         model.train()
         cfg = GradInitConfig(optimizer="sgd", eta=args.eta, gamma=gamma, lr=1e-3, betas=(0.9, 0.999),
-                             sgd_step="grad", scale_grad_clip=1.0, max_consecutive_skips=10 ** 9, log_interval=10 ** 9)
+                             sgd_step="grad", scale_grad_clip=1.0, max_consecutive_skips=10 ** 9, log_interval=10 ** 9,
+                             constraint_grad="finite_difference" if branch == "constraint_fd" else "exact")
         engine = GradInit(model, classification_loss, cfg)
         branches: List[str] = []
 
@@ -226,7 +230,7 @@ def bench_model(name: str, bn: Optional[bool], args, device: torch.device) -> Di
             res = measure(gi_step, device, gi_resident, args.warmup, args.repeats)
             engine.finalize()
         taken = {b for b in branches if b != "skipped"}
-        if taken != {branch}:
+        if taken != {branch.split("_")[0]}:
             raise RuntimeError(f"{name}: forcing the {branch} branch failed (took {sorted(taken)})")
         res["skipped"] = sum(r.branch == "skipped" for r in engine.history)
         out[branch] = res
@@ -247,6 +251,9 @@ def bench_model(name: str, bn: Optional[bool], args, device: torch.device) -> Di
         "constraint_time": ratio(out["constraint"]["time_s"], out["train"]["time_s"]),
         "constraint_memory": ratio(out["constraint"]["peak_bytes"], out["train"]["peak_bytes"]),
     }
+    if "constraint_fd" in out:
+        out["ratios"]["constraint_fd_time"] = ratio(out["constraint_fd"]["time_s"], out["train"]["time_s"])
+        out["ratios"]["constraint_fd_cpu_time"] = ratio(out["constraint_fd"]["cpu_time_s"], out["train"]["cpu_time_s"])
     return out
 
 
@@ -294,6 +301,15 @@ def markdown(report: Dict[str, Any]) -> str:
             f"| {mb(r['constraint']['peak_bytes'])} | {x(q['objective_time'], TARGETS['objective_time'])} "
             f"| {x(q['objective_memory'], TARGETS['objective_memory'])} "
             f"| {x(q['constraint_time'], TARGETS['constraint_time'])} | {x(q['constraint_memory'])} |")
+    fd_rows = [r for r in report["results"] if "constraint_fd" in r]
+    if fd_rows:
+        lines += ["", "Constraint iteration with `constraint_grad=\"finite_difference\"` (approximate; same target):", "",
+                  "| model | BN | constraint FD ms | constraint FD MiB | cons FD/train time (≤3) | CPU-time ratio |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['model']} | {'yes' if r['bn'] else 'no'} | {ms(r['constraint_fd']['time_s'])} "
+                  f"| {mb(r['constraint_fd']['peak_bytes'])} "
+                  f"| {x(r['ratios']['constraint_fd_time'], TARGETS['constraint_time'])} "
+                  f"| {x(r['ratios']['constraint_fd_cpu_time'])} |" for r in fd_rows]
     lines += ["", f"Peak memory: {report['memory_method']}.", "",
               "CPU-time ratios (process CPU time, less sensitive to other load on a shared machine): "
               + "; ".join(f"{r['model']}{'' if r['bn'] else ' (no BN)'}: objective "

@@ -163,12 +163,15 @@ def test_bench_vision_smoke(tmp_path):
     assert peak is None or peak == 6_000_000  # the CPU memory measurement is exact
     args = bench.get_args_parser().parse_args(
         ["--device", "cpu", "--models", "vgg19:bn", "--width", "0.0625", "--batch-size", "2", "--image-size", "8",
-         "--repeats", "1", "--warmup", "0", "--threads", "1", "--out", str(tmp_path / "bench")])
+         "--repeats", "1", "--warmup", "0", "--threads", "1", "--fd", "--out", str(tmp_path / "bench")])
     report = bench.main(args)
     r = report["results"][0]
-    assert r["bn"] is True and set(r["ratios"]) >= {"objective_time", "objective_memory", "constraint_time"}
+    assert r["bn"] is True and set(r["ratios"]) >= {"objective_time", "objective_memory", "constraint_time",
+                                                    "constraint_fd_time"}
+    assert r["constraint_fd"]["skipped"] == 0
     assert r["objective"]["skipped"] == 0 and r["train"]["time_s"] > 0
     if peak is not None:
         assert r["objective"]["peak_bytes"] > r["objective"]["resident_bytes"] > 0
     assert json.loads((tmp_path / "bench.json").read_text())["results"][0]["model"] == "vgg19"
-    assert "| vgg19 | yes |" in (tmp_path / "bench.md").read_text()
+    md = (tmp_path / "bench.md").read_text()
+    assert md.count("| vgg19 | yes |") == 2  # main table and the finite-difference table
