@@ -23,7 +23,8 @@ from fairseq_gradinit.core import (
     math_attention,
     overlapping_pairs,
 )
-from fairseq_gradinit.core.engine import _grads
+from fairseq_gradinit.core.engine import _foreach_norm, _grads
+from fairseq_gradinit.core.scales import ScaledParameters
 
 # --------------------------------------------------------------------------------------------
 # helpers (module level so that spawned processes can unpickle them)
@@ -866,3 +867,64 @@ def test_apply_scales_reproduces_gradinit_weights():
     assert_params_equal(params_of(lenient), params_of(fresh))
     with pytest.raises(ValueError, match="not finite"):
         apply_scales(copy.deepcopy(fresh), {"emb.weight": float("nan")})
+
+
+# --------------------------------------------------------------------------------------------
+# scale bookkeeping: one buffer for all W_i vs one op per tensor
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_flat_bookkeeping_matches_per_tensor_loop(optimizer, monkeypatch):
+    """Models whose tensors share a dtype and device keep W in one buffer; the run is the same
+    as with the per-tensor loop used otherwise."""
+    cfg = GradInitConfig(optimizer=optimizer, eta=0.05, gamma=14.0 if optimizer == "adam" else 1.0,
+                         lr=0.05, iters=8)
+    flat = gradinit(make_mlp(dims=(6, 16, 16, 3), weight_scale=2.0), make_pairs(8), ce_loss, cfg)
+    capture = ScaledParameters.capture
+
+    def per_tensor(self):
+        capture(self)
+        assert self._flat is not None
+        self._flat = None
+        self.W = [w.clone() for w in self.W]
+        self._rows = [w.reshape(-1) for w in self.W]
+
+    monkeypatch.setattr(ScaledParameters, "capture", per_tensor)
+    loop = gradinit(make_mlp(dims=(6, 16, 16, 3), weight_scale=2.0), make_pairs(8), ce_loss, cfg)
+    assert [r.branch for r in flat.history] == [r.branch for r in loop.history]
+    assert {r.branch for r in flat.history} == {"objective", "constraint"}
+    for name in flat.scales:
+        assert flat.scales[name] == pytest.approx(loop.scales[name], rel=1e-12, abs=1e-12)
+
+
+class MixedPrecisionNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(6, 16).double()
+        self.b = nn.Linear(16, 3)  # float32
+
+    def forward(self, x):
+        return self.b(torch.tanh(self.a(x)).float()).double()
+
+
+def test_mixed_dtypes_use_per_tensor_bookkeeping():
+    torch.manual_seed(0)
+    model = MixedPrecisionNet()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    res = gradinit(model, make_pairs(4), ce_loss, GradInitConfig(eta=0.05, gamma=1.0, lr=0.05, iters=4))
+    assert res.num_skipped == 0
+    for n, p in model.named_parameters():
+        assert p.dtype == before[n].dtype
+        assert torch.allclose(p.detach(), before[n] * res.scales[n], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("p", [1, 2])
+def test_per_tensor_norms_accumulate_in_float32(dtype, p):
+    g = torch.Generator().manual_seed(0)
+    ts = [(torch.randn(300, 40, generator=g) * 1e3).to(dtype), torch.randn(7, generator=g).to(dtype)]
+    got = _foreach_norm(ts, p)
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()  # fp16 |g|_1 here exceeds 65504
+    want = torch.stack([torch.linalg.vector_norm(t.double(), p) for t in ts]).float()
+    assert torch.allclose(got, want, rtol=1e-5)

@@ -128,6 +128,20 @@ def _grads(loss: torch.Tensor, params: Sequence[torch.Tensor], create_graph: boo
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
 
+def _foreach_norm(tensors: Sequence[torch.Tensor], p: int) -> torch.Tensor:
+    """The p-norm of every tensor, accumulated in at least float32, stacked as float32."""
+    dtypes = {t.dtype for t in tensors}
+    if dtypes <= {torch.float32, torch.float64}:
+        return torch.stack(torch._foreach_norm(tensors, p)).float()
+    if torch.float64 not in dtypes:
+        try:  # fp16/bf16 norms overflow or round badly unless accumulated and returned in fp32
+            return torch.stack(torch._foreach_norm(tensors, p, dtype=torch.float32))
+        except TypeError:  # torch without the dtype argument
+            pass
+    return torch.stack([torch.linalg.vector_norm(t, p, dtype=torch.promote_types(t.dtype, torch.float32))
+                        for t in tensors]).float()
+
+
 def _check_loss(loss: Any) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise ValueError(
@@ -196,25 +210,25 @@ class GradInit:
 
     # -- the two branches ---------------------------------------------------------------------
     def _norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
-        if self.cfg.norm_p == 1:
-            return torch.stack([g.abs().sum(dtype=torch.float32) for g in grads]).sum()
-        return torch.stack([g.pow(2).sum(dtype=torch.float32) for g in grads]).sum().sqrt()
+        norms = _foreach_norm(grads, self.cfg.norm_p)
+        return norms.sum() if self.cfg.norm_p == 1 else norms.pow(2).sum().sqrt()
 
     def _step_direction(self, grads: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
         """A[g], computed in place in ``grads``."""
         if self.cfg.optimizer == "adam":
-            return [g.sign_() for g in grads]
+            torch._foreach_sign_(grads)
+            return grads
         if self.cfg.sgd_step == "normalized":
             factor = self.gamma / gnorm.clamp(min=1e-12)
-            return [g.mul_(factor.to(g.dtype)) for g in grads]
+            torch._foreach_mul_(grads, factor.to(grads[0].dtype))
         return grads
 
     def _norm_grad(self, gbar: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
         """v = d||gbar||_p / d gbar."""
         if self.cfg.norm_p == 1:
-            return [g.sign() for g in gbar]
+            return list(torch._foreach_sign(gbar))
         inv = 1.0 / gnorm.clamp(min=1e-12)
-        return [g * inv.to(g.dtype) for g in gbar]
+        return list(torch._foreach_mul(gbar, inv.to(gbar[0].dtype)))
 
     def _constraint_grad(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
                          g_local: Optional[Sequence[Optional[torch.Tensor]]] = None) -> torch.Tensor:

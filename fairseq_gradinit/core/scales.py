@@ -12,6 +12,14 @@ logger = logging.getLogger(__name__)
 ParamFilter = Callable[[str, nn.Parameter], bool]
 
 
+def _copy_all(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
+    if hasattr(torch, "_foreach_copy_"):
+        torch._foreach_copy_(dst, src)
+    else:  # torch < 2.2
+        for d, s in zip(dst, src):
+            d.copy_(s)
+
+
 def default_param_filter(name: str, param: nn.Parameter) -> bool:
     """Every parameter tensor that is not all zeros (a scale of zero biases would do nothing)."""
     return bool(torch.count_nonzero(param.detach()).item() > 0)
@@ -55,6 +63,8 @@ class ScaledParameters:
                 "parameters, or param_filter rejected all of them"
             )
         self.W: List[torch.Tensor] = []
+        self._flat: Optional[torch.Tensor] = None
+        self._rows: List[torch.Tensor] = []
         self.alpha = torch.ones(len(self.params), dtype=torch.float32, device=self.params[0].device)
 
     def capture(self) -> None:
@@ -64,29 +74,56 @@ class ScaledParameters:
                 if not torch.isfinite(p).all():
                     raise ValueError(f"parameter {name!r} holds non-finite values before GradInit; "
                                      "initialize the model first")
-            self.W = [p.detach().clone() for p in self.params]
+            first = self.params[0]
+            if all(p.dtype == first.dtype and p.device == first.device for p in self.params):
+                # One buffer holds every W_i, so that writing alpha*W into the model costs a few
+                # kernels instead of a few per tensor (GPU iterations of small models are bound by
+                # kernel launches). self.W are views into it.
+                self._flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+                self._sizes = [p.numel() for p in self.params]
+                self._counts = torch.tensor(self._sizes, dtype=torch.long, device=first.device)
+                self._rows = list(self._flat.split(self._sizes))
+                self.W = [w.view(p.shape) for w, p in zip(self._rows, self.params)]
+            else:  # mixed dtypes or devices (e.g. model parallel): one op per tensor
+                self._flat = None
+                self.W = [p.detach().clone() for p in self.params]
+                self._rows = [w.reshape(-1) for w in self.W]
         self.alpha.fill_(1.0)
 
     @torch.no_grad()
     def write(self, alpha: torch.Tensor, direction: Optional[Sequence[torch.Tensor]] = None,
               eta: float = 0.0) -> None:
         """theta_i <- alpha_i W_i, or alpha_i W_i - eta * direction_i."""
-        scales = alpha.unbind()
+        if self._flat is None:
+            scales = alpha.unbind()
+            if direction is None:
+                for p, w, a in zip(self.params, self.W, scales):
+                    torch.mul(w, a.to(w.device), out=p.data) if p.dtype == w.dtype else p.copy_(w * a)
+            else:
+                for p, w, a, d in zip(self.params, self.W, scales, direction):
+                    p.copy_(torch.addcmul(-eta * d, w, a.to(w.device)))
+            return
+        # output_size keeps repeat_interleave free of a device-to-host sync.
+        a = torch.repeat_interleave(alpha.to(self._flat.dtype), self._counts, output_size=self._flat.numel())
         if direction is None:
-            for p, w, a in zip(self.params, self.W, scales):
-                torch.mul(w, a.to(w.device), out=p.data) if p.dtype == w.dtype else p.copy_(w * a)
+            theta = self._flat * a
         else:
-            for p, w, a, d in zip(self.params, self.W, scales, direction):
-                p.copy_(torch.addcmul(-eta * d, w, a.to(w.device)))
+            theta = torch.cat([d.reshape(-1) for d in direction]).mul_(-eta).addcmul_(self._flat, a)
+        del a
+        _copy_all(self.params, [t.view(p.shape) for t, p in zip(theta.split(self._sizes), self.params)])
 
     def alpha_grad(self, grads: Sequence[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """dL/dalpha_i = <dL/dtheta_i, W_i> for the gradients ``grads`` w.r.t. the parameters,
         accumulated in ``dtype``."""
         dev = self.alpha.device
-        return torch.stack([
-            torch.dot(g.reshape(-1).to(dtype), w.reshape(-1).to(dtype)).to(dev)
-            for g, w in zip(grads, self.W)
-        ])
+        out = []
+        for g, w in zip(grads, self._rows):
+            g = g.reshape(-1)
+            if g.dtype != dtype or w.dtype != dtype:
+                g, w = g.to(dtype), w.to(dtype)
+            d = torch.dot(g, w)
+            out.append(d if self._flat is not None else d.to(dev))
+        return torch.stack(out).to(dev)
 
     def scales_dict(self) -> Dict[str, float]:
         return dict(zip(self.names, self.alpha.detach().cpu().tolist()))
