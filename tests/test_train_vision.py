@@ -175,3 +175,16 @@ def test_bench_vision_smoke(tmp_path):
     assert json.loads((tmp_path / "bench.json").read_text())["results"][0]["model"] == "vgg19"
     md = (tmp_path / "bench.md").read_text()
     assert md.count("| vgg19 | yes |") == 2  # main table and the finite-difference table
+
+
+def test_scale_bookkeeping_stays_fused(tmp_path):
+    """The per-iteration bookkeeping issues a handful of operators per tensor (15 before it was
+    fused), which is what bounds small models on a GPU."""
+    spec = importlib.util.spec_from_file_location("count_ops", ROOT / "benchmarks" / "count_bookkeeping_ops.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    args = mod.get_args_parser().parse_args(["--models", "vgg19:bn", "--out", str(tmp_path / "ops")])
+    (row,) = mod.main(args)["results"]
+    assert row["flat_buffer"] and row["tensors"] == 33
+    assert 0 < row["ops"] <= 7 * row["tensors"], row
+    assert "| vgg19 | yes | 33 |" in (tmp_path / "ops.md").read_text()
