@@ -98,7 +98,7 @@ class ScaledParameters:
             scales = alpha.unbind()
             if direction is None:
                 for p, w, a in zip(self.params, self.W, scales):
-                    torch.mul(w, a.to(w.device), out=p.data) if p.dtype == w.dtype else p.copy_(w * a)
+                    torch.mul(w, a.to(w.device), out=p.data)  # W_i is a clone of p: same dtype
             else:
                 for p, w, a, d in zip(self.params, self.W, scales, direction):
                     p.copy_(torch.addcmul(-eta * d, w, a.to(w.device)))
@@ -122,8 +122,8 @@ class ScaledParameters:
             if g.dtype != dtype or w.dtype != dtype:
                 g, w = g.to(dtype), w.to(dtype)
             d = torch.dot(g, w)
-            out.append(d if self._flat is not None else d.to(dev))
-        return torch.stack(out).to(dev)
+            out.append(d if self._flat is not None else d.to(dev))  # one buffer: already on dev
+        return torch.stack(out)
 
     def scales_dict(self) -> Dict[str, float]:
         return dict(zip(self.names, self.alpha.detach().cpu().tolist()))
