@@ -140,6 +140,9 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--gradinit-sgd-step", default="normalized", choices=("normalized", "grad"),
                    help="SGD's first step: normalized = gamma g/||g|| (paper Sec. 3.1 and its CIFAR scripts), "
                    "grad = g")
+    g.add_argument("--gradinit-adam-state", default="shared", choices=("shared", "per_branch"),
+                   help="moments of the scales' Adam: shared by all iterations, or per branch (constraint / "
+                   "objective)")
     g.add_argument("--gradinit-batch-size", default=None, type=int, help="batch size of S and S~ (default: "
                    "--batch-size)")
     g.add_argument("--metainit-lr", default=None, type=float, help="MetaInit: Adam's learning rate on the "
@@ -414,7 +417,7 @@ def run_initialization(args, model, train_set, device, in_bn: bool, progress: bo
             eta=args.gradinit_eta if args.gradinit_eta is not None else args.lr, gamma=args.gradinit_gamma, lr=lr,
             iters=args.gradinit_iters, min_scale=args.gradinit_min_scale, max_scale=args.gradinit_max_scale,
             overlap=args.gradinit_overlap, scale_grad_clip=args.gradinit_scale_grad_clip or None,
-            sgd_step=args.gradinit_sgd_step, device=device, progress=progress,
+            sgd_step=args.gradinit_sgd_step, adam_state=args.gradinit_adam_state, device=device, progress=progress,
         )
         info = res.to_dict()
         info.update(method="gradinit", tau=lr, batch_size=bs)

@@ -586,6 +586,7 @@ def test_exception_mid_run_leaves_last_completed_weights():
     ("sgd_step", dict(sgd_step="x")),
     ("reuse_graph", dict(reuse_graph="yes")),
     ("constraint_grad", dict(constraint_grad="fd")),
+    ("adam_state", dict(adam_state="separate")),
     ("fd_eps", dict(fd_eps=0)),
     ("fd_eps", dict(fd_eps=1.0)),
     ("max_consecutive_skips", dict(max_consecutive_skips=0)),
@@ -867,6 +868,46 @@ def test_apply_scales_reproduces_gradinit_weights():
     assert_params_equal(params_of(lenient), params_of(fresh))
     with pytest.raises(ValueError, match="not finite"):
         apply_scales(copy.deepcopy(fresh), {"emb.weight": float("nan")})
+
+
+# --------------------------------------------------------------------------------------------
+# the scales' Adam: one set of moments, or one per branch
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("adam_state", ["shared", "per_branch"])
+def test_scale_adam_moments_shared_or_per_branch(adam_state, monkeypatch):
+    """Every scale update is Adam over the gradients of its own state's past steps: all iterations
+    ("shared") or only those of the same branch ("per_branch", the authors' fairseq code)."""
+    from fairseq_gradinit.core import engine as engine_mod
+
+    calls = []
+    step = engine_mod._Adam.step
+
+    def recording(self, alpha, grad, ok):
+        new, ok2 = step(self, alpha, grad, ok)
+        calls.append((self, alpha.clone().double(), grad.clone().double(), new.clone().double()))
+        return new, ok2
+
+    monkeypatch.setattr(engine_mod._Adam, "step", recording)
+    cfg = GradInitConfig(optimizer="adam", eta=0.05, gamma=14.0, lr=0.05, iters=12, adam_state=adam_state)
+    res = gradinit(make_mlp(dims=(6, 16, 16, 3), weight_scale=2.0), make_pairs(12), ce_loss, cfg)
+    branches = [r.branch for r in res.history]
+    assert len(calls) == len(branches) and "skipped" not in branches
+    # both branches, and a switch back to the constraint after objective steps
+    assert "objective" in branches and "constraint" in branches[branches.index("objective"):]
+    states = {b: {id(c[0]) for c, bb in zip(calls, branches) if bb == b} for b in ("constraint", "objective")}
+    assert len(states["constraint"]) == len(states["objective"]) == 1
+    assert (states["constraint"] == states["objective"]) == (adam_state == "shared")
+
+    b1, b2 = cfg.betas
+    moments = {}
+    for (state, alpha, grad, new), branch in zip(calls, branches):
+        m, v, t = moments.get(id(state), (0.0, 0.0, 0))
+        m, v, t = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad ** 2, t + 1
+        moments[id(state)] = (m, v, t)
+        expected = alpha - cfg.lr * (m / (1 - b1 ** t)) / ((v / (1 - b2 ** t)).sqrt() + cfg.eps)
+        assert_close(new, expected.clamp(min=cfg.min_scale), rtol=1e-5, atol=1e-7)
 
 
 # --------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (registers the task)
 from fairseq_gradinit.core import apply_scales  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.groups import transformer_group  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.task import (  # noqa: E402
+    TranslationGradInitConfig,
     TranslationGradInitTask,
     _select,
     gradinit_config_from_task,
@@ -247,7 +248,7 @@ def test_config_translation_and_groups():
         gradinit_betas="(0.9, 0.98)", gradinit_gamma=None, gradinit_lr=1e-2, gradinit_iters=10,
         gradinit_min_scale=0.01, gradinit_max_scale=None, gradinit_overlap=0.5,
         gradinit_scale_grad_clip=None, gradinit_sgd_step="grad", gradinit_log_interval=5,
-        gradinit_constraint_grad="exact", gradinit_fd_eps=1e-4))()
+        gradinit_constraint_grad="exact", gradinit_fd_eps=1e-4, gradinit_adam_state="shared"))()
     g = gradinit_config_from_task(cfg)
     assert g.optimizer == "sgd" and g.eta == 0.15 and g.norm_p == 2
     assert abs(g.resolved_gamma - (0.1 / 0.15) ** 0.5) < 1e-12
@@ -263,7 +264,8 @@ def test_config_translation_and_groups():
     assert issubclass(tasks.TASK_REGISTRY["translation"], TranslationGradInitTask)
 
 
-@pytest.mark.parametrize("extra", [[], ["--cpu", "--gradinit-constraint-grad", "finite_difference"], ["--fp16"]])
+@pytest.mark.parametrize("extra", [[], ["--cpu", "--gradinit-constraint-grad", "finite_difference",
+                                          "--gradinit-adam-state", "per_branch"], ["--fp16"]])
 def test_global_settings_resolve_from_the_command_line(extra):
     """The task's copies of global settings must follow them (a bool-typed copy once read as True)."""
     argv = ["data-bin-not-read", "--task", "translation_gradinit", *[a for a in TINY_MODEL if a != "--cpu"],
@@ -275,6 +277,7 @@ def test_global_settings_resolve_from_the_command_line(extra):
     gcfg = gradinit_config_from_task(cfg.task)
     assert gcfg.eta == 3e-4 and gcfg.fd_eps == 1e-4
     assert gcfg.constraint_grad == ("finite_difference" if "finite_difference" in extra else "exact")
+    assert gcfg.adam_state == ("per_branch" if "per_branch" in extra else "shared")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16/bf16 training in fairseq needs CUDA")
@@ -296,3 +299,36 @@ def test_half_precision_starts_from_gradinit_weights(tiny_data, tmp_path, precis
     dtype = torch.float16 if precision == "--fp16" else torch.bfloat16
     model.to(dtype)
     assert_same_weights(model, checkpoint_state(save / "checkpoint_last.pt"))
+
+
+def _readme_train_commands():
+    import re
+    import shlex
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        cmds += [shlex.split(line, comments=True) for line in joined.splitlines()
+                 if line.startswith("fairseq-train ")]
+    return cmds
+
+
+def test_readme_flag_table_and_commands_match_the_task():
+    """Every --gradinit-* option is in the README's table, and the README's fairseq-train commands
+    parse with the task (a flag that exists only in the README would fail here)."""
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    options_of_task = {"--" + f.name.replace("_", "-") for f in TranslationGradInitConfig.__dataclass_fields__.values()
+                       if f.name.startswith("gradinit_") and f.metadata.get("help")}
+    assert len(options_of_task) >= 15
+    missing = sorted(o for o in options_of_task if f"`{o}" not in text)
+    assert not missing, f"README flag table lacks {missing}"
+    cmds = _readme_train_commands()
+    assert len(cmds) >= 3
+    for argv in cmds:
+        args = argv[1:]
+        i = args.index("--user-dir")
+        del args[i:i + 2]  # the plugin is imported already
+        ns = options.parse_args_and_arch(options.get_training_parser(), input_args=args)
+        gcfg = gradinit_config_from_task(convert_namespace_to_omegaconf(ns).task)
+        assert ns.gradinit_iters > 0 and gcfg.iters == ns.gradinit_iters

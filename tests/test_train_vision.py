@@ -45,6 +45,7 @@ def test_defaults_follow_the_paper():
     a = tv.get_args_parser().parse_args([])
     assert (a.lr, a.momentum, a.wd, a.epochs, a.init) == (0.1, 0.9, 1e-4, 200, "kaiming")
     assert a.gradinit_overlap == 0.5 and a.gradinit_min_scale == 0.01 and a.gradinit_sgd_step == "normalized"
+    assert a.gradinit_adam_state == "shared"
     assert tv.paper_tau("resnet110", False) == 5e-2 and tv.paper_tau("vgg19", True) == 1e-1
 
 

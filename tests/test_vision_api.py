@@ -108,6 +108,7 @@ def test_gradinit_objective_branch_and_options():
                     progress=False)
     assert [r.branch for r in cons.history] == ["constraint", "constraint"]
     assert result.config.betas == (0.9, 0.999) and result.config.sgd_step == "normalized"
+    assert result.config.adam_state == "shared"
 
 
 def test_param_filter_and_custom_loss_with_dict_batches():

@@ -14,6 +14,7 @@ RULE_OF_THUMB = 0.1
 OPTIMIZERS = ("adam", "sgd")
 SGD_STEPS = ("grad", "normalized")
 CONSTRAINT_GRADS = ("exact", "finite_difference")
+ADAM_STATES = ("shared", "per_branch")
 
 
 def is_positive(x) -> bool:
@@ -95,6 +96,10 @@ class GradInitConfig:
     max_scale: Optional[float] = None
     #: Fraction of S~ drawn from S when GradInit forms the pairs itself (the paper uses 0.5).
     overlap: float = 0.5
+    #: Moment estimates of the scales' Adam: "shared" (one Adam over all iterations, Algorithm 1 read
+    #: literally) or "per_branch" (constraint and objective iterations each keep their own moments and
+    #: step counts, as the authors' fairseq code does for the Transformer results).
+    adam_state: str = "shared"
     #: Clip the norm of the scale gradient to this value (``None``: no clipping).
     scale_grad_clip: Optional[float] = None
     #: SGD step form A[g]: "grad" uses A[g] = g (Eq. 2 and the authors' code); "normalized" uses
@@ -137,6 +142,8 @@ class GradInitConfig:
             invalid(self, "overlap", "a number in [0, 1]")
         if self.sgd_step not in SGD_STEPS:
             invalid(self, "sgd_step", f"one of {SGD_STEPS}")
+        if self.adam_state not in ADAM_STATES:
+            invalid(self, "adam_state", f"one of {ADAM_STATES}")
         if not isinstance(self.reuse_graph, bool):
             invalid(self, "reuse_graph", "True or False")
         if self.constraint_grad not in CONSTRAINT_GRADS:

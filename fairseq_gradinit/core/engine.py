@@ -203,6 +203,9 @@ class GradInit:
         self.scaled.capture()
         self.alpha = self.scaled.alpha
         self.adam = _Adam(self.alpha, config)
+        # With per-branch moments a constraint step after a run of objective steps is not damped by
+        # their second moments (or pushed by their momentum), and vice versa.
+        self.adam_constraint = _Adam(self.alpha, config) if config.adam_state == "per_branch" else self.adam
         self.history: List[IterationRecord] = []
         self._pending: Optional[tuple] = None  # (record, loss_s_tilde tensor, ok tensor)
         self._consecutive_skips = 0
@@ -370,7 +373,7 @@ class GradInit:
             del grads, g_local
             self.dist.mean_([alpha_grad])
             ok = torch.ones((), dtype=torch.bool, device=self.alpha.device)
-            new_alpha, ok = self.adam.step(self.alpha, alpha_grad, ok)
+            new_alpha, ok = self.adam_constraint.step(self.alpha, alpha_grad, ok)
             self._pending = (rec, torch.zeros((), device=self.alpha.device), ok)
         else:
             rec.branch = self._last_branch = "objective"

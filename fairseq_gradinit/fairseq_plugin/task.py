@@ -67,6 +67,11 @@ class TranslationGradInitConfig(TranslationConfig):
         default="grad", metadata={"help": "SGD step form: grad (A[g]=g, Eq. 2 and the authors' code) or "
                                           "normalized (A[g]=gamma*g/||g||_2, the paper's text)"}
     )
+    gradinit_adam_state: ChoiceEnum(["shared", "per_branch"]) = field(
+        default="shared", metadata={"help": "moments of the scales' Adam: shared by all iterations, or per_branch "
+                                            "(constraint and objective iterations keep their own, as the "
+                                            "authors' fairseq code does)"}
+    )
     gradinit_scale_grad_clip: Optional[float] = field(
         default=None, metadata={"help": "clip the norm of the scale gradient (default: no clipping)"}
     )
@@ -117,7 +122,7 @@ def gradinit_config_from_task(cfg) -> GradInitConfig:
         optimizer=str(opt), eta=eta, gamma=cfg.gradinit_gamma, lr=cfg.gradinit_lr, betas=betas,
         iters=int(cfg.gradinit_iters), min_scale=cfg.gradinit_min_scale, max_scale=cfg.gradinit_max_scale,
         overlap=cfg.gradinit_overlap, scale_grad_clip=cfg.gradinit_scale_grad_clip,
-        sgd_step=str(cfg.gradinit_sgd_step), log_interval=int(cfg.gradinit_log_interval),
+        sgd_step=str(cfg.gradinit_sgd_step), adam_state=str(cfg.gradinit_adam_state), log_interval=int(cfg.gradinit_log_interval),
         constraint_grad=str(cfg.gradinit_constraint_grad), fd_eps=float(cfg.gradinit_fd_eps),
     )
 

@@ -140,6 +140,7 @@ def gradinit(
     eps: float = 1e-8,
     scale_grad_clip: Optional[float] = 1.0,
     sgd_step: str = "normalized",
+    adam_state: str = "shared",
     loss_fn: Optional[LossFn] = None,
     device: Device = None,
     progress: bool = True,
@@ -173,6 +174,8 @@ def gradinit(
         betas, eps: Adam hyperparameters of the scale optimizer.
         scale_grad_clip: clip the norm of the scale gradient (``None``: off).
         sgd_step: "normalized" (A[g] = gamma g / ||g||_2) or "grad" (A[g] = g) for SGD.
+        adam_state: "shared" (one Adam on the scales) or "per_branch" (constraint and objective
+            iterations keep their own moment estimates).
         loss_fn: ``loss_fn(model, batch) -> mean loss``; default: cross-entropy on
             ``(input, target)`` batches.
         device: where batches go; default the model's device (the model is not moved).
@@ -190,7 +193,7 @@ def gradinit(
     config = GradInitConfig(
         optimizer=optimizer, eta=eta, gamma=gamma, lr=lr, betas=tuple(betas), eps=eps, iters=iters,
         min_scale=min_scale, max_scale=max_scale, overlap=overlap, scale_grad_clip=scale_grad_clip,
-        sgd_step=sgd_step, log_interval=log_interval, param_filter=param_filter,
+        sgd_step=sgd_step, adam_state=adam_state, log_interval=log_interval, param_filter=param_filter,
     )
     dev = _resolve_device(model, device)
     if iters is None and not _one_shot(loader):
