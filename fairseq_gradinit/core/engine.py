@@ -197,9 +197,10 @@ class GradInit:
         self.dist = _Dist(process_group)
         self.scaled = ScaledParameters(self.model, config.param_filter)
         if self.dist.active:
-            # Every rank must start from rank 0's W (fairseq's legacy_ddp does not broadcast).
+            # Every rank must start from rank 0's weights (fairseq's legacy_ddp does not broadcast),
+            # also those without a scale, so that all ranks end identical.
             with torch.no_grad():
-                self.dist.broadcast_(self.scaled.params)
+                self.dist.broadcast_(list(self.model.parameters()))
         self.scaled.capture()
         self.alpha = self.scaled.alpha
         self.adam = _Adam(self.alpha, config)
