@@ -119,6 +119,9 @@ def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_
                               "--gradinit-lr", "0.05", "--gradinit-log-interval", "2"])
     info = json.loads((save_a / "gradinit.json").read_text())
     assert info["iterations"] == 4 and len(info["history"]) == 4
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (save_a / "gradinit.json").stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would create it
     assert info["config"]["optimizer"] == "adam" and info["config"]["eta"] == 1e-3
     assert abs(info["config"]["resolved_gamma"] - 100.0) < 1e-9  # rule of thumb eta*gamma = 0.1
     assert set(info["summary"]) and all(s["min"] >= 0.01 for s in info["summary"].values())

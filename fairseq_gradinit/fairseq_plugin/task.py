@@ -157,6 +157,12 @@ def _rank_world():
     return 0, 1
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write_json(path: str, obj: dict) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
@@ -164,6 +170,8 @@ def _atomic_write_json(path: str, obj: dict) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f, indent=1)
+        # mkstemp creates the file 0600; give it the permissions an ordinary open() would.
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
