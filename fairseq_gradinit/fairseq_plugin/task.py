@@ -122,7 +122,8 @@ def gradinit_config_from_task(cfg) -> GradInitConfig:
         optimizer=str(opt), eta=eta, gamma=cfg.gradinit_gamma, lr=cfg.gradinit_lr, betas=betas,
         iters=int(cfg.gradinit_iters), min_scale=cfg.gradinit_min_scale, max_scale=cfg.gradinit_max_scale,
         overlap=cfg.gradinit_overlap, scale_grad_clip=cfg.gradinit_scale_grad_clip,
-        sgd_step=str(cfg.gradinit_sgd_step), adam_state=str(cfg.gradinit_adam_state), log_interval=int(cfg.gradinit_log_interval),
+        sgd_step=str(cfg.gradinit_sgd_step), adam_state=str(cfg.gradinit_adam_state),
+        log_interval=int(cfg.gradinit_log_interval),
         constraint_grad=str(cfg.gradinit_constraint_grad), fd_eps=float(cfg.gradinit_fd_eps),
     )
 
