@@ -304,11 +304,10 @@ def test_half_precision_starts_from_gradinit_weights(tiny_data, tmp_path, precis
     assert_same_weights(model, checkpoint_state(save / "checkpoint_last.pt"))
 
 
-def _readme_train_commands():
+def _readme_train_commands(text):
     import re
     import shlex
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     cmds = []
     for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
         joined = re.sub(r"\\\n\s*", " ", block)
@@ -320,13 +319,13 @@ def _readme_train_commands():
 def test_readme_flag_table_and_commands_match_the_task():
     """Every --gradinit-* option is in the README's table, and the README's fairseq-train commands
     parse with the task (a flag that exists only in the README would fail here)."""
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (REPO / "README.md").read_text()
     options_of_task = {"--" + f.name.replace("_", "-") for f in TranslationGradInitConfig.__dataclass_fields__.values()
                        if f.name.startswith("gradinit_") and f.metadata.get("help")}
     assert len(options_of_task) >= 15
     missing = sorted(o for o in options_of_task if f"`{o}" not in text)
     assert not missing, f"README flag table lacks {missing}"
-    cmds = _readme_train_commands()
+    cmds = _readme_train_commands(text)
     assert len(cmds) >= 3
     for argv in cmds:
         args = argv[1:]
