@@ -908,7 +908,7 @@ def test_scale_adam_moments_shared_or_per_branch(adam_state, monkeypatch):
 
     b1, b2 = cfg.betas
     moments = {}
-    for (state, alpha, grad, new), branch in zip(calls, branches):
+    for state, alpha, grad, new in calls:
         m, v, t = moments.get(id(state), (0.0, 0.0, 0))
         m, v, t = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad ** 2, t + 1
         moments[id(state)] = (m, v, t)
