@@ -362,3 +362,36 @@ def test_demo_script_runs_arms_in_parallel(tiny_data, tmp_path):
     bad = subprocess.run(["bash", str(REPO / "scripts" / "run_debian_demo.sh"), str(tiny_data), str(out), "adam-s1"],
                          env=env, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown arm adam-s1" in bad.stderr
+
+
+def test_valid_loss_modes_script(tiny_data, tmp_path, caplog):
+    """scripts/valid_loss_modes.py: its eval-mode loss is fairseq's own validation loss of the same
+    checkpoint; with dropout on it differs when the model has dropout, and not when it has none."""
+    import re
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import valid_loss_modes
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    caplog.set_level("INFO")
+    results = {}
+    for dropout in ("0.3", "0"):
+        save = tmp_path / f"d{dropout}"
+        argv = [str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "5e-3", "--max-update", "3",
+                "--save-dir", str(save), "--dropout", dropout]
+        caplog.clear()
+        train_inprocess(argv)
+        logged = re.findall(r"valid on 'valid' subset \| loss ([0-9.]+) .*num_updates 3", caplog.text)
+        assert logged, caplog.text[-2000:]
+        out = tmp_path / f"modes{dropout}.json"
+        res = valid_loss_modes.main([str(tiny_data), "--path", str(save / "checkpoint_last.pt"), "--cpu",
+                                     "--output-json", str(out)])
+        assert json.loads(out.read_text()) == res
+        assert res["num_updates"] == 3 and res["dropout"] == float(dropout)
+        assert abs(res["loss_eval"] - float(logged[-1])) < 1e-3, (res, logged)
+        results[dropout] = res
+    assert abs(results["0.3"]["gap"]) > 1e-4
+    assert results["0"]["gap"] == pytest.approx(0.0, abs=1e-6)
+    with pytest.raises(SystemExit, match="checkpoint not found"):
+        valid_loss_modes.main([str(tiny_data), "--path", str(tmp_path / "missing.pt")])

@@ -1,0 +1,103 @@
+#!/usr/bin/env python3
+"""A checkpoint's loss on a split twice: in eval mode (what fairseq's validation reports) and with
+dropout on (the mode the training loss is measured in), on the same batches.
+
+A large gap says the model's outputs depend on dropout being active, so a rising validation loss
+need not mean that training diverged. Both numbers are fairseq's: the criterion's summed loss over
+the split divided by the summed sample size, in base 2 (as fairseq logs it).
+
+    python scripts/valid_loss_modes.py data-bin/debian-ui-de-en/bin \\
+        --path runs/demo/xavier-s1/checkpoint_last.pt --cpu --output-json modes.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+logger = logging.getLogger("valid_loss_modes")
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("data", help="fairseq data-bin directory")
+    p.add_argument("--path", required=True, help="checkpoint file")
+    p.add_argument("--subset", default="valid", help="split to evaluate (default: valid)")
+    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: 4096)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the dropout masks (default: 1)")
+    p.add_argument("--cpu", action="store_true", help="run on the CPU even where CUDA is available")
+    p.add_argument("--output-json", help="also write the result to this file")
+    return p
+
+
+def split_loss(model, criterion, batches, *, dropout: bool) -> float:
+    """Summed loss / summed sample size over ``batches``, in base 2, with dropout on or off."""
+    was_training = model.training
+    model.train(dropout)
+    total = size = 0.0
+    try:
+        with torch.no_grad():
+            for sample in batches:
+                loss, sample_size, _ = criterion(model, sample)
+                total += float(loss)
+                size += float(sample_size)
+    finally:
+        model.train(was_training)
+    if size == 0:
+        raise ValueError("the split has no samples")
+    return total / size / math.log(2)
+
+
+def main(argv=None) -> dict:
+    args = get_args_parser().parse_args(argv)
+    ckpt = Path(args.path)
+    if not ckpt.is_file():
+        raise SystemExit(f"checkpoint not found: {ckpt}")
+    if not Path(args.data).is_dir():
+        raise SystemExit(f"data directory not found: {args.data}")
+    from fairseq import checkpoint_utils, utils
+
+    import fairseq_gradinit.fairseq_plugin  # noqa: F401  (the task; checkpoint loading on torch >= 2.6)
+
+    use_cuda = torch.cuda.is_available() and not args.cpu
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides={"data": args.data})
+    model = models[0]
+    if use_cuda:
+        model.cuda()
+    task.load_dataset(args.subset)
+    criterion = task.build_criterion(cfg.criterion)
+    itr = task.get_batch_iterator(dataset=task.dataset(args.subset), max_tokens=args.max_tokens,
+                                  max_positions=utils.resolve_max_positions(task.max_positions(),
+                                                                            model.max_positions()),
+                                  seed=args.seed).next_epoch_itr(shuffle=False)
+    batches = [utils.move_to_cuda(b) if use_cuda else b for b in itr]
+    torch.manual_seed(args.seed)
+    result = {
+        "checkpoint": str(ckpt),
+        "num_updates": (torch.load(ckpt, map_location="cpu", weights_only=False).get("optimizer_history")
+                        or [{}])[-1].get("num_updates"),
+        "subset": args.subset,
+        "dropout": float(getattr(cfg.model, "dropout", 0.0) or 0.0),
+        "loss_eval": split_loss(model, criterion, batches, dropout=False),
+        "loss_dropout_on": split_loss(model, criterion, batches, dropout=True),
+    }
+    result["gap"] = result["loss_eval"] - result["loss_dropout_on"]
+    text = json.dumps(result, indent=1)
+    if args.output_json:
+        Path(args.output_json).write_text(text + "\n")
+    print(text)  # noqa: T201 - script output
+    return result
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+    main()
