@@ -24,9 +24,6 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-logger = logging.getLogger("valid_loss_modes")
-
-
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", help="fairseq data-bin directory")
@@ -39,15 +36,17 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
-def split_loss(model, criterion, batches, *, dropout: bool) -> float:
+def split_loss(model, criterion, batches, *, dropout: bool, cuda: bool = False) -> float:
     """Summed loss / summed sample size over ``batches``, in base 2, with dropout on or off."""
+    from fairseq import utils
+
     was_training = model.training
     model.train(dropout)
     total = size = 0.0
     try:
         with torch.no_grad():
             for sample in batches:
-                loss, sample_size, _ = criterion(model, sample)
+                loss, sample_size, _ = criterion(model, utils.move_to_cuda(sample) if cuda else sample)
                 total += float(loss)
                 size += float(sample_size)
     finally:
@@ -69,7 +68,10 @@ def main(argv=None) -> dict:
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (the task; checkpoint loading on torch >= 2.6)
 
     use_cuda = torch.cuda.is_available() and not args.cpu
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides={"data": args.data})
+    overrides = {"data": args.data}
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt), overrides)  # read once: model and update count
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides=overrides,
+                                                                      state=state)
     model = models[0]
     if use_cuda:
         model.cuda()
@@ -79,16 +81,15 @@ def main(argv=None) -> dict:
                                   max_positions=utils.resolve_max_positions(task.max_positions(),
                                                                             model.max_positions()),
                                   seed=args.seed).next_epoch_itr(shuffle=False)
-    batches = [utils.move_to_cuda(b) if use_cuda else b for b in itr]
+    batches = list(itr)  # both passes see the same batches
     torch.manual_seed(args.seed)
     result = {
         "checkpoint": str(ckpt),
-        "num_updates": (torch.load(ckpt, map_location="cpu", weights_only=False).get("optimizer_history")
-                        or [{}])[-1].get("num_updates"),
+        "num_updates": (state.get("optimizer_history") or [{}])[-1].get("num_updates"),
         "subset": args.subset,
         "dropout": float(getattr(cfg.model, "dropout", 0.0) or 0.0),
-        "loss_eval": split_loss(model, criterion, batches, dropout=False),
-        "loss_dropout_on": split_loss(model, criterion, batches, dropout=True),
+        "loss_eval": split_loss(model, criterion, batches, dropout=False, cuda=use_cuda),
+        "loss_dropout_on": split_loss(model, criterion, batches, dropout=True, cuda=use_cuda),
     }
     result["gap"] = result["loss_eval"] - result["loss_dropout_on"]
     text = json.dumps(result, indent=1)
