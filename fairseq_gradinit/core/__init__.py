@@ -1,13 +1,15 @@
 """Pure-PyTorch GradInit engine (no fairseq import)."""
 from .batching import BatchPair, concat_batches, overlapping_pairs, slice_batch
-from .config import GradInitConfig
+from .config import GradInitConfig, ScaleBound
 from .engine import GradInit, GradInitResult, IterationRecord, gradinit
 from .metainit import MetaInit, MetaInitConfig, MetaInitRecord, MetaInitResult, gradient_quotient, metainit
 from .modes import gradinit_mode, math_attention, unwrap_model
-from .scales import ScaledParameters, apply_scales, default_param_filter, summarize_scales
+from .optim import ScaleAdam
+from .scales import ScaledParameters, apply_scales, default_param_filter, resolve_scale_bounds, summarize_scales
 
 __all__ = [
-    "BatchPair", "GradInit", "GradInitConfig", "GradInitResult", "IterationRecord", "ScaledParameters",
+    "BatchPair", "GradInit", "GradInitConfig", "GradInitResult", "IterationRecord", "ScaleAdam", "ScaleBound",
+    "ScaledParameters", "resolve_scale_bounds",
     "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode",
     "math_attention", "overlapping_pairs", "slice_batch", "summarize_scales", "unwrap_model",
     "MetaInit", "MetaInitConfig", "MetaInitRecord", "MetaInitResult", "gradient_quotient", "metainit",

@@ -4,7 +4,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Tuple
+import re
+from typing import Any, Callable, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -15,6 +16,72 @@ OPTIMIZERS = ("adam", "sgd")
 SGD_STEPS = ("grad", "normalized")
 CONSTRAINT_GRADS = ("exact", "finite_difference")
 ADAM_STATES = ("shared", "per_branch")
+STEP_PARAMS = ("all", "scaled")
+#: Named selectors of :class:`ScaleBound` (besides ``"re:<pattern>"`` and callables).
+SCALE_SELECTORS = ("bias", "norm")
+
+
+@dataclass(frozen=True)
+class ScaleBound:
+    """Bounds of the scales of the tensors that ``select`` picks; the first matching entry of
+    ``GradInitConfig.scale_bounds`` wins, tensors that match none keep the global bounds.
+
+    ``select`` is ``"bias"`` (parameters named ``*.bias``), ``"norm"`` (the weight of a
+    normalization layer: LayerNorm, BatchNorm, GroupNorm, InstanceNorm, RMSNorm and any module
+    class whose name ends in ``Norm``), ``"re:<pattern>"`` (``re.search`` on the parameter name)
+    or a callable ``fn(name, param) -> bool``. A bound of ``None`` keeps the global value.
+    Unlike the global ``min_scale``, a group's minimum may be 0 (the authors let biases reach 0).
+    """
+
+    select: Union[str, Callable[[str, Any], bool]]
+    min_scale: Optional[float] = None
+    max_scale: Optional[float] = None
+
+    @classmethod
+    def coerce(cls, item) -> "ScaleBound":
+        """A ``ScaleBound`` from itself, a ``(select, min, max)`` tuple or a dict of its fields."""
+        if isinstance(item, cls):
+            bound = item
+        elif isinstance(item, dict):
+            bound = cls(**item)
+        elif isinstance(item, (tuple, list)) and 1 <= len(item) <= 3:
+            bound = cls(*item)
+        else:
+            raise ValueError(f"scale bound {item!r} is invalid: expected ScaleBound, (select, min_scale, "
+                             "max_scale) or a dict with those keys, e.g. ('bias', 0, None)")
+        bound.validate()
+        return bound
+
+    def validate(self) -> None:
+        sel = self.select
+        if isinstance(sel, str):
+            if sel.startswith("re:"):
+                try:
+                    re.compile(sel[3:])
+                except re.error as e:
+                    raise ValueError(f"scale bound select={sel!r}: invalid regular expression ({e})") from None
+            elif sel not in SCALE_SELECTORS:
+                raise ValueError(f"scale bound select={sel!r} is invalid: expected one of {SCALE_SELECTORS}, "
+                                 "'re:<pattern>' or a callable (name, param) -> bool")
+        elif not callable(sel):
+            raise ValueError(f"scale bound select={sel!r} is invalid: expected a string or a callable")
+        lo, hi = self.min_scale, self.max_scale
+        if lo is not None and not (_is_number(lo) and math.isfinite(lo) and lo >= 0):
+            raise ValueError(f"scale bound {self.describe()}: min_scale={lo!r} must be None or a finite number >= 0")
+        if hi is not None and not (_is_number(hi) and hi > 0 and not math.isnan(hi)):
+            raise ValueError(f"scale bound {self.describe()}: max_scale={hi!r} must be None, a number > 0 or inf")
+        if lo is not None and hi is not None and hi < lo:
+            raise ValueError(f"scale bound {self.describe()}: max_scale {hi} is below min_scale {lo}")
+
+    def describe(self) -> str:
+        return self.select if isinstance(self.select, str) else getattr(self.select, "__name__", repr(self.select))
+
+    def to_list(self) -> list:
+        return [self.describe(), self.min_scale, self.max_scale]
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 def is_positive(x) -> bool:
@@ -63,6 +130,8 @@ def config_to_dict(cfg) -> dict:
     d["betas"] = list(cfg.betas)
     d["param_filter"] = None if cfg.param_filter is None else getattr(
         cfg.param_filter, "__name__", repr(cfg.param_filter))
+    if "scale_bounds" in d:
+        d["scale_bounds"] = [b.to_list() for b in cfg.scale_bounds]
     return d
 
 
@@ -121,6 +190,14 @@ class GradInitConfig:
     max_consecutive_skips: int = 10
     #: Log progress every this many iterations (through ``logging``).
     log_interval: int = 50
+    #: Per-group bounds of the scales: a sequence of :class:`ScaleBound` (or ``(select, min, max)``
+    #: tuples), first match wins. E.g. the authors' Transformer setting
+    #: ``[("bias", 0, None), ("norm", None, 100)]``. Empty: ``min_scale``/``max_scale`` for all.
+    scale_bounds: Sequence[ScaleBound] = ()
+    #: Which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: "all" trainable tensors
+    #: (as the real first step and the authors' code; tensors without a scale keep W_i), or only
+    #: the "scaled" ones (the behaviour before 0.2, which leaves all-zero tensors out).
+    step_params: str = "all"
     #: Selects which tensors get a scale: ``fn(name, param) -> bool``. ``None``: every trainable
     #: parameter that is not all zeros. Shared (tied) tensors always get exactly one scale.
     param_filter: Optional[Callable[[str, torch.nn.Parameter], bool]] = field(default=None, repr=False)
@@ -146,6 +223,11 @@ class GradInitConfig:
             invalid(self, "adam_state", f"one of {ADAM_STATES}")
         if not isinstance(self.reuse_graph, bool):
             invalid(self, "reuse_graph", "True or False")
+        if self.step_params not in STEP_PARAMS:
+            invalid(self, "step_params", f"one of {STEP_PARAMS}")
+        if isinstance(self.scale_bounds, (str, bytes, ScaleBound)) or not isinstance(self.scale_bounds, Sequence):
+            invalid(self, "scale_bounds", "a sequence of ScaleBound or (select, min_scale, max_scale) tuples")
+        self.scale_bounds = tuple(ScaleBound.coerce(b) for b in self.scale_bounds)
         if self.constraint_grad not in CONSTRAINT_GRADS:
             invalid(self, "constraint_grad", f"one of {CONSTRAINT_GRADS}")
         if not (is_positive(self.fd_eps) and self.fd_eps < 1):

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from .batching import BatchPair, cycle_iterable, overlapping_pairs
 from .config import GradInitConfig
 from .modes import gradinit_mode, math_attention, unwrap_model
+from .distributed import DataParallelGroup
+from .optim import ScaleAdam
 from .scales import ScaledParameters
 
 logger = logging.getLogger(__name__)
@@ -87,52 +88,17 @@ class GradInitResult:
         }
 
 
-class _Dist:
-    """All-reduce helpers that are no-ops in a single process."""
-
-    def __init__(self, process_group=None):
-        if process_group is None and dist.is_available() and dist.is_initialized():
-            process_group = dist.group.WORLD
-        self.group = process_group
-        self.world_size = dist.get_world_size(process_group) if process_group is not None else 1
-        self.rank = dist.get_rank(process_group) if process_group is not None else 0
-        self.src = dist.get_global_rank(process_group, 0) if process_group is not None and \
-            process_group is not dist.group.WORLD else 0
-
-    @property
-    def active(self) -> bool:
-        return self.world_size > 1
-
-    def mean_(self, tensors: Sequence[torch.Tensor]) -> None:
-        if not self.active or not tensors:
-            return
-        # One flat buffer per dtype/device: a single collective instead of one per tensor.
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        dist.all_reduce(flat, group=self.group)
-        flat.div_(self.world_size)
-        offset = 0
-        for t in tensors:
-            n = t.numel()
-            t.copy_(flat[offset:offset + n].view_as(t))
-            offset += n
-
-    def broadcast_(self, tensors: Sequence[torch.Tensor]) -> None:
-        if not self.active:
-            return
-        for t in tensors:
-            dist.broadcast(t, src=self.src, group=self.group)
-
-
 def _grads(loss: torch.Tensor, params: Sequence[torch.Tensor], create_graph: bool = False) -> List[torch.Tensor]:
     grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
 
 def _foreach_norm(tensors: Sequence[torch.Tensor], p: int) -> torch.Tensor:
-    """The p-norm of every tensor, accumulated in at least float32, stacked as float32."""
+    """The p-norm of every tensor, accumulated in at least float32, stacked as float32 (float64
+    if any tensor is float64)."""
     dtypes = {t.dtype for t in tensors}
     if dtypes <= {torch.float32, torch.float64}:
-        return torch.stack(torch._foreach_norm(tensors, p)).float()
+        return torch.stack(torch._foreach_norm(tensors, p)).to(max(dtypes, key=lambda d: d.itemsize))
     if torch.float64 not in dtypes:
         try:  # fp16/bf16 norms overflow or round badly unless accumulated and returned in fp32
             return torch.stack(torch._foreach_norm(tensors, p, dtype=torch.float32))
@@ -154,37 +120,6 @@ def _check_loss(loss: Any) -> torch.Tensor:
     return loss
 
 
-class _Adam:
-    """Adam on the scale vector whose every step is masked by a device-side 'finite' flag."""
-
-    def __init__(self, alpha: torch.Tensor, cfg: GradInitConfig):
-        self.cfg = cfg
-        self.m = torch.zeros_like(alpha)
-        self.v = torch.zeros_like(alpha)
-        self.step_count = torch.zeros((), dtype=alpha.dtype, device=alpha.device)
-
-    def step(self, alpha: torch.Tensor, grad: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        b1, b2 = cfg.betas
-        ok = ok & torch.isfinite(grad).all()
-        grad = torch.nan_to_num(grad, nan=0.0, posinf=0.0, neginf=0.0)
-        if cfg.scale_grad_clip is not None:
-            norm = grad.norm()
-            grad = grad * torch.clamp(cfg.scale_grad_clip / (norm + 1e-12), max=1.0)
-        t = self.step_count + 1
-        m = self.m * b1 + grad * (1 - b1)
-        v = self.v * b2 + grad * grad * (1 - b2)
-        m_hat = m / (1 - b1 ** t)
-        v_hat = v / (1 - b2 ** t)
-        new = alpha - cfg.lr * m_hat / (v_hat.sqrt() + cfg.eps)
-        new = new.clamp(min=cfg.min_scale, max=cfg.max_scale)
-        ok = ok & torch.isfinite(new).all()
-        self.m = torch.where(ok, m, self.m)
-        self.v = torch.where(ok, v, self.v)
-        self.step_count = torch.where(ok, t, self.step_count)
-        return torch.where(ok, new, alpha), ok
-
-
 class GradInit:
     """Stateful GradInit run; :func:`gradinit` is the usual entry point."""
 
@@ -194,8 +129,10 @@ class GradInit:
         self.loss_fn = loss_fn
         self.cfg = config
         self.gamma = config.resolved_gamma
-        self.dist = _Dist(process_group)
-        self.scaled = ScaledParameters(self.model, config.param_filter)
+        self.dist = DataParallelGroup(process_group)
+        self.scaled = ScaledParameters(
+            self.model, config.param_filter, include_unscaled=config.step_params == "all",
+            bounds=config.scale_bounds, min_scale=config.min_scale, max_scale=config.max_scale)
         if self.dist.active:
             # Every rank must start from rank 0's weights (fairseq's legacy_ddp does not broadcast),
             # also those without a scale, so that all ranks end identical.
@@ -203,10 +140,11 @@ class GradInit:
                 self.dist.broadcast_(list(self.model.parameters()))
         self.scaled.capture()
         self.alpha = self.scaled.alpha
-        self.adam = _Adam(self.alpha, config)
+        bounds = dict(min_scale=self.scaled.min_scales, max_scale=self.scaled.max_scales)
+        self.adam = ScaleAdam(self.alpha, config, **bounds)
         # With per-branch moments a constraint step after a run of objective steps is not damped by
         # their second moments (or pushed by their momentum), and vice versa.
-        self.adam_constraint = _Adam(self.alpha, config) if config.adam_state == "per_branch" else self.adam
+        self.adam_constraint = ScaleAdam(self.alpha, config, **bounds) if config.adam_state == "per_branch" else self.adam
         self.history: List[IterationRecord] = []
         self._pending: Optional[tuple] = None  # (record, loss_s_tilde tensor, ok tensor)
         self._consecutive_skips = 0
@@ -269,14 +207,14 @@ class GradInit:
         loss = _check_loss(self.loss_fn(self.model, s))
         h = _grads(loss, params)
         del loss
-        return ((self.scaled.alpha_grad(h, torch.float64) - base) / eps).float()
+        return ((self.scaled.alpha_grad(h, torch.float64) - base) / eps).to(self.alpha.dtype)
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
         """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
         self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
         loss = _check_loss(self.loss_fn(self.model, s_tilde))
         h = _grads(loss, self.scaled.params)
-        return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().float()
+        return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _flush_pending(self, values: Optional[List[float]] = None) -> None:
@@ -310,7 +248,7 @@ class GradInit:
     def _log(self, it: int, total: Optional[int]) -> None:
         self._flush_pending()
         rec = self.history[-1]
-        a = self.alpha.detach()
+        a = self.alpha.detach()[self.scaled.scaled]
         stats = torch.stack([a.min(), a.mean(), a.max()]).tolist()
         tot = f"/{total}" if total else ""
         fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
@@ -342,7 +280,7 @@ class GradInit:
                 grads = [torch.zeros_like(p) if g is None else g.detach().clone() for p, g in zip(params, g_local)]
             else:
                 grads = _grads(loss, params)
-        loss_s = loss.detach().float().reshape(1)
+        loss_s = loss.detach().to(self.alpha.dtype).reshape(1)
         del loss
         self.dist.mean_(grads)
         self.dist.mean_([loss_s])
@@ -375,7 +313,7 @@ class GradInit:
             self.dist.mean_([alpha_grad])
             ok = torch.ones((), dtype=torch.bool, device=self.alpha.device)
             new_alpha, ok = self.adam_constraint.step(self.alpha, alpha_grad, ok)
-            self._pending = (rec, torch.zeros((), device=self.alpha.device), ok)
+            self._pending = (rec, torch.zeros((), dtype=self.alpha.dtype, device=self.alpha.device), ok)
         else:
             rec.branch = self._last_branch = "objective"
             del g_local

@@ -31,7 +31,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from .batching import cycle_iterable
 from .config import config_to_dict, invalid, is_positive, validate_scale_fields
-from .engine import LossFn, _Adam, _check_loss, _Dist, _grads, check_inputs, resolve_config, run_iterations
+from .distributed import DataParallelGroup
+from .engine import LossFn, _check_loss, _grads, check_inputs, resolve_config, run_iterations
+from .optim import ScaleAdam
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .scales import ScaledParameters
 
@@ -194,7 +196,7 @@ class MetaInit:
         self.model = unwrap_model(model)
         self.loss_fn = loss_fn
         self.cfg = config
-        self.dist = _Dist(process_group)
+        self.dist = DataParallelGroup(process_group)
         self.scaled = ScaledParameters(self.model, config.param_filter)
         seen, self.all_params = set(), []
         for p in self.model.parameters():
@@ -208,9 +210,8 @@ class MetaInit:
         self.alpha = self.scaled.alpha
         self.initial_norms = torch.stack([w.float().norm() for w in self.scaled.W]).to(self.alpha.device)
         adam_cfg = types.SimpleNamespace(lr=config.lr, betas=config.betas, eps=config.adam_eps,
-                                         scale_grad_clip=config.scale_grad_clip, min_scale=config.min_scale,
-                                         max_scale=config.max_scale)
-        self.adam = _Adam(self.alpha, adam_cfg)
+                                         scale_grad_clip=config.scale_grad_clip)
+        self.adam = ScaleAdam(self.alpha, adam_cfg, min_scale=config.min_scale, max_scale=config.max_scale)
         self.history: List[MetaInitRecord] = []
         self._consecutive_skips = 0
 

@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import logging
+import math
+import re
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
+
+from .config import ScaleBound
 
 logger = logging.getLogger(__name__)
 
 ParamFilter = Callable[[str, nn.Parameter], bool]
+
+_NORM_TYPES = tuple(t for t in (_NormBase, nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", None)) if t is not None)
 
 
 def _copy_all(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
@@ -33,10 +40,64 @@ def shared_parameter_groups(model: nn.Module) -> List[List[str]]:
     return list(groups.values())
 
 
-class ScaledParameters:
-    """The selected tensors theta_i of a model, their fixed copies W_i and one scale alpha_i each."""
+def _norm_weight_ids(model: nn.Module) -> set:
+    """ids of the ``weight`` tensors of normalization layers."""
+    ids = set()
+    for m in model.modules():
+        if isinstance(m, _NORM_TYPES) or type(m).__name__.endswith("Norm"):
+            w = getattr(m, "weight", None)
+            if isinstance(w, nn.Parameter):
+                ids.add(id(w))
+    return ids
 
-    def __init__(self, model: nn.Module, param_filter: Optional[ParamFilter] = None):
+
+def resolve_scale_bounds(model: nn.Module, names: Sequence[str], params: Sequence[nn.Parameter],
+                         bounds: Sequence, *, min_scale: float, max_scale: Optional[float]):
+    """Per-tensor (min, max) scale bounds: the first :class:`ScaleBound` of ``bounds`` that selects
+    a tensor sets its bounds (``None`` fields keep the global ``min_scale``/``max_scale``)."""
+    bounds = [ScaleBound.coerce(b) for b in bounds]
+    norm_ids = _norm_weight_ids(model) if any(b.select == "norm" for b in bounds) else set()
+    lo, hi, counts = [], [], [0] * len(bounds)
+    for name, p in zip(names, params):
+        b_lo, b_hi = min_scale, max_scale
+        for k, b in enumerate(bounds):
+            sel = b.select
+            if sel == "bias":
+                hit = name.rsplit(".", 1)[-1] == "bias"
+            elif sel == "norm":
+                hit = id(p) in norm_ids
+            elif isinstance(sel, str):
+                hit = re.search(sel[3:], name) is not None
+            else:
+                hit = bool(sel(name, p))
+            if hit:
+                counts[k] += 1
+                b_lo = b_lo if b.min_scale is None else float(b.min_scale)
+                b_hi = b_hi if b.max_scale is None else float(b.max_scale)
+                break
+        lo.append(b_lo)
+        hi.append(math.inf if b_hi is None else b_hi)
+    for b, n in zip(bounds, counts):
+        if n == 0:
+            logger.warning("scale bound %r selects no scaled tensor", b.describe())
+        else:
+            logger.info("scale bound %r: %d tensors in [%s, %s]", b.describe(), n, b.min_scale, b.max_scale)
+    return lo, hi
+
+
+class ScaledParameters:
+    """The tensors theta_i of a model that GradInit moves, their fixed copies W_i and one scale
+    alpha_i each.
+
+    ``param_filter`` selects the tensors that get a learned scale. With ``include_unscaled``, the
+    other trainable tensors are kept too with a scale fixed at 1 (their gradient enters g, ||g||
+    and the simulated step, as in the real first step); ``scaled`` marks the learned ones.
+    ``min_scales``/``max_scales`` hold each tensor's bounds (see :func:`resolve_scale_bounds`).
+    """
+
+    def __init__(self, model: nn.Module, param_filter: Optional[ParamFilter] = None, *,
+                 include_unscaled: bool = False, bounds: Sequence = (), min_scale: float = 0.0,
+                 max_scale: Optional[float] = None):
         filt = param_filter or default_param_filter
         params: Dict[int, nn.Parameter] = {}
         names: Dict[int, List[str]] = {}
@@ -49,23 +110,42 @@ class ScaledParameters:
         self.names: List[str] = []
         self.params: List[nn.Parameter] = []
         self.aliases: Dict[str, List[str]] = {}
+        scaled: List[bool] = []
         for key, p in params.items():
             first = names[key][0]
-            if not p.requires_grad or not filt(first, p):
+            if not p.requires_grad:
+                continue
+            learn = bool(filt(first, p))
+            if not learn and not include_unscaled:
                 continue
             self.names.append(first)
             self.params.append(p)
+            scaled.append(learn)
             if len(names[key]) > 1:
                 self.aliases[first] = names[key][1:]
-        if not self.params:
+        if not any(scaled):
             raise ValueError(
                 "GradInit found no parameter tensor to scale: the model has no trainable, non-zero "
                 "parameters, or param_filter rejected all of them"
             )
+        dev = self.params[0].device
+        self.scaled = torch.tensor(scaled, dtype=torch.bool, device=dev)
+        self.scaled_names = [n for n, k in zip(self.names, scaled) if k]
+        keep = set(self.scaled_names)
+        self.aliases = {n: a for n, a in self.aliases.items() if n in keep}
+        learned = [(n, p) for n, p, k in zip(self.names, self.params, scaled) if k]
+        lo, hi = resolve_scale_bounds(model, [n for n, _ in learned], [p for _, p in learned], bounds,
+                                      min_scale=min_scale, max_scale=max_scale)
+        it_lo, it_hi = iter(lo), iter(hi)
+        # A tensor without a learned scale is pinned at 1 by bounds [1, 1].
+        # Scales of a float64 model are float64 too (e.g. for checks against a reference loop).
+        dtype = torch.float64 if any(p.dtype == torch.float64 for p in self.params) else torch.float32
+        self.min_scales = torch.tensor([next(it_lo) if k else 1.0 for k in scaled], dtype=dtype, device=dev)
+        self.max_scales = torch.tensor([next(it_hi) if k else 1.0 for k in scaled], dtype=dtype, device=dev)
         self.W: List[torch.Tensor] = []
         self._flat: Optional[torch.Tensor] = None
         self._rows: List[torch.Tensor] = []
-        self.alpha = torch.ones(len(self.params), dtype=torch.float32, device=self.params[0].device)
+        self.alpha = torch.ones(len(self.params), dtype=dtype, device=dev)
 
     def capture(self) -> None:
         """Record the current weights as the fixed W_i."""
@@ -112,10 +192,11 @@ class ScaledParameters:
         del a
         _copy_all(self.params, [t.view(p.shape) for t, p in zip(theta.split(self._sizes), self.params)])
 
-    def alpha_grad(self, grads: Sequence[torch.Tensor], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    def alpha_grad(self, grads: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None) -> torch.Tensor:
         """dL/dalpha_i = <dL/dtheta_i, W_i> for the gradients ``grads`` w.r.t. the parameters,
-        accumulated in ``dtype``."""
+        accumulated in ``dtype`` (default: that of the scales; 0 for tensors without a learned scale)."""
         dev = self.alpha.device
+        dtype = dtype or self.alpha.dtype
         out = []
         for g, w in zip(grads, self._rows):
             g = g.reshape(-1)
@@ -123,10 +204,17 @@ class ScaledParameters:
                 g, w = g.to(dtype), w.to(dtype)
             d = torch.dot(g, w)
             out.append(d if self._flat is not None else d.to(dev))  # one buffer: already on dev
-        return torch.stack(out)
+        out = torch.stack(out)
+        return out if self._all_scaled else out * self.scaled
+
+    @property
+    def _all_scaled(self) -> bool:
+        return len(self.scaled_names) == len(self.names)
 
     def scales_dict(self) -> Dict[str, float]:
-        return dict(zip(self.names, self.alpha.detach().cpu().tolist()))
+        """The learned scales by parameter name (tensors without a scale are left out)."""
+        values = self.alpha.detach().cpu().tolist()
+        return {n: v for n, v, k in zip(self.names, values, self.scaled.tolist()) if k}
 
 
 @torch.no_grad()
