@@ -251,10 +251,21 @@ def test_config_translation_and_groups():
         gradinit_betas="(0.9, 0.98)", gradinit_gamma=None, gradinit_lr=1e-2, gradinit_iters=10,
         gradinit_min_scale=0.01, gradinit_max_scale=None, gradinit_overlap=0.5,
         gradinit_scale_grad_clip=None, gradinit_sgd_step="grad", gradinit_log_interval=5,
-        gradinit_constraint_grad="exact", gradinit_fd_eps=1e-4, gradinit_adam_state="shared"))()
+        gradinit_constraint_grad="exact", gradinit_fd_eps=1e-4, gradinit_adam_state="shared",
+        gradinit_scale_bounds="[('bias', 0, None), ('norm', None, 100), ('re:fc1', 0.1, 2)]",
+        gradinit_step_params="scaled"))()
     g = gradinit_config_from_task(cfg)
     assert g.optimizer == "sgd" and g.eta == 0.15 and g.norm_p == 2
     assert abs(g.resolved_gamma - (0.1 / 0.15) ** 0.5) < 1e-12
+    assert [b.to_list() for b in g.scale_bounds] == [["bias", 0, None], ["norm", None, 100], ["re:fc1", 0.1, 2]]
+    assert g.step_params == "scaled"
+    for bad, msg in [("bias", "gradinit-scale-bounds"), ("[('norms', 0, 1)]", "expected one of"),
+                     ("[('bias', 0, 1, 2)]", "scale bound")]:
+        cfg.gradinit_scale_bounds = bad
+        with pytest.raises(ValueError, match=msg):
+            gradinit_config_from_task(cfg)
+    cfg.gradinit_scale_bounds = "('bias', 0, None)"  # a single bound
+    assert gradinit_config_from_task(cfg).scale_bounds[0].select == "bias"
     cfg.gradinit_betas = "0.9"
     with pytest.raises(ValueError, match="gradinit-betas"):
         gradinit_config_from_task(cfg)

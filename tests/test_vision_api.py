@@ -108,7 +108,18 @@ def test_gradinit_objective_branch_and_options():
                     progress=False)
     assert [r.branch for r in cons.history] == ["constraint", "constraint"]
     assert result.config.betas == (0.9, 0.999) and result.config.sgd_step == "normalized"
-    assert result.config.adam_state == "shared"
+    assert result.config.adam_state == "shared" and result.config.step_params == "all"
+    # BatchNorm weights capped at 0.9 by a group bound, everything else in [0.5, 1.5]
+    capped = gradinit(create_model("vgg19", width=0.0625, num_classes=5), batches(3), iters=2, gamma=1e6,
+                      min_scale=0.5, max_scale=1.5, lr=0.5, optimizer="adam", eta=1e-3, progress=False,
+                      scale_bounds=[("norm", None, 0.9)], step_params="scaled")
+    bn = batch_norm_weight_names(create_model("vgg19", width=0.0625, num_classes=5))
+    assert bn and all(capped.scales[n] <= 0.9 + 1e-7 for n in bn if n in capped.scales)
+    assert all(0.5 - 1e-7 <= v <= 1.5 + 1e-7 for v in capped.scales.values())
+
+
+def batch_norm_weight_names(model):
+    return {f"{name}.weight" for name, m in model.named_modules() if isinstance(m, nn.BatchNorm2d)}
 
 
 def test_param_filter_and_custom_loss_with_dict_batches():

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import logging
-from typing import Any, Callable, Iterable, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -141,6 +141,8 @@ def gradinit(
     scale_grad_clip: Optional[float] = 1.0,
     sgd_step: str = "normalized",
     adam_state: str = "shared",
+    scale_bounds: Sequence[Any] = (),
+    step_params: str = "all",
     loss_fn: Optional[LossFn] = None,
     device: Device = None,
     progress: bool = True,
@@ -176,6 +178,10 @@ def gradinit(
         sgd_step: "normalized" (A[g] = gamma g / ||g||_2) or "grad" (A[g] = g) for SGD.
         adam_state: "shared" (one Adam on the scales) or "per_branch" (constraint and objective
             iterations keep their own moment estimates).
+        scale_bounds: per-group bounds, e.g. ``[("bias", 0, None), ("norm", None, 100)]`` (see
+            :class:`~fairseq_gradinit.core.ScaleBound`; first match wins).
+        step_params: "all" trainable tensors enter g, ||g|| and the simulated step (tensors
+            without a scale keep their weights), or only the "scaled" ones.
         loss_fn: ``loss_fn(model, batch) -> mean loss``; default: cross-entropy on
             ``(input, target)`` batches.
         device: where batches go; default the model's device (the model is not moved).
@@ -194,6 +200,7 @@ def gradinit(
         optimizer=optimizer, eta=eta, gamma=gamma, lr=lr, betas=tuple(betas), eps=eps, iters=iters,
         min_scale=min_scale, max_scale=max_scale, overlap=overlap, scale_grad_clip=scale_grad_clip,
         sgd_step=sgd_step, adam_state=adam_state, log_interval=log_interval, param_filter=param_filter,
+        scale_bounds=scale_bounds, step_params=step_params,
     )
     dev = _resolve_device(model, device)
     if iters is None and not _one_shot(loader):
