@@ -13,16 +13,18 @@
 #           (<seg> contents, U+2019 replaced by an ASCII apostrophe), concatenated in fairseq's
 #           order.
 # Then scripts/prepare_corpus.py trains the SentencePiece model, encodes the splits and runs
-# fairseq-preprocess --joined-dictionary.
+# fairseq-preprocess --joined-dictionary (with -s: one dictionary per side, the authors' setting).
 #
 # Usage: scripts/prepare_iwslt14.sh [-o OUT_DIR] [-v VOCAB_SIZE] [-w WORKERS] [-m MODEL_TYPE]
-#                                   [-t LOCAL_TGZ] [-l] [-h]
+#                                   [-t LOCAL_TGZ] [-l] [-s] [-h]
 #   -o OUT_DIR     output directory (env OUT_DIR; default <repo>/data-bin/iwslt14-de-en-spm)
 #   -v VOCAB_SIZE  joint SentencePiece vocabulary size (env VOCAB_SIZE; default 10000)
 #   -w WORKERS     threads/processes for SentencePiece and fairseq-preprocess (env WORKERS; 4)
 #   -m MODEL_TYPE  SentencePiece model type: unigram or bpe (env SPM_MODEL_TYPE; unigram)
 #   -t LOCAL_TGZ   use an already downloaded de-en.tgz instead of downloading (env IWSLT14_TGZ)
 #   -l             lowercase all text, as fairseq's script does (env LOWERCASE=1)
+#   -s             separate source/target dictionaries (env SEPARATE_DICTS=1): train with
+#                  --share-decoder-input-output-embed, as the authors did, not --share-all-embeddings
 # Other environment variables: PYTHON (interpreter with sentencepiece and fairseq; default
 # python3), IWSLT14_URLS (space-separated download URLs, tried in order).
 #
@@ -45,6 +47,7 @@ WORKERS="${WORKERS:-4}"
 SPM_MODEL_TYPE="${SPM_MODEL_TYPE:-unigram}"
 IWSLT14_TGZ="${IWSLT14_TGZ:-}"
 LOWERCASE="${LOWERCASE:-0}"
+SEPARATE_DICTS="${SEPARATE_DICTS:-0}"
 PYTHON="${PYTHON:-python3}"
 IWSLT14_URLS="${IWSLT14_URLS:-${DEFAULT_URLS}}"
 
@@ -52,7 +55,7 @@ usage() { sed -n '2,/^set -euo pipefail/{/^#/s/^# \{0,1\}//p}' "${BASH_SOURCE[0]
 die() { echo "ERROR: $*" >&2; exit 1; }
 log() { echo "[prepare_iwslt14] $*" >&2; }
 
-while getopts "o:v:w:m:t:lh" opt; do
+while getopts "o:v:w:m:t:lsh" opt; do
     case "${opt}" in
         o) OUT_DIR="${OPTARG}" ;;
         v) VOCAB_SIZE="${OPTARG}" ;;
@@ -60,6 +63,7 @@ while getopts "o:v:w:m:t:lh" opt; do
         m) SPM_MODEL_TYPE="${OPTARG}" ;;
         t) IWSLT14_TGZ="${OPTARG}" ;;
         l) LOWERCASE=1 ;;
+        s) SEPARATE_DICTS=1 ;;
         h) usage; exit 0 ;;
         *) usage >&2; exit 2 ;;
     esac
@@ -223,6 +227,8 @@ PY
 
 # ------------------------------------------------------------------ SentencePiece + binarize
 log "SentencePiece (${SPM_MODEL_TYPE}, vocab ${VOCAB_SIZE}) + fairseq-preprocess into ${OUT_DIR}/bin"
+dict_args=()
+[ "${SEPARATE_DICTS}" = 1 ] && dict_args=(--separate-dicts)
 "${PYTHON}" "${SCRIPT_DIR}/prepare_corpus.py" "${RAW}" \
     --src "${src}" --tgt "${tgt}" \
     --vocab-size "${VOCAB_SIZE}" \
@@ -230,6 +236,7 @@ log "SentencePiece (${SPM_MODEL_TYPE}, vocab ${VOCAB_SIZE}) + fairseq-preprocess
     --character-coverage 1.0 \
     --workers "${WORKERS}" \
     --out "${OUT_DIR}" \
-    --overwrite
+    --overwrite \
+    "${dict_args[@]}"
 
 log "done: fairseq data in ${OUT_DIR}/bin (SentencePiece model: ${OUT_DIR}/bin/spm.model)"
