@@ -196,7 +196,7 @@ class GradInitConfig:
     scale_bounds: Sequence[ScaleBound] = ()
     #: Which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: "all" trainable tensors
     #: (as the real first step and the authors' code; tensors without a scale keep W_i), or only
-    #: the "scaled" ones (the behaviour before 0.2, which leaves all-zero tensors out).
+    #: the "scaled" ones (the earlier default, which leaves all-zero tensors out).
     step_params: str = "all"
     #: Selects which tensors get a scale: ``fn(name, param) -> bool``. ``None``: every trainable
     #: parameter that is not all zeros. Shared (tied) tensors always get exactly one scale.
