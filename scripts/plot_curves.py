@@ -24,74 +24,26 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
 import sys
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
-Curve = Dict[int, float]
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
-_SIMPLE_RE = re.compile(r"valid on '(?P<subset>[^']+)' subset \| (?P<stats>.*)$")
-_JSON_RE = re.compile(r"\| (?P<tag>[^|]+?) \| (?P<payload>\{.*\})\s*$")
-
-
-def _to_float(value) -> Optional[float]:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return None
-
-
-def parse_stats_pipes(stats: str) -> Dict[str, str]:
-    """``"loss 9.84 | nll_loss 9.65 | num_updates 100"`` -> ``{"loss": "9.84", ...}``."""
-    out = {}
-    for item in stats.split(" | "):
-        item = item.strip()
-        if not item:
-            continue
-        key, _, value = item.partition(" ")
-        out[key] = value.strip()
-    return out
-
-
-def parse_valid_line(line: str, subset: str = "valid") -> Optional[Dict[str, str]]:
-    """Return the stats of a validation line for ``subset`` (keys without prefix), else None."""
-    m = _SIMPLE_RE.search(line)
-    if m:
-        if m.group("subset") != subset:
-            return None
-        return parse_stats_pipes(m.group("stats"))
-    m = _JSON_RE.search(line)
-    if m and m.group("tag").strip() == subset:
-        try:
-            payload = json.loads(m.group("payload"))
-        except json.JSONDecodeError:
-            return None
-        prefix = subset + "_"
-        stats = {k[len(prefix):]: str(v) for k, v in payload.items() if k.startswith(prefix)}
-        return stats or None
-    return None
-
-
-def parse_log(lines: Iterable[str], metric: str = "loss", subset: str = "valid") -> Curve:
-    """Map num_updates -> metric for every validation of ``subset`` in a fairseq-train log."""
-    curve: Curve = {}
-    for line in lines:
-        stats = parse_valid_line(line.rstrip("\n"), subset)
-        if not stats:
-            continue
-        update = _to_float(stats.get("num_updates"))
-        value = _to_float(stats.get(metric))
-        if update is None or value is None:
-            continue
-        curve[int(update)] = value
-    return dict(sorted(curve.items()))
-
-
-def parse_log_file(path: Path, metric: str = "loss", subset: str = "valid") -> Curve:
-    with open(path, encoding="utf-8", errors="replace") as f:
-        return parse_log(f, metric=metric, subset=subset)
+# The parsing and plotting live in the package (shared with the study runner, scripts/study.py);
+# importing fairseq_gradinit.curves needs neither torch nor fairseq.
+from fairseq_gradinit.curves import (  # noqa: E402,F401  (re-exported: this script's API)
+    Curve,
+    markdown_table,
+    parse_log,
+    parse_log_file,
+    parse_stats_pipes,
+    parse_train_inner_line,
+    parse_valid_line,
+    plot_png,
+)
 
 
 def parse_run_spec(spec: str) -> Tuple[str, Path]:
@@ -99,38 +51,6 @@ def parse_run_spec(spec: str) -> Tuple[str, Path]:
     if not sep or not label or not path:
         raise argparse.ArgumentTypeError(f"--run expects LABEL=PATH, got {spec!r}")
     return label, Path(path)
-
-
-def _fmt(value: Optional[float]) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:.3f}"
-
-
-def markdown_table(curves: Dict[str, Curve], metric: str = "loss", subset: str = "valid") -> str:
-    """Rows = update counts (union over runs), columns = runs, plus best/final summary rows."""
-    labels = list(curves)
-    updates = sorted({u for c in curves.values() for u in c})
-    header = "| updates | " + " | ".join(labels) + " |"
-    sep = "|---:|" + "---:|" * len(labels)
-    rows = [header, sep]
-    for u in updates:
-        rows.append(f"| {u} | " + " | ".join(_fmt(curves[l].get(u)) for l in labels) + " |")
-    best, final = [], []
-    for l in labels:
-        c = curves[l]
-        if c:
-            bu = min(c, key=lambda u: c[u])
-            best.append(f"{c[bu]:.3f} @ {bu}")
-            lu = max(c)
-            final.append(f"{c[lu]:.3f} @ {lu}")
-        else:
-            best.append("–")
-            final.append("–")
-    rows.append("| **best** | " + " | ".join(best) + " |")
-    rows.append("| **last** | " + " | ".join(final) + " |")
-    title = f"{subset} {metric} by number of updates"
-    return f"{title}\n\n" + "\n".join(rows) + "\n"
 
 
 def curves_to_json(curves: Dict[str, Curve], metric: str, subset: str,
@@ -146,33 +66,6 @@ def curves_to_json(curves: Dict[str, Curve], metric: str, subset: str,
             for label, curve in curves.items()
         },
     }
-
-
-def plot_png(curves: Dict[str, Curve], path: Path, metric: str, subset: str,
-             logy: bool = False) -> bool:
-    """Plot with matplotlib; returns False (and says so) when matplotlib is unavailable."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: skipping the PNG plot", file=sys.stderr)
-        return False
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, curve in curves.items():
-        if curve:
-            ax.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=label)
-    ax.set_xlabel("updates")
-    ax.set_ylabel(f"{subset} {metric}")
-    if logy:
-        ax.set_yscale("log")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return True
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,219 @@
+"""Training curves from fairseq-train logs: validation and ``train_inner`` statistics by update.
+
+Pure Python (no torch, no fairseq), shared by ``scripts/plot_curves.py`` and the study runner
+(``fairseq_gradinit.fairseq_plugin.study``). fairseq-train prints, through loggers named after
+the subset:
+
+    simple/tqdm log format (default):
+      ... | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.84 | nll_loss 9.65 | \
+ppl 803.2 | wps 5012 | wpb 2901 | bsz 110 | num_updates 100 | best_loss 9.84
+      ... | INFO | train_inner | epoch 001:    101 / 187 loss=10.191, nll_loss=9.784, ..., \
+num_updates=100, lr=0.0005, gnorm=0.604, loss_scale=64, train_wall=39, gb_free=138.2, wall=46
+    --log-format json:
+      ... | INFO | valid | {"epoch": 1, "valid_loss": "9.84", ..., "valid_num_updates": "100"}
+      ... | INFO | train_inner | {"epoch": 1, "update": 0.54, "loss": "10.191", ..., "num_updates": "100"}
+
+Validation statistics are fairseq's own, computed in eval mode (dropout off); ``train_inner``
+statistics are averages over the last ``--log-interval`` updates, with dropout on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import sys
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+Curve = Dict[int, float]
+
+_SIMPLE_RE = re.compile(r"valid on '(?P<subset>[^']+)' subset \| (?P<stats>.*)$")
+_JSON_RE = re.compile(r"\| (?P<tag>[^|]+?) \| (?P<payload>\{.*\})\s*$")
+_TRAIN_INNER_RE = re.compile(r"\| train_inner \| (?P<rest>.*)$")
+_KEY_EQ_VALUE_RE = re.compile(r"(?P<key>[A-Za-z_][\w]*)=(?P<value>[^,\s]+)")
+
+
+def _to_float(value) -> Optional[float]:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def parse_stats_pipes(stats: str) -> Dict[str, str]:
+    """``"loss 9.84 | nll_loss 9.65 | num_updates 100"`` -> ``{"loss": "9.84", ...}``."""
+    out = {}
+    for item in stats.split(" | "):
+        item = item.strip()
+        if not item:
+            continue
+        key, _, value = item.partition(" ")
+        out[key] = value.strip()
+    return out
+
+
+def parse_valid_line(line: str, subset: str = "valid") -> Optional[Dict[str, str]]:
+    """Return the stats of a validation line for ``subset`` (keys without prefix), else None."""
+    m = _SIMPLE_RE.search(line)
+    if m:
+        if m.group("subset") != subset:
+            return None
+        return parse_stats_pipes(m.group("stats"))
+    m = _JSON_RE.search(line)
+    if m and m.group("tag").strip() == subset:
+        try:
+            payload = json.loads(m.group("payload"))
+        except json.JSONDecodeError:
+            return None
+        prefix = subset + "_"
+        stats = {k[len(prefix):]: str(v) for k, v in payload.items() if k.startswith(prefix)}
+        return stats or None
+    return None
+
+
+def parse_train_inner_line(line: str) -> Optional[Dict[str, str]]:
+    """Return the stats of a ``train_inner`` line (``loss``, ``num_updates``, ``loss_scale``, ...)."""
+    m = _TRAIN_INNER_RE.search(line)
+    if not m:
+        return None
+    rest = m.group("rest").strip()
+    if rest.startswith("{"):
+        try:
+            payload = json.loads(rest)
+        except json.JSONDecodeError:
+            return None
+        return {k: str(v) for k, v in payload.items()} or None
+    stats = {m2.group("key"): m2.group("value") for m2 in _KEY_EQ_VALUE_RE.finditer(rest)}
+    return stats or None
+
+
+def parse_log(lines: Iterable[str], metric: str = "loss", subset: str = "valid") -> Curve:
+    """Map num_updates -> metric for every validation of ``subset`` in a fairseq-train log."""
+    curve: Curve = {}
+    for line in lines:
+        stats = parse_valid_line(line.rstrip("\n"), subset)
+        if not stats:
+            continue
+        update = _to_float(stats.get("num_updates"))
+        value = _to_float(stats.get(metric))
+        if update is None or value is None:
+            continue
+        curve[int(update)] = value
+    return dict(sorted(curve.items()))
+
+
+def parse_log_file(path: Path, metric: str = "loss", subset: str = "valid") -> Curve:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return parse_log(f, metric=metric, subset=subset)
+
+
+def parse_training_log(lines: Iterable[str], *, subset: str = "valid",
+                       valid_metrics: Sequence[str] = ("loss", "nll_loss"),
+                       train_metrics: Sequence[str] = ("loss", "nll_loss", "loss_scale", "lr", "gnorm", "wall"),
+                       ) -> Dict[str, Curve]:
+    """Every curve of one log in one pass: ``{"valid_loss": {update: value}, "train_loss": ..., ...}``.
+
+    Keys are ``valid_<metric>`` and ``train_<metric>``; a metric absent from the log (e.g.
+    ``loss_scale`` of an fp32 run) gives an empty curve. A repeated update (a resumed run appended
+    to the same log) keeps the later value.
+    """
+    curves: Dict[str, Curve] = {f"valid_{k}": {} for k in valid_metrics}
+    curves.update({f"train_{k}": {} for k in train_metrics})
+    for raw in lines:
+        line = raw.rstrip("\n")
+        stats = parse_valid_line(line, subset)
+        prefix, metrics = "valid_", valid_metrics
+        if stats is None:
+            stats = parse_train_inner_line(line)
+            prefix, metrics = "train_", train_metrics
+        if not stats:
+            continue
+        update = _to_float(stats.get("num_updates"))
+        if update is None:
+            continue
+        for k in metrics:
+            value = _to_float(stats.get(k))
+            if value is not None:
+                curves[prefix + k][int(update)] = value
+    return {k: dict(sorted(v.items())) for k, v in curves.items()}
+
+
+def _fmt(value: Optional[float]) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.3f}"
+
+
+def markdown_table(curves: Dict[str, Curve], metric: str = "loss", subset: str = "valid") -> str:
+    """Rows = update counts (union over runs), columns = runs, plus best/final summary rows."""
+    labels = list(curves)
+    updates = sorted({u for c in curves.values() for u in c})
+    header = "| updates | " + " | ".join(labels) + " |"
+    sep = "|---:|" + "---:|" * len(labels)
+    rows = [header, sep]
+    for u in updates:
+        rows.append(f"| {u} | " + " | ".join(_fmt(curves[l].get(u)) for l in labels) + " |")
+    best, final = [], []
+    for l in labels:
+        c = curves[l]
+        if c:
+            bu = min(c, key=lambda u: c[u])
+            best.append(f"{c[bu]:.3f} @ {bu}")
+            lu = max(c)
+            final.append(f"{c[lu]:.3f} @ {lu}")
+        else:
+            best.append("–")
+            final.append("–")
+    rows.append("| **best** | " + " | ".join(best) + " |")
+    rows.append("| **last** | " + " | ".join(final) + " |")
+    title = f"{subset} {metric} by number of updates"
+    return f"{title}\n\n" + "\n".join(rows) + "\n"
+
+
+def plot_panels(panels: Sequence[Tuple[str, Dict[str, Curve], bool]], path: Path, *,
+                title: Optional[str] = None) -> bool:
+    """One figure, one panel per ``(y label, {run: curve}, log-scale y)``, runs in the same colours
+    across panels. Returns False (and says so) when matplotlib is unavailable."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: skipping the PNG plot", file=sys.stderr)
+        return False
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
+    n = len(panels)
+    fig, axes = plt.subplots(1, n, figsize=(7 if n == 1 else 5.2 * n, 4.5), squeeze=False)
+    labels: List[str] = []
+    for _, curves, _ in panels:
+        labels += [l for l in curves if l not in labels]
+    colours = {l: f"C{i % 10}" for i, l in enumerate(labels)}
+    for ax, (ylabel, curves, logy) in zip(axes[0], panels):
+        for label, curve in curves.items():
+            if curve:
+                ax.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=label,
+                        color=colours[label])
+        ax.set_xlabel("updates")
+        ax.set_ylabel(ylabel)
+        if logy and any(v > 0 for c in curves.values() for v in c.values()):
+            ax.set_yscale("log")
+        ax.grid(True, alpha=0.3)
+        if any(curves.values()):
+            ax.legend(fontsize=7 if len(curves) > 6 else 9)
+        else:  # e.g. the loss scale of fp32 runs: fairseq logs none
+            ax.text(0.5, 0.5, "not in the logs", ha="center", va="center", transform=ax.transAxes)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def plot_png(curves: Dict[str, Curve], path: Path, metric: str, subset: str,
+             logy: bool = False) -> bool:
+    """One metric of several runs (``plot_panels`` with a single panel)."""
+    return plot_panels([(f"{subset} {metric}", curves, logy)], path)

@@ -1,0 +1,239 @@
+"""Presets of the study runner (``scripts/study.py --preset NAME``; ``--list-presets`` prints this).
+
+- ``evidence``: the arms of ``../shared/evidence/nowarmup-d512-2026-11-26`` with its settings.
+- ``screen``: issue 10's differences from the authors' setup, one arm each, plus the warmup and
+  Xavier references, split into two GPU calls.
+- ``demo``: the d=128 CPU demonstration of docs/debian-demo.md (formerly scripts/run_debian_demo.sh).
+"""
+from __future__ import annotations
+
+import shlex
+import textwrap
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Tuple
+
+from .study import Arm
+
+EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-2026-11-26"  # relative to the repository root
+
+
+@dataclass(frozen=True)
+class StudyCall:
+    """One GPU call of a preset: the arms it trains and the arms whose GradInit scales it computes
+    into the cache for a later call."""
+
+    name: str
+    arms: Tuple[str, ...]
+    prepare: Tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    summary: str
+    base: Tuple[str, ...]
+    arms: Tuple[Arm, ...]
+    max_update: int
+    valid_every: int = 100
+    save_every: int = 500
+    files: Mapping[str, str] = field(default_factory=dict)  # {KEY} defaults, relative to the repo root
+    calls: Tuple[StudyCall, ...] = ()
+    doc: str = ""
+
+    def call(self, name: str) -> StudyCall:
+        for c in self.calls:
+            if c.name == name:
+                return c
+        known = ", ".join(c.name for c in self.calls) or "none"
+        raise ValueError(f"preset {self.name} has no call {name!r} (calls: {known})")
+
+    def resolved_files(self, repo_root: Path) -> Dict[str, str]:
+        return {k: str((repo_root / v).resolve()) if not Path(v).is_absolute() else v for k, v in self.files.items()}
+
+
+# -- the d=512 no-warmup setting of the evidence ------------------------------------------------
+D512_BASE = (
+    "--arch", "transformer_iwslt_de_en", "--share-all-embeddings", "--dropout", "0.3",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4", "--lr-scheduler", "fixed",
+    "--max-tokens", "4096", "--seed", "1", "--fp16", "--num-workers", "1",
+)
+WARMUP_4000 = ("--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--warmup-init-lr", "1e-7")
+BETAS_999 = ("--adam-betas", "(0.9, 0.999)")
+# GradInit as the evidence ran it: the engine then left all-zero tensors out of the simulated step
+# ('scaled'; the default is now 'all', difference 3).
+GI_EVIDENCE = (
+    "--gradinit-iters", "780", "--gradinit-eta", "5e-4", "--gradinit-gamma", "1e3", "--gradinit-lr", "2.5e-3",
+    "--gradinit-max-tokens", "4096", "--gradinit-adam-state", "per_branch", "--gradinit-step-params", "scaled",
+)
+
+
+def _gi(*overrides: str) -> Tuple[str, ...]:
+    """The evidence's GradInit arguments with some of them replaced."""
+    from .study import merge_args
+
+    return tuple(merge_args(GI_EVIDENCE, overrides))
+
+
+EVIDENCE = Preset(
+    name="evidence",
+    summary="the arms of the 2026-11-26 evidence (d=512, lr 5e-4, no warmup, fp16, seed 1) with its settings",
+    base=D512_BASE,
+    arms=(
+        Arm("w98", WARMUP_4000, note="Xavier, 4000-update warmup, beta2 .98"),
+        Arm("x98", (), note="Xavier, no warmup, beta2 .98"),
+        Arm("x999", BETAS_999, note="Xavier, no warmup, beta2 .999"),
+        Arm("g98", GI_EVIDENCE, note="GradInit per_branch, beta2 .98"),
+        Arm("g999", GI_EVIDENCE + BETAS_999, note="GradInit per_branch, beta2 .999 (same scales as g98)"),
+        Arm("g98shared", _gi("--gradinit-adam-state", "shared"), note="GradInit, shared Adam moments"),
+        Arm("g98tau1e-2", _gi("--gradinit-lr", "1e-2"), note="GradInit per_branch, tau 1e-2"),
+    ),
+    max_update=3000,
+    calls=(
+        StudyCall("A", ("w98", "x98", "x999"), ("g98", "g98shared", "g98tau1e-2"),
+                  note="the Xavier/warmup arms train while the three GradInit configurations are computed"),
+        StudyCall("B", ("g98", "g999", "g98shared", "g98tau1e-2"),
+                  note="the GradInit arms from call A's scales (carry the cache)"),
+    ),
+    doc="""\
+Setup of ../shared/evidence/nowarmup-d512-2026-11-26/README.md: transformer_iwslt_de_en (d=512),
+--share-all-embeddings, dropout 0.3, label smoothing 0.1, Adam lr 5e-4 constant, 4096-token
+batches, fp16, seed 1, validation every 100 updates; GradInit 780 iterations, eta 5e-4, gamma 1e3,
+tau 2.5e-3, 4096-token batches, per_branch moments, zero tensors outside the simulated step
+(--gradinit-step-params scaled, the engine's behaviour then). g98 and g999 share one GradInit
+group (the training betas do not enter GradInit). Data: scripts/prepare_corpus.py --vocab-size 6000.""",
+)
+
+
+# -- issue 10's screen ---------------------------------------------------------------------------
+AUTHORS_BOUNDS = "[('bias', 0, None), ('norm', None, 100)]"
+RECIPE_5 = ("--weight-decay", "1e-4", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
+            "--lr-scheduler", "polynomial_decay", "--total-num-update", "100000", "--end-learning-rate", "0",
+            "--warmup-updates", "0")
+G98_SCALES = ("--gradinit-init-file", "{g98}")
+
+SCREEN = Preset(
+    name="screen",
+    summary="issue 10, differences 1-8 from the authors' setup, one arm each, plus warmup and Xavier "
+            "references (d=512, one seed, 3000 updates, two GPU calls: --call A, then --call B)",
+    base=D512_BASE,
+    arms=(
+        Arm("w98", WARMUP_4000, note="reference: Xavier with a 4000-update warmup"),
+        Arm("x98", (), note="reference: Xavier, no warmup"),
+        Arm("d1-sepdict", GI_EVIDENCE + ("--share-decoder-input-output-embed",), drop=("--share-all-embeddings",),
+            data="separate", note="1: separate dictionaries, decoder input/output tied, encoder embeddings "
+                                  "their own scale (needs --data-bin separate=PATH from prepare_corpus.py --separate-dicts)"),
+        Arm("d2-authors", _gi("--gradinit-eta", "1e-3", "--gradinit-max-tokens", "6000"),
+            note="2: the authors' launch settings (eta 1e-3, gamma 1e3, tau 2.5e-3, per_branch, 780 iterations, "
+                 "6000-token batches, no clipping)"),
+        Arm("d3-stepall", _gi("--gradinit-step-params", "all"),
+            note="3: every trainable tensor (all-zero biases too) in g, ||g|| and the simulated step"),
+        Arm("d4-bounds", GI_EVIDENCE + ("--gradinit-scale-bounds", AUTHORS_BOUNDS),
+            note="4: per-group bounds: biases down to 0, LayerNorm weights capped at 100"),
+        Arm("d5-recipe", G98_SCALES + RECIPE_5,
+            note="5: weight decay 1e-4, attention/activation dropout 0.1, linear decay to 0 over 100k updates "
+                 "(GradInit scales of the evidence's g98)"),
+        Arm("d6-gamma3e3", _gi("--gradinit-gamma", "3e3"),
+            note="6: gamma 3e3 (the init's ||g||_1 is 17,227): a shorter constraint phase, more objective steps"),
+        Arm("d6-iters1560", _gi("--gradinit-iters", "1560"),
+            note="6 (extra, not in calls A/B): twice the iterations; its GradInit phase alone is ~2x a 780-iteration one"),
+        Arm("d8-window", G98_SCALES + ("--fp16-scale-window", "256", "--threshold-loss-scale", "0.03125"),
+            note="8: Admin's fp16 flags, GradInit scales of the evidence's g98"),
+        Arm("d8-fp32", G98_SCALES, drop=("--fp16",), note="8: fp32, GradInit scales of the evidence's g98"),
+        Arm("x98-fp32", (), drop=("--fp16",), note="8 (extra, not in calls A/B): Xavier, no warmup, fp32"),
+    ),
+    max_update=3000,
+    files={"g98": f"{EVIDENCE_DIR}/g98.gradinit.json"},
+    calls=(
+        StudyCall("A", ("w98", "x98", "d5-recipe", "d8-window"),
+                  ("d1-sepdict", "d2-authors", "d3-stepall", "d4-bounds", "d6-gamma3e3"),
+                  note="4 arms train (none needs new scales) while the 5 new GradInit configurations are computed"),
+        StudyCall("B", ("d1-sepdict", "d2-authors", "d3-stepall", "d4-bounds", "d6-gamma3e3", "d8-fp32"),
+                  note="6 arms from call A's cached scales (carry the cache folder)"),
+    ),
+    doc="""\
+Base: the evidence's d=512 setting (see preset 'evidence'); each arm changes one thing against
+the evidence's GradInit arm g98 (or is a reference). Difference 7 (the learned scales) is the
+per-layer report of the computed gradinit.json files, not a training arm.
+
+GPU plan (one H100, two calls of at most 7 minutes). From the evidence: six d=512 arms sharing
+the GPU ran at ~7 updates/s each (about 42-60 updates/s in all), and a 780-iteration GradInit
+phase cost ~265 s with six processes sharing it (about 2.4 updates' worth per iteration). With
+2500-3000 updates per arm and a new GradInit phase for each of differences 1-4 and 6, the whole
+screen is ~12-13 minutes of GPU work before start-up and BLEU, so the two calls are packed:
+  call A: w98, x98, d5-recipe, d8-window train (their scales exist: the evidence's g98 for d5/d8)
+          while the five new GradInit phases (d1-d4, d6) run beside them and go to the cache;
+  call B: d1-d4, d6 and d8-fp32 train from the cached scales (nothing is computed first).
+Each call: --parallel 9 (A) / 6 (B), --time-budget 5.5 minutes, --bleu-budget 0.75. Arms that do not
+reach 3000 updates are stopped by the budget (fp32 is the likeliest); BLEU is taken at the
+largest checkpoint update (every 500) that all arms of the call reached. d6-iters1560 and
+x98-fp32 are defined but in neither call (they do not fit); run them with --arms in a third call.
+The exact commands are in docs/no-warmup.md.""",
+)
+
+
+# -- the CPU demonstration (was scripts/run_debian_demo.sh) ------------------------------------
+D128_BASE = (
+    "--arch", "transformer_iwslt_de_en", "--encoder-layers", "6", "--decoder-layers", "6",
+    "--encoder-embed-dim", "128", "--decoder-embed-dim", "128", "--encoder-ffn-embed-dim", "512",
+    "--decoder-ffn-embed-dim", "512", "--encoder-attention-heads", "4", "--decoder-attention-heads", "4",
+    "--share-all-embeddings", "--dropout", "0.3", "--criterion", "label_smoothed_cross_entropy",
+    "--label-smoothing", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
+    "--lr-scheduler", "fixed", "--max-tokens", "4096", "--num-workers", "0",
+)
+GI_DEMO = ("--gradinit-iters", "200", "--gradinit-lr", "1e-2", "--gradinit-max-tokens", "4096",
+           "--gradinit-log-interval", "10", "--gradinit-adam-state", "shared")
+
+DEMO = Preset(
+    name="demo",
+    summary="docs/debian-demo.md: 6+6-layer d=128 Post-LN Transformer, lr 1e-3, Xavier / GradInit "
+            "without warmup vs a 200-update warmup, 600 updates (CPU: add --cpu)",
+    base=D128_BASE,
+    arms=(
+        Arm("gradinit-s1", GI_DEMO + ("--seed", "1"), note="GradInit (eta = lr, gamma from eta*gamma = 0.1), seed 1"),
+        Arm("xavier-s1", ("--seed", "1"), note="Xavier, no warmup, seed 1"),
+        Arm("warmup-s1", ("--seed", "1", "--warmup-updates", "200"), note="Xavier, 200-update linear warmup, seed 1"),
+        Arm("gradinit-s2", GI_DEMO + ("--seed", "2"), note="GradInit, seed 2"),
+        Arm("xavier-s2", ("--seed", "2"), note="Xavier, no warmup, seed 2"),
+    ),
+    max_update=600,
+    save_every=300,
+    doc="""\
+The former scripts/run_debian_demo.sh with its defaults (LR=1e-3, UPDATES=600, VALID_EVERY=100,
+WARMUP=200, GI_ITERS=200, GI_LR=1e-2). Its knobs are now arguments: --max-update, --valid-every,
+and --base-args for the rest (e.g. --base-args '--lr 2e-3 --gradinit-gamma 500
+--gradinit-adam-state per_branch'; an arm's own arguments win over the base, so --warmup-updates
+in the base does not reach warmup-s1). On the CPU add --cpu (and keep --parallel 1).""",
+)
+
+PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO)}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)} (see --list-presets)")
+    return PRESETS[name]
+
+
+def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
+    """What ``--list-presets`` prints: per preset its summary, base, arms, calls and notes."""
+    out = []
+    for p in (PRESETS[n] for n in (names or tuple(PRESETS))):
+        out.append(f"== {p.name}: {p.summary}")
+        out.append(f"   max-update {p.max_update}, valid-every {p.valid_every}, save-every {p.save_every}")
+        out.append("   base: " + shlex.join(p.base))
+        for k, v in p.files.items():
+            out.append(f"   file {{{k}}} default: {v} (--file {k}=PATH)")
+        for a in p.arms:
+            out.append(f"   arm {a.spec()}")
+            if a.note:
+                out.append(f"       {a.note}")
+        for c in p.calls:
+            prep = f"; prepares {','.join(c.prepare)}" if c.prepare else ""
+            out.append(f"   call {c.name}: trains {','.join(c.arms)}{prep}" + (f" ({c.note})" if c.note else ""))
+        if p.doc:
+            out.append(textwrap.indent(p.doc, "   "))
+        out.append("")
+    return "\n".join(out)

@@ -1,0 +1,278 @@
+"""The study runner (scripts/study.py, fairseq_gradinit/fairseq_plugin/study.py): arm specs, presets,
+GradInit groups, the budgeted scheduler, and one end-to-end run on a tiny model on the CPU."""
+import csv
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("fairseq")
+
+from fairseq_gradinit.fairseq_plugin import study  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.study import Arm, Job, StudyConfig  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.study_presets import PRESETS, describe_presets  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.task import TranslationGradInitConfig  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
+
+TINY_BASE = (
+    "--arch", "transformer_iwslt_de_en", "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--share-all-embeddings", "--dropout", "0.1", "--criterion", "label_smoothed_cross_entropy",
+    "--label-smoothing", "0.1", "--optimizer", "adam", "--lr", "1e-3", "--lr-scheduler", "fixed",
+    "--max-tokens", "500", "--num-workers", "0", "--seed", "1",
+)
+GI_TINY = ("--gradinit-iters", "3", "--gradinit-lr", "1e-2", "--gradinit-log-interval", "1")
+
+
+@pytest.fixture(scope="module")
+def tiny_bin(tmp_path_factory):
+    if not SHARED.exists():
+        pytest.skip(f"shared corpus not found at {SHARED}")
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    root = tmp_path_factory.mktemp("studydata")
+    for split, n in (("train", 120), ("valid", 16), ("test", 8)):
+        for lang in ("de", "en"):
+            lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    args = options.get_preprocessing_parser().parse_args([
+        "--source-lang", "de", "--target-lang", "en", "--trainpref", str(root / "train"),
+        "--validpref", str(root / "valid"), "--testpref", str(root / "test"),
+        "--destdir", str(root / "bin"), "--joined-dictionary", "--nwordssrc", "300", "--workers", "1",
+    ])
+    preprocess.main(args)
+    return root / "bin"
+
+
+# ------------------------------------------------------------------------------------------------
+# arm specs and argument merging
+# ------------------------------------------------------------------------------------------------
+def test_arm_spec_round_trip_drop_and_data():
+    arm = study.parse_arm_spec("sep@separate=!--share-all-embeddings --share-decoder-input-output-embed "
+                               "--adam-betas '(0.9, 0.999)'")
+    assert arm.name == "sep" and arm.data == "separate" and arm.drop == ("--share-all-embeddings",)
+    assert arm.args == ("--share-decoder-input-output-embed", "--adam-betas", "(0.9, 0.999)")
+    assert study.parse_arm_spec(arm.spec()) == arm
+    assert study.parse_arm_spec("x=").args == ()
+    for bad in ("no-equals", "=--lr 1", "bad name=--lr 1"):
+        with pytest.raises(ValueError):
+            study.parse_arm_spec(bad)
+
+
+def test_merge_args_overrides_and_drops_base_options():
+    base = ["--lr", "5e-4", "--adam-betas", "(0.9, 0.98)", "--share-all-embeddings", "--fp16", "--seed", "-1"]
+    merged = study.merge_args(base, ["--adam-betas", "(0.9, 0.999)", "--lr=1e-3"], drop=["--fp16"])
+    assert merged == ["--share-all-embeddings", "--seed", "-1", "--adam-betas", "(0.9, 0.999)", "--lr=1e-3"]
+    assert study.substitute_files(["--gradinit-init-file", "{g98}", "{'x': 1}"], {"g98": "/a/b.json"}, arm="a") == \
+        ["--gradinit-init-file", "/a/b.json", "{'x': 1}"]
+    with pytest.raises(ValueError, match="--file other=PATH"):
+        study.substitute_files(["{other}"], {"g98": "/a"}, arm="a")
+
+
+def test_arms_file(tmp_path):
+    f = tmp_path / "arms.txt"
+    f.write_text("# two arms\na=--lr 1e-3\n\nb@sep=!--fp16 \\\n  --seed 2\n")
+    arms = study.read_arms_file(f)
+    assert [a.name for a in arms] == ["a", "b"] and arms[1].drop == ("--fp16",) and arms[1].args == ("--seed", "2")
+    f.write_text("a=--lr 1\nbroken line\n")
+    with pytest.raises(ValueError, match=":2:"):
+        study.read_arms_file(f)
+
+
+# ------------------------------------------------------------------------------------------------
+# presets
+# ------------------------------------------------------------------------------------------------
+def _known_gradinit_flags():
+    return {"--" + f.name.replace("_", "-") for f in TranslationGradInitConfig.__dataclass_fields__.values()
+            if f.name.startswith("gradinit_")}
+
+
+def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
+    """Every preset arm's command line is accepted by fairseq-train's parser (arms using --gradinit-*
+    flags the task does not have yet are skipped), calls name existing arms, and GradInit groups
+    follow what determines the scales: g98 and g999 (training betas only) share one."""
+    known = _known_gradinit_flags()
+    text = describe_presets()
+    for preset in PRESETS.values():
+        assert f"== {preset.name}:" in text
+        names = {a.name for a in preset.arms}
+        for call in preset.calls:
+            assert set(call.arms) <= names and set(call.prepare) <= names, call
+        usable = [a for a in preset.arms
+                  if all(t in known for t in a.args if t.startswith("--gradinit-"))]
+        files = {"g98": str(tmp_path / "g98.json")}
+        cfg = StudyConfig(data={"main": str(tiny_bin), "separate": str(tiny_bin)}, out=tmp_path / preset.name,
+                          arms=tuple(usable), base=preset.base, files=files, max_update=preset.max_update)
+        plans, groups = study.plan_study(cfg)
+        assert [p.arm.name for p in plans] == [a.name for a in usable]
+        if preset.name == "evidence" and len(usable) == len(preset.arms):
+            by_arm = {p.arm.name: p.group for p in plans}
+            assert by_arm["g98"] == by_arm["g999"] and by_arm["g98"] is not None
+            assert len({by_arm["g98"], by_arm["g98shared"], by_arm["g98tau1e-2"]}) == 3
+            assert by_arm["x98"] is None and by_arm["w98"] is None
+        if preset.name == "screen" and "d1-sepdict" in [a.name for a in usable]:
+            cmd = study.arm_command(cfg, next(p for p in plans if p.arm.name == "d1-sepdict"), groups)
+            assert "--share-all-embeddings" not in cmd and "--share-decoder-input-output-embed" in cmd
+            d8 = study.arm_command(cfg, next(p for p in plans if p.arm.name == "d8-fp32"), groups)
+            assert "--fp16" not in d8 and d8[d8.index("--gradinit-init-file") + 1] == files["g98"]
+
+
+def test_screen_needs_its_second_data_bin(tiny_bin, tmp_path):
+    sep = next(a for a in PRESETS["screen"].arms if a.name == "d1-sepdict")
+    cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path, arms=(sep,), base=PRESETS["screen"].base)
+    with pytest.raises(ValueError, match="--data-bin separate=PATH"):
+        study.plan_study(cfg)
+
+
+def test_bad_arguments_are_reported_before_anything_runs(tiny_bin, tmp_path):
+    cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path, base=TINY_BASE,
+                      arms=(Arm("typo", ("--gradinit-iterz", "3")),))
+    with pytest.raises(ValueError, match="arm typo: fairseq-train rejects"):
+        study.plan_study(cfg)
+    with pytest.raises(ValueError, match="--save-dir"):
+        StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path, base=("--save-dir", "x"), arms=(Arm("a"),))
+
+
+# ------------------------------------------------------------------------------------------------
+# scheduler
+# ------------------------------------------------------------------------------------------------
+def test_scheduler_dependencies_parallelism_and_budget_kill(tmp_path):
+    """A job waits for its dependency, a failed dependency skips its dependents, and a job still
+    running at the deadline is killed (with its process group) instead of running on."""
+    py = sys.executable
+    jobs = [
+        Job("fast", "phase", [py, "-c", "print('ok')"], tmp_path / "fast.log"),
+        Job("bad", "phase", [py, "-c", "import sys; sys.exit(3)"], tmp_path / "bad.log"),
+        Job("after-fast", "arm", [py, "-c", "print('ran')"], tmp_path / "a.log", deps=("fast",)),
+        Job("after-bad", "arm", [py, "-c", "print('never')"], tmp_path / "b.log", deps=("bad",)),
+        Job("sleeper", "arm", [py, "-c", "import time; time.sleep(60)"], tmp_path / "s.log", stop_time=True),
+    ]
+    t0 = time.time()
+    study.run_jobs(jobs, parallel=2, deadline=t0 + 4.0, finish_margin_s=1.0, poll_s=0.1)
+    assert time.time() - t0 < 20
+    status = {j.name: j.status for j in jobs}
+    assert status == {"fast": "done", "bad": "failed", "after-fast": "done", "after-bad": "skipped",
+                      "sleeper": "killed"}
+    assert jobs[4].stop_time_hours is not None and 0 < jobs[4].stop_time_hours < 4 / 3600
+    assert "--stop-time-hours" in (tmp_path / "s.log").read_text()
+    assert (tmp_path / "a.log").read_text().strip().endswith("ran")
+
+
+def test_common_update_and_curve_rows(tmp_path):
+    for arm, updates in (("a", (2, 4, 6)), ("b", (2, 4)), ("c", ())):
+        (tmp_path / arm).mkdir()
+        for u in updates:
+            (tmp_path / arm / f"checkpoint_1_{u}.pt").write_bytes(b"")
+        (tmp_path / arm / "checkpoint_last.pt").write_bytes(b"")
+    ck = {a: study.checkpoint_updates(tmp_path / a) for a in ("a", "b", "c")}
+    assert study.common_update(ck) == 4  # the arm without checkpoints is left out
+    assert study.common_update({"a": {1: Path("x")}, "b": {2: Path("y")}}) is None
+    log = [
+        "2026-11-26 18:53:44 | INFO | train_inner | epoch 001:    101 / 187 loss=10.191, nll_loss=9.784, ppl=881.56, "
+        "wps=8469.7, ups=2.89, wpb=2934.2, bsz=214.6, num_updates=100, lr=0.0005, gnorm=0.604, loss_scale=64, "
+        "train_wall=39, gb_free=138.2, wall=46",
+        "2026-11-26 18:53:45 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.86 | nll_loss 9.5 | "
+        "ppl 1 | num_updates 100",
+        "2026-11-26 18:53:50 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.76 | nll_loss 9.4 | "
+        "ppl 1 | num_updates 150 | best_loss 9.76",
+    ]
+    from fairseq_gradinit import curves
+
+    rows = study.curve_rows("g98", curves.parse_training_log(log))
+    assert rows[0] == {"arm": "g98", "num_updates": 100, "valid_loss": 9.86, "valid_nll_loss": 9.5,
+                       "train_loss": 10.191, "train_nll_loss": 9.784, "loss_scale": 64.0, "lr": 0.0005,
+                       "gnorm": 0.604, "wall_s": 46.0}
+    assert rows[1]["valid_loss"] == 9.76 and rows[1]["train_loss"] == "" and rows[1]["loss_scale"] == ""
+
+
+# ------------------------------------------------------------------------------------------------
+# end to end (CPU, tiny model)
+# ------------------------------------------------------------------------------------------------
+def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
+    """Two GradInit arms that differ only in the training betas share one GradInit group: it is
+    computed once, both arms start from it through --gradinit-init-file; a third arm with a huge
+    --max-update is stopped by the wall-time budget; curves (CSV, PNG, Markdown), BLEU at the
+    common checkpoint and study.json are written; a second plan finds the scales cached."""
+    out = tmp_path / "study"
+    argv = [str(tiny_bin), "--out", str(out), "--cpu", "--parallel", "3", "--max-update", "4",
+            "--valid-every", "2", "--save-every", "2", "--time-budget", "1", "--finish-margin", "20",
+            "--base-args", " ".join(f"'{t}'" if " " in t else t for t in TINY_BASE),
+            "--arm", "gA=" + " ".join(GI_TINY),
+            "--arm", "gB=" + " ".join(GI_TINY) + " --adam-betas '(0.9, 0.999)'",
+            "--arm", "long=--max-update 100000",
+            "--bleu-args", "--max-len-b 5", "--export", str(tmp_path / "export")]
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "study.py"), *argv], capture_output=True,
+                          text=True, timeout=600, cwd=str(tmp_path))
+    result_file = out / "study.json"
+    logs = "\n".join(p.read_text()[-2000:] for p in out.rglob("*.log")) if out.exists() else ""
+    assert proc.returncode == 0 and result_file.is_file(), proc.stdout[-3000:] + proc.stderr[-5000:] + logs
+    result = json.loads(result_file.read_text())
+
+    (group, info), = result["gradinit_groups"].items()
+    assert info["arms"] == ["gA", "gB"] and info["computed_now"]
+    scales = Path(info["scales"])
+    assert scales.is_file() and json.loads(scales.read_text())["iterations"] == 3
+    assert len(list((out / "gradinit").glob("gi-*"))) == 1
+    for arm in ("gA", "gB"):
+        log = (out / "arms" / arm / "train.log").read_text()
+        assert f"--gradinit-init-file {scales}" in log.splitlines()[0]
+        assert "gradinit: applied" in log and "gradinit iter" not in log  # no GradInit of its own
+        assert result["arms"][arm]["ended_by"] == "max_update" and result["arms"][arm]["last_update"] == 4
+        assert not (out / "arms" / arm / "gradinit.json").exists()
+    assert "'adam_betas': '(0.9, 0.999)'" in (out / "arms" / "gB" / "train.log").read_text()
+    long = result["arms"]["long"]
+    assert long["gradinit_group"] is None and long["run"]["stop_time_hours"] <= 1 / 60
+    assert long["ended_by"] in ("stop_time", "killed") and 4 <= long["last_update"] < 100000
+
+    with open(out / "curves.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["arm"] for r in rows} == {"gA", "gB", "long"}
+    ga = {int(r["num_updates"]): r for r in rows if r["arm"] == "gA"}
+    assert set(ga) >= {2, 4} and float(ga[4]["valid_loss"]) > 0 and float(ga[2]["train_loss"]) > 0
+    assert (out / "curves.md").read_text().count("|") > 10
+    pytest.importorskip("matplotlib")
+    assert (out / "curves.png").stat().st_size > 1000
+
+    bleu = json.loads((out / "bleu.json").read_text())
+    assert bleu["update"] == 4 and bleu["beam"] == 5
+    for arm in ("gA", "gB", "long"):
+        assert bleu["arms"][arm]["status"] == "done" and bleu["arms"][arm]["bleu"] is not None
+        assert bleu["arms"][arm]["checkpoint"].endswith("_4.pt")
+    exported = {p.name for p in (tmp_path / "export").iterdir()}
+    assert {"study.json", "curves.csv", "bleu.json", "logs.tar.gz", "gradinit.tar.gz"} <= exported
+
+    # the same study again: the scales are reused (fingerprint unchanged), nothing to compute
+    cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path / "again", base=TINY_BASE, cpu=True,
+                      arms=(Arm("gC", GI_TINY),), gradinit_cache=out / "gradinit")
+    _, groups = study.plan_study(cfg)
+    (g,) = groups.values()
+    assert g.cached and f"gi-{g.key}" == group
+
+
+def test_device_setup_dry_run(tmp_path):
+    """scripts/device_setup.sh --dry-run: names the pip command for a complete cp312 wheel set and
+    refuses a set that lacks a package or holds a wheel for another Python."""
+    script = REPO / "scripts" / "device_setup.sh"
+    names = ["ve_fairseq-0.12.3-cp312-cp312-manylinux_2_28_x86_64.whl", "hydra_core-1.3.2-py3-none-any.whl",
+             "omegaconf-2.3.0-py3-none-any.whl", "bitarray-3.12.3-cp312-cp312-manylinux_2_17_x86_64.whl",
+             "antlr4_python3_runtime-4.9.3-py3-none-any.whl"]
+    for n in names:
+        (tmp_path / n).write_bytes(b"")
+    ok = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path), "/tmp/site"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "--no-index --no-deps" in ok.stdout and "--target /tmp/site" in ok.stdout
+    assert all(n in ok.stdout for n in names) and "PYTHONPATH=/tmp/site" in ok.stdout
+    (tmp_path / names[4]).unlink()
+    missing = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path)], capture_output=True, text=True)
+    assert missing.returncode == 1 and "antlr4_python3_runtime" in missing.stderr
+    (tmp_path / names[4]).write_bytes(b"")
+    (tmp_path / "bitarray-3.12.3-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"")
+    wrong = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path)], capture_output=True, text=True)
+    assert wrong.returncode == 1 and "not a cp312 wheel" in wrong.stderr
