@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """Prepare a local parallel corpus for fairseq with a joint SentencePiece model.
 
+One SentencePiece model is always trained on both sides (as the paper's IWSLT setup has one joint
+BPE). The fairseq dictionaries are joint by default (one dictionary for both sides, needed by
+``--share-all-embeddings``); ``--separate-dicts`` builds a source dictionary from the encoded
+source text and a target dictionary from the encoded target text (the authors' IWSLT setting,
+trained with ``--share-decoder-input-output-embed``).
+
 Input: a directory with plain-text, line-aligned files
 
     CORPUS_DIR/{train,valid,test}.{SRC,TGT}
@@ -10,9 +16,10 @@ Output (``--out OUT``):
     OUT/spm/spm.model, OUT/spm/spm.vocab     joint SentencePiece model (trained on train SRC+TGT)
     OUT/spm/spm_train.log                    SentencePiece trainer log
     OUT/spm/{train,valid,test}.{SRC,TGT}     the splits as space-separated pieces
-    OUT/bin/                                 fairseq-preprocess --joined-dictionary output
-                                             (dict.SRC.txt, dict.TGT.txt, *.bin/*.idx,
-                                             preprocess.log) plus a copy of spm.model/spm.vocab
+    OUT/bin/                                 fairseq-preprocess output (dict.SRC.txt,
+                                             dict.TGT.txt, *.bin/*.idx, preprocess.log) plus a
+                                             copy of spm.model/spm.vocab; the two dicts are
+                                             identical unless --separate-dicts
     OUT/prepare_corpus.json                  summary: arguments, line counts, vocab sizes, timings
 
 ``OUT/bin`` is the DATA directory for fairseq-train / fairseq-generate; decode with
@@ -22,6 +29,9 @@ Example::
 
     python scripts/prepare_corpus.py /work/shared/data/debian-ui-de-en \\
         --src de --tgt en --vocab-size 6000 --out data-bin/debian-ui-de-en
+    # separate dictionaries (train with --share-decoder-input-output-embed)
+    python scripts/prepare_corpus.py /work/shared/data/debian-ui-de-en \\
+        --src de --tgt en --vocab-size 6000 --separate-dicts --out data-bin/debian-ui-de-en-sep
 """
 
 from __future__ import annotations
@@ -57,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Train a joint SentencePiece model on a local parallel corpus laid out as "
             "CORPUS_DIR/{train,valid,test}.{SRC,TGT}, encode all splits, and binarize them "
-            "with fairseq-preprocess --joined-dictionary into OUT/bin."
+            "with fairseq-preprocess into OUT/bin (one joined dictionary, or with --separate-dicts "
+            "one dictionary per side)."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
@@ -69,6 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output directory (gets spm/, bin/ and prepare_corpus.json)")
     p.add_argument("--vocab-size", type=int, default=6000,
                    help="SentencePiece vocabulary size (joint for SRC and TGT)")
+    p.add_argument("--separate-dicts", action="store_true",
+                   help="build separate source and target fairseq dictionaries (each from its own "
+                        "side of the encoded training text; the SentencePiece model stays joint), as "
+                        "in the authors' IWSLT setup: train with --share-decoder-input-output-embed, "
+                        "not --share-all-embeddings (which needs the default joined dictionary)")
     p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe", "char", "word"],
                    help="SentencePiece model type")
     p.add_argument("--character-coverage", type=float, default=1.0,
@@ -83,7 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="use only the first N training pairs (for quick tests); valid/test are "
                         "always used in full")
     p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
-                   help="threads for SentencePiece and worker processes for fairseq-preprocess")
+                   help="threads for SentencePiece encoding and worker processes for fairseq-preprocess "
+                        "(the output does not depend on it)")
+    p.add_argument("--spm-threads", type=int, default=2,
+                   help="threads of SentencePiece training; the learned model depends on this number "
+                        "(measured: 1, 2 and 4 threads give three different vocabularies), so it is fixed "
+                        "rather than taken from the machine; 2 reproduces the data-bins of the 2026-11-26 "
+                        "experiments (made with the old default, min(4, CPU count), on a 2-core machine)")
     p.add_argument("--overwrite", action="store_true",
                    help="allow writing into an OUT that already contains prepared data")
     p.add_argument("--quiet", action="store_true", help="only log warnings and errors")
@@ -179,7 +201,7 @@ def train_spm(args, spm_dir: Path) -> Path:
     log_path = spm_dir / "spm_train.log"
     logger.info(
         "training SentencePiece (%s, vocab %d, character coverage %g, %d threads) -> %s.model",
-        args.model_type, args.vocab_size, args.character_coverage, args.workers, prefix,
+        args.model_type, args.vocab_size, args.character_coverage, args.spm_threads, prefix,
     )
     t0 = time.time()
     with open(log_path, "w", encoding="utf-8") as log:
@@ -193,7 +215,7 @@ def train_spm(args, spm_dir: Path) -> Path:
                 input_sentence_size=args.input_sentence_size,
                 shuffle_input_sentence=True,
                 hard_vocab_limit=not args.soft_vocab_limit,
-                num_threads=args.workers,
+                num_threads=args.spm_threads,
                 logstream=log,
             )
         except RuntimeError as exc:  # sentencepiece reports bad settings as RuntimeError
@@ -228,17 +250,22 @@ def encode_splits(args, model_path: Path, spm_dir: Path) -> dict:
 
 
 def preprocess_arguments(args, spm_dir: Path, bin_dir: Path) -> List[str]:
-    """The fairseq-preprocess command line (without the program name)."""
-    return [
+    """The fairseq-preprocess command line (without the program name).
+
+    Without ``--joined-dictionary`` fairseq-preprocess builds dict.SRC.txt from train.SRC and
+    dict.TGT.txt from train.TGT (every piece seen, no threshold), which is what --separate-dicts means.
+    """
+    argv = [
         "--source-lang", args.src,
         "--target-lang", args.tgt,
         "--trainpref", str(spm_dir / "train"),
         "--validpref", str(spm_dir / "valid"),
         "--testpref", str(spm_dir / "test"),
         "--destdir", str(bin_dir),
-        "--joined-dictionary",
+        *([] if args.separate_dicts else ["--joined-dictionary"]),
         "--workers", str(args.workers),
     ]
+    return argv
 
 
 def run_preprocess(args, spm_dir: Path, bin_dir: Path) -> None:
@@ -279,6 +306,8 @@ def prepare(args) -> dict:
         raise PrepareError("--vocab-size must be at least 2")
     if args.max_train_lines is not None and args.max_train_lines < 1:
         raise PrepareError("--max-train-lines must be positive")
+    if args.spm_threads < 1:
+        raise PrepareError("--spm-threads must be positive")
     if args.workers < 1:
         raise PrepareError("--workers must be positive")
 
@@ -310,8 +339,8 @@ def prepare(args) -> dict:
     for suffix in (".model", ".vocab"):
         shutil.copy2(model_path.with_suffix(suffix), bin_dir / (SPM_PREFIX + suffix))
 
-    dict_src = bin_dir / f"dict.{args.src}.txt"
-    expected = [dict_src, bin_dir / f"dict.{args.tgt}.txt"] + [
+    dict_src, dict_tgt = bin_dir / f"dict.{args.src}.txt", bin_dir / f"dict.{args.tgt}.txt"
+    expected = [dict_src, dict_tgt] + [
         bin_dir / f"{split}.{args.src}-{args.tgt}.{lang}.{ext}"
         for split in SPLITS for lang in (args.src, args.tgt) for ext in ("bin", "idx")
     ]
@@ -328,8 +357,12 @@ def prepare(args) -> dict:
         "spm_model": str((bin_dir / (SPM_PREFIX + ".model")).resolve()),
         "spm_model_type": args.model_type,
         "spm_vocab_size": args.vocab_size,
+        "spm_threads": args.spm_threads,
         "character_coverage": args.character_coverage,
+        "dictionaries": "separate" if args.separate_dicts else "joint",
+        # source dictionary size (both sides' size when joint); kept for readers of older summaries
         "fairseq_dict_size": dict_size(dict_src),
+        "fairseq_dict_sizes": {args.src: dict_size(dict_src), args.tgt: dict_size(dict_tgt)},
         "max_train_lines": args.max_train_lines,
         "lines": counts,
         "seconds": {
@@ -340,9 +373,11 @@ def prepare(args) -> dict:
         },
     }
     (out / "prepare_corpus.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    sizes = summary["fairseq_dict_sizes"]
     logger.info(
-        "done in %.1fs: data-bin %s | spm vocab %d | fairseq joined dict %d | lines %s",
-        summary["seconds"]["total"], bin_dir, args.vocab_size, summary["fairseq_dict_size"],
+        "done in %.1fs: data-bin %s | spm vocab %d | fairseq %s dict %s | lines %s",
+        summary["seconds"]["total"], bin_dir, args.vocab_size, summary["dictionaries"],
+        sizes[args.src] if not args.separate_dicts else f"{args.src} {sizes[args.src]}, {args.tgt} {sizes[args.tgt]}",
         ", ".join(f"{k} {v}" for k, v in counts.items()),
     )
     return summary

@@ -251,7 +251,8 @@ def test_prepare_corpus_reports_missing_files(tmp_path):
                                 "--out", str(tmp_path / "out")]) == 1
 
 
-def test_prepare_corpus_end_to_end(tmp_path):
+def _small_corpus(tmp_path, sizes=(("train", 600), ("valid", 300), ("test", 300))):
+    """The first lines of each split of the shared corpus (skips without it, sentencepiece or fairseq)."""
     if not SHARED_CORPUS.is_dir():
         pytest.skip(f"shared corpus not found: {SHARED_CORPUS}")
     pytest.importorskip("sentencepiece")
@@ -259,11 +260,16 @@ def test_prepare_corpus_end_to_end(tmp_path):
         pytest.skip("fairseq is not installed")
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    for split, n in (("train", 600), ("valid", 300), ("test", 300)):
+    for split, n in sizes:
         for lang in ("de", "en"):
             with open(SHARED_CORPUS / f"{split}.{lang}", encoding="utf-8") as f:
                 head = [next(f) for _ in range(n)]
             (corpus / f"{split}.{lang}").write_text("".join(head), encoding="utf-8")
+    return corpus
+
+
+def test_prepare_corpus_end_to_end(tmp_path):
+    corpus = _small_corpus(tmp_path)
     out = tmp_path / "prepared"
     rc = prepare_corpus.main([str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", "200",
                               "--max-train-lines", "300", "--workers", "1", "--out", str(out)])
@@ -275,9 +281,11 @@ def test_prepare_corpus_end_to_end(tmp_path):
         for lang in ("de", "en"):
             for ext in ("bin", "idx"):
                 assert (bin_dir / f"{split}.de-en.{lang}.{ext}").stat().st_size > 0
-    # joined dictionary: identical source and target dictionaries
+    # joined dictionary (the default): identical source and target dictionaries
     assert (bin_dir / "dict.de.txt").read_text() == (bin_dir / "dict.en.txt").read_text()
     summary = json.loads((out / "prepare_corpus.json").read_text(encoding="utf-8"))
+    assert summary["dictionaries"] == "joint" and summary["spm_threads"] == 2  # fixed, not the machine's
+    assert summary["fairseq_dict_sizes"]["de"] == summary["fairseq_dict_sizes"]["en"] == summary["fairseq_dict_size"]
     assert summary["lines"] == {"train": 300, "valid": 300, "test": 300}
     assert len((out / "spm" / "train.de").read_text(encoding="utf-8").splitlines()) == 300
     # the encoded text round-trips through the SentencePiece model
@@ -292,3 +300,72 @@ def test_prepare_corpus_end_to_end(tmp_path):
     # a second run into the same output refuses to overwrite
     assert prepare_corpus.main([str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", "200",
                                 "--out", str(out)]) == 1
+
+
+def _dict_pieces(path: Path) -> list:
+    """The symbols of a fairseq dict file, without its madeupwordNNNN padding (count 0)."""
+    entries = [line.rsplit(" ", 1) for line in path.read_text(encoding="utf-8").splitlines()]
+    return [sym for sym, count in entries if int(count) > 0]
+
+
+def test_prepare_corpus_separate_dicts_train_with_tied_decoder_embeddings(tmp_path):
+    """--separate-dicts: one joint SentencePiece model, one fairseq dictionary per side (each holding
+    exactly the pieces of its own encoded training text), and fairseq-train with
+    --share-decoder-input-output-embed runs on it while --share-all-embeddings is refused."""
+    corpus = _small_corpus(tmp_path, (("train", 300), ("valid", 40), ("test", 40)))
+    out = tmp_path / "prepared"
+    argv = [str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", "200", "--workers", "1",
+            "--quiet", "--out", str(out)]
+    args = prepare_corpus.build_parser().parse_args(argv + ["--separate-dicts"])
+    assert "--joined-dictionary" not in prepare_corpus.preprocess_arguments(args, out / "spm", out / "bin")
+    default_args = prepare_corpus.build_parser().parse_args(argv)
+    assert "--joined-dictionary" in prepare_corpus.preprocess_arguments(default_args, out / "spm", out / "bin")
+    assert prepare_corpus.main(argv + ["--separate-dicts"]) == 0
+
+    bin_dir = out / "bin"
+    summary = json.loads((out / "prepare_corpus.json").read_text(encoding="utf-8"))
+    assert summary["dictionaries"] == "separate"
+    import sentencepiece as spm
+
+    vocab = {spm.SentencePieceProcessor(model_file=str(bin_dir / "spm.model")).id_to_piece(i) for i in range(200)}
+    sizes = {}
+    for lang in ("de", "en"):
+        pieces = _dict_pieces(bin_dir / f"dict.{lang}.txt")
+        seen = {p for line in (out / "spm" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+                for p in line.split()}
+        assert set(pieces) == seen and set(pieces) <= vocab  # own side only, all from the joint model
+        sizes[lang] = len((bin_dir / f"dict.{lang}.txt").read_text(encoding="utf-8").splitlines()) + 4
+        assert sizes[lang] % 8 == 0 and sizes[lang] - 8 < len(pieces) + 4 <= sizes[lang]  # fairseq pads to 8
+    assert set(_dict_pieces(bin_dir / "dict.de.txt")) != set(_dict_pieces(bin_dir / "dict.en.txt"))
+    assert summary["fairseq_dict_sizes"] == sizes
+
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq_cli import train
+
+    save = tmp_path / "ck"
+    train_argv = [
+        str(bin_dir), "--arch", "transformer_iwslt_de_en", "--encoder-layers", "1", "--decoder-layers", "1",
+        "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+        "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+        "--share-decoder-input-output-embed", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "300",
+        "--max-update", "2", "--cpu", "--num-workers", "0", "--no-progress-bar", "--disable-validation",
+        "--no-epoch-checkpoints", "--save-dir", str(save), "--seed", "1",
+    ]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), train_argv))
+    distributed_utils.call_main(cfg, train.main)
+    import torch
+
+    # our own checkpoint: a pickle that torch >= 2.6 loads only with weights_only=False
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    weights = state["model"]
+    assert weights["encoder.embed_tokens.weight"].shape == (sizes["de"], 16)
+    assert weights["decoder.embed_tokens.weight"].shape == (sizes["en"], 16)
+    assert torch.equal(weights["decoder.output_projection.weight"], weights["decoder.embed_tokens.weight"])
+    assert state["optimizer_history"][-1]["num_updates"] == 2
+
+    shared_all = [a if a != "--share-decoder-input-output-embed" else "--share-all-embeddings" for a in train_argv]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), shared_all))
+    with pytest.raises(ValueError, match="joined dictionary"):
+        distributed_utils.call_main(cfg, train.main)

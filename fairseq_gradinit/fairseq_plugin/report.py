@@ -1,0 +1,325 @@
+"""Per-layer GradInit report for a fairseq Transformer: the paper's appendix figures as JSON and PNG.
+
+From ``fairseq-train`` arguments (data-bin, ``--arch`` ..., ``--seed``) the model is rebuilt exactly
+as fairseq-train builds it before training (same seeding, same Xavier weights); a ``gradinit.json``
+supplies the scales. :func:`fairseq_gradinit.core.report.init_report` then measures, per tensor, the
+scale, the weight norm and the cross-minibatch gradient standard deviation before and after the
+scales (see its module docstring for the definitions and for why gradients are taken in train mode
+by default). Tensors are placed by :func:`~.groups.transformer_place` (encoder/decoder x layer x kind).
+
+A consistency check recomputes GradInit's first iteration (L(S) and ||g|| on its first S batch, at the
+unscaled weights, without dropout) and compares them with ``history[0]`` of the ``gradinit.json``:
+agreement shows that the rebuilt weights and data are the ones GradInit ran on.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from fairseq import options, tasks, utils
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+from ..core.modes import gradinit_mode
+from ..core.report import ReportConfig, init_report, unique_trainable
+from .groups import transformer_place
+from .task import TranslationGradInitTask
+
+logger = logging.getLogger(__name__)
+
+#: Position of a kind inside a block, in the order the paper lists them (self attention, encoder
+#: attention, FFN), with each LayerNorm after its sublayer (Post-LN).
+KIND_ORDER = [
+    "self_attn.q", "self_attn.k", "self_attn.v", "self_attn.out", "self_attn_layer_norm",
+    "encoder_attn.q", "encoder_attn.k", "encoder_attn.v", "encoder_attn.out", "encoder_attn_layer_norm",
+    "fc1", "fc2", "final_layer_norm",
+]
+#: Panels of the figure: title -> predicate on the kind.
+FAMILIES = [
+    ("Query projection", lambda k: k.endswith("attn.q")),
+    ("Key projection", lambda k: k.endswith("attn.k")),
+    ("Value projection", lambda k: k.endswith("attn.v")),
+    ("Out projection", lambda k: k.endswith("attn.out")),
+    ("FFN fc1", lambda k: k == "fc1"),
+    ("FFN fc2", lambda k: k == "fc2"),
+    ("LayerNorm", lambda k: "layer_norm" in k or "layernorm" in k),
+    ("Embeddings and other", None),  # everything the other panels do not take
+]
+_SHORT = {"self_attn": "s", "encoder_attn": "x", "self_attn_layer_norm": "s", "encoder_attn_layer_norm": "x",
+          "final_layer_norm": "f"}
+
+
+@dataclass
+class FairseqModel:
+    cfg: Any
+    task: Any
+    model: torch.nn.Module
+    criterion: torch.nn.Module
+    device: torch.device
+
+
+def build_training_model(train_argv: Sequence[str], *, device: Optional[str] = None) -> FairseqModel:
+    """The model, task and criterion ``fairseq-train train_argv`` would start training from, without
+    GradInit (``--gradinit-iters``/``--gradinit-init-file`` are ignored: the report applies the scales)."""
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(parser, input_args=list(train_argv))
+    cfg = convert_namespace_to_omegaconf(args)
+    utils.import_user_module(cfg.common)
+    for key, off in (("gradinit_iters", 0), ("gradinit_init_file", None)):
+        if getattr(cfg.task, key, off) not in (off, None):
+            logger.info("report: ignoring --%s (the report applies the scales of the gradinit.json)",
+                        key.replace("_", "-"))
+            setattr(cfg.task, key, off)
+    # fairseq-train's seeding and construction order (fairseq_cli/train.py): nothing else draws
+    # random numbers before build_model, so the weights are fairseq-train's initialization.
+    np.random.seed(cfg.common.seed)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    if device is None:
+        device = "cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu"
+    dev = torch.device(device)
+    model.to(dev)
+    criterion.to(dev)
+    return FairseqModel(cfg=cfg, task=task, model=model, criterion=criterion, device=dev)
+
+
+def mean_loss_fn(criterion):
+    """The loss the optimizer differentiates: fairseq's summed loss divided by the sample size."""
+
+    def loss_fn(model, sample):
+        loss, sample_size, _ = criterion(model, sample)
+        return loss / max(float(sample_size), 1.0)
+
+    return loss_fn
+
+
+def training_batches(fm: FairseqModel, *, num_batches: int, seed: int, max_tokens: Optional[int] = None) -> List:
+    """``num_batches`` distinct minibatches of the training split, as fairseq-train batches them
+    (length-bucketed, ``--max-tokens`` / ``--batch-size``), drawn at random with ``seed``."""
+    cfg, task = fm.cfg, fm.task
+    split = cfg.dataset.train_subset
+    if split not in task.datasets:
+        task.load_dataset(split, epoch=1, combine=True)
+    dataset = task.dataset(split)
+    max_tokens = max_tokens or cfg.dataset.max_tokens
+    if not max_tokens and not cfg.dataset.batch_size:
+        raise ValueError("pass --max-tokens (or --batch-size) among the fairseq arguments")
+    state = np.random.get_state()
+    try:  # ordered_indices shuffles ties with numpy's global generator: make it reproducible
+        np.random.seed(seed)
+        indices = dataset.ordered_indices()
+        max_positions = utils.resolve_max_positions(task.max_positions(), fm.model.max_positions())
+        indices = task.filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs=True)
+        batches = dataset.batch_by_size(indices, max_tokens=max_tokens, max_sentences=cfg.dataset.batch_size,
+                                        required_batch_size_multiple=1)
+    finally:
+        np.random.set_state(state)
+    if len(batches) < num_batches:
+        raise ValueError(f"the training split has only {len(batches)} batches of {max_tokens} tokens; "
+                         f"ask for fewer minibatches or pass a smaller --max-tokens")
+    chosen = np.random.RandomState(seed).choice(len(batches), size=num_batches, replace=False)
+    return [_collate(dataset, batches[i], fm.device) for i in chosen]
+
+
+def _collate(dataset, idx, device):
+    sample = dataset.collater([dataset[int(i)] for i in idx])
+    return utils.apply_to_sample(lambda t: t.to(device), sample)
+
+
+def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1e-4, rtol_norm: float = 1e-3) -> dict:
+    """Recompute GradInit's iteration 1 (L(S) and ||g||_p on its first S batch at the unscaled weights)
+    and compare with ``saved["history"][0]``. ||g|| is given over the scaled tensors (what the engine
+    put in g when only non-zero tensors got a scale) and over every trainable tensor."""
+    hist = saved.get("history") or []
+    conf = saved.get("config") or {}
+    if not hist or hist[0].get("loss_s") is None:
+        return {"done": False, "reason": "the gradinit.json has no first-iteration record"}
+    if int(saved.get("world_size", 1)) != 1:
+        return {"done": False, "reason": "GradInit ran on several ranks (the record averages their shards)"}
+    if not isinstance(fm.task, TranslationGradInitTask) or not saved.get("max_tokens"):
+        return {"done": False, "reason": "needs the translation_gradinit task and max_tokens in the gradinit.json"}
+    pair = next(fm.task.gradinit_pairs(fm.model, int(saved["max_tokens"]), float(conf.get("overlap", 0.5)),
+                                       fm.device))
+    entries = unique_trainable(fm.model)
+    names = [n for n, _, _ in entries]
+    params = [p for _, p, _ in entries]
+    alias_to_first = {a: n for n, _, al in entries for a in [n, *al]}
+    scaled = {alias_to_first.get(k) for k in saved.get("scales", {})}
+    p_norm = 2 if conf.get("optimizer") == "sgd" else 1
+    loss_fn = mean_loss_fn(fm.criterion)
+    with gradinit_mode(fm.model):
+        loss = loss_fn(fm.model, pair.s)
+        grads = torch.autograd.grad(loss, params, allow_unused=True)
+    parts = [torch.linalg.vector_norm(g.detach().double(), p_norm) ** p_norm if g is not None else torch.zeros((), dtype=torch.float64)
+             for g in grads]
+    norm_scaled = float(sum(x for n, x in zip(names, parts) if n in scaled) ** (1 / p_norm))
+    norm_all = float(sum(parts) ** (1 / p_norm))
+    rec_loss, rec_norm = float(hist[0]["loss_s"]), float(hist[0]["grad_norm"])
+    loss = float(loss.detach())
+    rel_loss = abs(loss - rec_loss) / abs(rec_loss)
+    rel_norm = min(abs(norm_scaled - rec_norm), abs(norm_all - rec_norm)) / abs(rec_norm)
+    return {
+        "done": True, "p": p_norm, "s_sentences": int(pair.s["nsentences"]), "s_tokens": int(pair.s["ntokens"]),
+        "loss_s": loss, "recorded_loss_s": rec_loss, "grad_norm_scaled_tensors": norm_scaled,
+        "grad_norm_all_tensors": norm_all, "recorded_grad_norm": rec_norm,
+        "rel_diff_loss": rel_loss, "rel_diff_grad_norm": rel_norm,
+        "consistent": bool(rel_loss <= rtol_loss and rel_norm <= rtol_norm),
+    }
+
+
+def _sort_key(t: dict):
+    side = {"encoder": 0, "decoder": 1}.get(t["side"], 2)
+    kind = KIND_ORDER.index(t["kind"]) if t["kind"] in KIND_ORDER else len(KIND_ORDER)
+    layer = -1 if t["layer"] is None else t["layer"]
+    return side, layer, kind, t["kind"], t["param"]
+
+
+def placed_tensors(report_dict: dict) -> List[dict]:
+    """The report's tensors with their place (side, layer, kind, param), in the paper's order."""
+    out = []
+    for t in report_dict["tensors"]:
+        place = transformer_place(t["name"])
+        out.append({**t, "side": place.side, "layer": place.layer, "kind": place.kind, "param": place.param})
+    return sorted(out, key=_sort_key)
+
+
+def _gmean(values: Sequence[float]) -> Optional[float]:
+    values = [v for v in values if v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def group_summary(tensors: Sequence[dict]) -> Dict[str, dict]:
+    """Per ``side.kind.param`` (over layers): scales (min/geometric mean/max) and the gradient std
+    before/after (arithmetic means over layers, and the geometric mean of the per-tensor ratio)."""
+    groups: Dict[str, List[dict]] = {}
+    for t in tensors:
+        groups.setdefault(f"{t['side']}.{t['kind']}.{t['param']}", []).append(t)
+    out = {}
+    for key, ts in groups.items():
+        scales = [t["scale"] for t in ts]
+        out[key] = {
+            "count": len(ts),
+            "layers": [t["layer"] for t in ts],
+            "scale_min": min(scales), "scale_gmean": _gmean(scales), "scale_max": max(scales),
+            "grad_std_before_mean": sum(t["grad_std_before"] for t in ts) / len(ts),
+            "grad_std_after_mean": sum(t["grad_std_after"] for t in ts) / len(ts),
+            "grad_std_ratio_gmean": _gmean([t["grad_std_after"] / t["grad_std_before"]
+                                            for t in ts if t["grad_std_before"] > 0]),
+            # spread relative to the mean gradient (what matters to Adam), after / before
+            "relative_std_ratio_gmean": _gmean([
+                (t["grad_std_after"] / t["grad_mean_abs_after"]) / (t["grad_std_before"] / t["grad_mean_abs_before"])
+                for t in ts if min(t["grad_std_before"], t["grad_mean_abs_before"], t["grad_mean_abs_after"]) > 0]),
+        }
+    return out
+
+
+def _label(t: dict, several_kinds: bool) -> str:
+    side = t["side"][:1].upper()
+    if t["layer"] is None:
+        return f"{side}:{t['kind']}"
+    if not several_kinds:
+        return f"{side}{t['layer']}"
+    head = t["kind"].split(".")[0]
+    return f"{side}{t['layer']}{_SHORT.get(t['kind'], _SHORT.get(head, t['kind'][:2]))}"
+
+
+def plot_report(tensors: Sequence[dict], path: str, *, title: str = "", dpi: int = 60) -> None:
+    """The appendix figure: per panel one kind of weight (encoder then decoder, by layer), rows:
+    scale, weight norm before/after, gradient std before/after (log scale). Biases and the mean
+    gradient are in the JSON only.
+    Raises ImportError without matplotlib."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    weights = [t for t in tensors if t["param"] == "weight"]
+    taken, panels = set(), []
+    for name, pred in FAMILIES:
+        members = [t for t in weights if t["name"] not in taken and (pred is None or pred(t["kind"]))]
+        taken.update(t["name"] for t in members)
+        if members:
+            panels.append((name, members))
+    widths = [max(len(members), 8) for _, members in panels]
+    fig, axes = plt.subplots(3, len(panels), figsize=(0.2 * sum(widths) + 1.5, 8.2), squeeze=False,
+                             gridspec_kw={"width_ratios": widths})
+    for col, (name, members) in enumerate(panels):
+        several = len({t["kind"] for t in members if t["layer"] is not None}) > 1 or any(
+            t["layer"] is None for t in members)
+        x = list(range(len(members)))
+        labels = [_label(t, several) for t in members]
+        rows = [
+            ("scale", [t["scale"] for t in members], None),
+            ("weight norm ||W||", [t["norm_before"] for t in members], [t["norm_after"] for t in members]),
+            ("gradient std σ(g)", [t["grad_std_before"] for t in members], [t["grad_std_after"] for t in members]),
+        ]
+        for row, (ylabel, before, after) in enumerate(rows):
+            ax = axes[row][col]
+            if after is None:
+                ax.bar(x, before, color="tab:blue")
+                ax.axhline(1.0, color="black", lw=0.6)
+            else:
+                ax.plot(x, before, "o-", color="0.55", ms=3, lw=0.8, label="initialization")
+                ax.plot(x, after, "s-", color="tab:red", ms=3, lw=0.8, label="GradInit scales")
+            ax.set_yscale("log")
+            if any(t["side"] == "decoder" for t in members) and any(t["side"] == "encoder" for t in members):
+                ax.axvline(sum(t["side"] == "encoder" for t in members) - 0.5, color="0.8", lw=0.8)
+            ax.set_xticks(x)
+            ax.set_xticklabels(labels if row == 2 else [], rotation=90, fontsize=6)
+            ax.tick_params(axis="y", labelsize=7)
+            if row == 0:
+                ax.set_title(name, fontsize=9)
+            if col == 0:
+                ax.set_ylabel(ylabel, fontsize=8)
+    axes[1][0].legend(fontsize=7, loc="best")
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+
+
+def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: int = 8, mode: str = "train",
+               seed: Optional[int] = None, check: bool = True, device: Optional[str] = None) -> dict:
+    """Build the model of ``train_argv``, draw ``num_batches`` training minibatches and measure the
+    report (see :func:`~fairseq_gradinit.core.report.init_report`). Returns a JSON-ready dict."""
+    with open(gradinit_json) as f:
+        saved = json.load(f)
+    if "scales" not in saved:
+        raise ValueError(f"{gradinit_json} has no 'scales' entry: is it a gradinit.json?")
+    start = time.time()
+    fm = build_training_model(train_argv, device=device)
+    seed = int(fm.cfg.common.seed if seed is None else seed)
+    result: Dict[str, Any] = {}
+    if check:
+        result["check_first_iteration"] = check_first_iteration(fm, saved)
+        logger.info("report: first-iteration check %s", result["check_first_iteration"])
+    batches = training_batches(fm, num_batches=num_batches, seed=seed)
+    report = init_report(fm.model, saved["scales"], batches, mean_loss_fn(fm.criterion),
+                         ReportConfig(mode=mode, seed=seed))
+    rd = report.to_dict()
+    tensors = placed_tensors(rd)
+    result.update({
+        "meta": {
+            "gradinit_json": gradinit_json, "train_args": list(train_argv), "arch": fm.cfg.model._name,
+            "seed": int(fm.cfg.common.seed), "batch_seed": seed, "num_batches": num_batches, "mode": mode,
+            "max_tokens": fm.cfg.dataset.max_tokens, "batch_size": fm.cfg.dataset.batch_size,
+            "batch_tokens": [int(b["ntokens"]) for b in batches],
+            "batch_sentences": [int(b["nsentences"]) for b in batches],
+            "loss_before": rd["loss_before"], "loss_after": rd["loss_after"],
+            "device": str(fm.device), "torch": torch.__version__, "python": platform.python_version(),
+            "wall_time": time.time() - start,
+            "gradinit_config": saved.get("config"),
+        },
+        "tensors": tensors,
+        "groups": group_summary(tensors),
+    })
+    return result

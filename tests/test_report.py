@@ -1,0 +1,245 @@
+"""The per-layer GradInit report: core measurements against hand computations, and the fairseq script
+end to end on a tiny Transformer (with a gradinit.json written by a real fairseq-train run)."""
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from fairseq_gradinit.core.report import ReportConfig, gradient_std, init_report
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
+
+
+class Tiny(nn.Module):
+    """Dropout, a BatchNorm (buffers must survive), a tied weight and an all-zero bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(7, 6)
+        self.fc1 = nn.Linear(6, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.drop = nn.Dropout(0.3)
+        self.fc2 = nn.Linear(8, 6)
+        nn.init.zeros_(self.fc2.bias)
+        self.out = nn.Linear(6, 7, bias=False)
+        self.out.weight = self.emb.weight  # tied
+
+    def forward(self, x):
+        h = self.emb(x).mean(1)
+        return self.out(self.fc2(self.drop(torch.relu(self.bn(self.fc1(h))))))
+
+
+def _loss(model, batch):
+    x, y = batch
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def _batches(k=4, n=5):
+    g = torch.Generator().manual_seed(7)
+    return [(torch.randint(0, 7, (n, 3), generator=g), torch.randint(0, 7, (n,), generator=g)) for _ in range(k)]
+
+
+def _hand_std(model, name, batches, seed, train, what="std"):
+    """Per-element sample std of one tensor's gradient over the batches, averaged (or, with
+    what="mean_abs", the mean magnitude of the per-element mean gradient): a literal loop."""
+    p = dict(model.named_parameters())[name]
+    grads = []
+    for b, batch in enumerate(batches):
+        model.train(train)
+        model.bn.train(True)
+        model.bn.track_running_stats = False  # batch statistics, buffers untouched
+        torch.manual_seed(seed + b)
+        (g,) = torch.autograd.grad(_loss(model, batch), [p])
+        grads.append(g.double())
+    model.bn.track_running_stats = True
+    stacked = torch.stack(grads)
+    if what == "mean_abs":
+        return stacked.mean(dim=0).abs().mean().item()
+    return stacked.std(dim=0, unbiased=True).mean().item()
+
+
+@pytest.mark.parametrize("mode", ["train", "eval"])
+def test_report_matches_hand_computation_and_scales_norms(mode):
+    model = Tiny()
+    batches = _batches()
+    scales = {"emb.weight": 0.5, "fc1.weight": 2.0, "fc1.bias": 0.3, "bn.weight": 0.7, "fc2.weight": 0.1}
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    report = init_report(model, scales, batches, _loss, ReportConfig(mode=mode, seed=11))
+
+    # nothing of the model changed (weights, BatchNorm buffers, flags)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert model.training
+
+    by_name = {t.name: t for t in report.tensors}
+    assert set(by_name) == {"emb.weight", "fc1.weight", "fc1.bias", "bn.weight", "bn.bias", "fc2.weight", "fc2.bias"}
+    assert by_name["emb.weight"].aliases == ["out.weight"]  # tied tensor once, under its first name
+    assert not by_name["fc2.bias"].scaled and by_name["fc2.bias"].scale == 1.0
+    assert by_name["fc2.bias"].norm_before == 0.0
+    for t in report.tensors:
+        assert t.norm_after == pytest.approx(t.scale * t.norm_before, rel=1e-6, abs=1e-12), t.name
+        assert t.mean_abs_after == pytest.approx(t.scale * t.mean_abs_before, rel=1e-6, abs=1e-12), t.name
+        assert t.grad_std_before > 0 and t.grad_std_after > 0, t.name
+
+    train = mode == "train"
+    for name in ("fc1.weight", "emb.weight", "fc2.bias"):
+        hand = _hand_std(model, name, batches, 11, train)
+        assert by_name[name].grad_std_before == pytest.approx(hand, rel=1e-9), name
+        mean_abs = _hand_std(model, name, batches, 11, train, what="mean_abs")
+        assert by_name[name].grad_mean_abs_before == pytest.approx(mean_abs, rel=1e-9), name
+    scaled = Tiny()
+    scaled.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for name, value in scales.items():
+            dict(scaled.named_parameters())[name].mul_(value)
+    for name in ("fc1.weight", "bn.weight"):
+        assert by_name[name].grad_std_after == pytest.approx(_hand_std(scaled, name, batches, 11, train), rel=1e-9)
+    model.train()
+
+
+def test_train_mode_sees_dropout_and_eval_mode_does_not():
+    model = Tiny()
+    batches = _batches(k=3)
+    params = [model.fc1.weight]
+    train1, _, _ = gradient_std(model, params, batches, _loss, mode="train", seed=1)
+    train2, _, _ = gradient_std(model, params, batches, _loss, mode="train", seed=2)
+    eval1, _, _ = gradient_std(model, params, batches, _loss, mode="eval", seed=1)
+    eval2, _, _ = gradient_std(model, params, batches, _loss, mode="eval", seed=2)
+    assert eval1 == eval2  # no randomness without dropout
+    assert train1 != train2 and train1 != eval1  # the seed sets the dropout masks
+
+
+def test_report_rejects_bad_input():
+    model = Tiny()
+    with pytest.raises(ValueError, match="at least 2 minibatches"):
+        init_report(model, {}, _batches(k=1), _loss)
+    with pytest.raises(ValueError, match="does not have"):
+        init_report(model, {"nope.weight": 1.0}, _batches(), _loss)
+    with pytest.raises(ValueError, match="not finite"):
+        init_report(model, {"fc1.weight": float("nan")}, _batches(), _loss)
+    with pytest.raises(ValueError, match="mode"):
+        ReportConfig(mode="inference")
+
+
+# --------------------------------------------------------------------------------------------
+# fairseq: scripts/gradinit_report.py on a tiny Transformer
+# --------------------------------------------------------------------------------------------
+
+TINY = [
+    "--task", "translation_gradinit", "--arch", "transformer_iwslt_de_en", "--encoder-layers", "2",
+    "--decoder-layers", "2", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+    "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2",
+    "--decoder-attention-heads", "2", "--share-all-embeddings", "--dropout", "0.1",
+    "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--max-tokens", "300",
+    "--seed", "3", "--cpu", "--num-workers", "0",
+]
+
+
+@pytest.fixture(scope="module")
+def gradinit_run(tmp_path_factory):
+    """A tiny data-bin and the gradinit.json of a real fairseq-train run with GradInit on it."""
+    pytest.importorskip("fairseq")
+    if not SHARED.exists():
+        pytest.skip(f"shared corpus not found at {SHARED}")
+    import fairseq_gradinit.fairseq_plugin  # noqa: F401  (registers the task)
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq_cli import preprocess, train
+
+    root = tmp_path_factory.mktemp("report")
+    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
+        for lang in ("de", "en"):
+            lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    preprocess.main(options.get_preprocessing_parser().parse_args([
+        "--source-lang", "de", "--target-lang", "en", "--trainpref", str(root / "train"),
+        "--validpref", str(root / "valid"), "--testpref", str(root / "test"), "--destdir", str(root / "bin"),
+        "--joined-dictionary", "--nwordssrc", "400", "--workers", "1"]))
+    save = root / "ck"
+    argv = [str(root / "bin"), *TINY, "--optimizer", "adam", "--lr", "0", "--max-update", "1",
+            "--disable-validation", "--no-save", "--save-dir", str(save), "--no-progress-bar",
+            "--gradinit-iters", "6", "--gradinit-eta", "1e-2", "--gradinit-lr", "0.1", "--gradinit-gamma", "1e6"]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), argv))
+    distributed_utils.call_main(cfg, train.main)
+    return root / "bin", save / "gradinit.json"
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("_gradinit_report_script", REPO / "scripts" / "gradinit_report.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
+    data, gjson = gradinit_run
+    saved = json.loads(gjson.read_text())
+    script = _script()
+    out = tmp_path / "rep" / "tiny"
+    # --gradinit-iters is ignored: the report must not rerun GradInit on the rebuilt model
+    rc = script.main(["--gradinit-json", str(gjson), "--out", str(out), "--batches", "3", "--",
+                      str(data), *TINY, "--max-tokens", "150", "--gradinit-iters", "5"])
+    assert rc == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    png = out.with_suffix(".png")
+    assert png.is_file() and 0 < png.stat().st_size < 300_000
+
+    check = result["check_first_iteration"]
+    assert check["done"] and check["consistent"], check  # the rebuilt model is the one GradInit ran on
+    assert check["loss_s"] == pytest.approx(saved["history"][0]["loss_s"], rel=1e-5)
+
+    tensors = result["tensors"]
+    names = [t["name"] for t in tensors]
+    assert len(names) == len(set(names))
+    assert set(saved["scales"]) <= set(names)  # every scaled tensor is reported
+    for t in tensors:
+        assert t["scale"] == pytest.approx(saved["scales"].get(t["name"], 1.0))
+        assert t["norm_after"] == pytest.approx(t["scale"] * t["norm_before"], rel=1e-5, abs=1e-12), t["name"]
+        assert t["grad_std_before"] >= 0 and math.isfinite(t["grad_std_after"])
+    enc_q = [t for t in tensors if t["side"] == "encoder" and t["kind"] == "self_attn.q" and t["param"] == "weight"]
+    assert [t["layer"] for t in enc_q] == [0, 1]
+    emb = next(t for t in tensors if t["name"] == "encoder.embed_tokens.weight")
+    assert set(emb["aliases"]) == {"decoder.embed_tokens.weight", "decoder.output_projection.weight"}
+    # the paper's order: every encoder tensor before every decoder tensor
+    sides = [t["side"] for t in tensors]
+    assert sides.index("decoder") > max(i for i, s in enumerate(sides) if s == "encoder")
+    group = result["groups"]["decoder.encoder_attn.v.weight"]
+    assert group["count"] == 2 and group["layers"] == [0, 1]
+    meta = result["meta"]
+    assert meta["num_batches"] == 3 and meta["mode"] == "train" and len(meta["batch_tokens"]) == 3
+    assert max(meta["batch_tokens"]) <= 150
+
+    # without matplotlib: the JSON is still written, the PNG is not, and the message says what to do
+    from fairseq_gradinit.fairseq_plugin import report as rep
+
+    def no_matplotlib(*a, **k):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(rep, "plot_report", no_matplotlib)
+    out2 = tmp_path / "rep2" / "tiny"
+    rc = script.main(["--gradinit-json", str(gjson), "--out", str(out2), "--batches", "2", "--no-check", "--",
+                      str(data), *TINY])
+    assert rc == 2
+    assert out2.with_suffix(".json").is_file() and not out2.with_suffix(".png").exists()
+    assert "pip install matplotlib" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        script.split_argv(["--gradinit-json", str(gjson)])  # fairseq arguments go after '--'
+
+
+def test_transformer_place():
+    pytest.importorskip("fairseq")
+    from fairseq_gradinit.fairseq_plugin.groups import TensorPlace, transformer_place
+
+    assert transformer_place("decoder.layers.3.encoder_attn.v_proj.weight") == TensorPlace("decoder", 3, "encoder_attn.v", "weight")
+    assert transformer_place("encoder.layers.0.fc1.bias") == TensorPlace("encoder", 0, "fc1", "bias")
+    assert transformer_place("encoder.layers.5.final_layer_norm.weight").kind == "final_layer_norm"
+    assert transformer_place("encoder.embed_tokens.weight") == TensorPlace("encoder", None, "embed_tokens", "weight")
+    assert transformer_place("decoder.layers.1.omega_ffn") == TensorPlace("decoder", 1, "omega_ffn", "parameter")
