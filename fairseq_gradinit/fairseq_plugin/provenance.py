@@ -44,7 +44,9 @@ def gradinit_fingerprint(cfg) -> Dict[str, Any]:
 
     ``cfg`` is the omegaconf config of ``fairseq-train`` (``convert_namespace_to_omegaconf``);
     it reads ``cfg.task``, ``cfg.model``, ``cfg.criterion`` (when present), ``cfg.common.seed``
-    and ``cfg.distributed_training.distributed_world_size``.
+    and ``cfg.distributed_training.distributed_world_size``. Pass it before a model is built from
+    it: fairseq writes derived model arguments (e.g. ``share_decoder_input_output_embed`` under
+    ``--share-all-embeddings``) into a legacy architecture's namespace while building.
     """
     return fingerprint(
         task_cfg=cfg.task, model_cfg=cfg.model, criterion_cfg=_get(cfg, "criterion"),
