@@ -344,35 +344,8 @@ def test_readme_flag_table_and_commands_match_the_task():
         del args[i:i + 2]  # the plugin is imported already
         ns = options.parse_args_and_arch(options.get_training_parser(), input_args=args)
         gcfg = gradinit_config_from_task(convert_namespace_to_omegaconf(ns).task)
-        assert ns.gradinit_iters > 0 and gcfg.iters == ns.gradinit_iters
-
-
-def test_demo_script_runs_arms_in_parallel(tiny_data, tmp_path):
-    """scripts/run_debian_demo.sh with PARALLEL=1: each arm trains in its own folder, GradInit only
-    in the gradinit arm and with the script's settings, EXTRA_ARGS reaches fairseq-train."""
-    env = env_with_repo()
-    env.update(PATH=str(BIN) + os.pathsep + env["PATH"], PARALLEL="1", UPDATES="2", VALID_EVERY="2",
-               MAX_TOKENS="400", GI_ITERS="2", GI_LOG="1", GI_GAMMA="7", GI_ADAM_STATE="per_branch", BLEU="0",
-               EXTRA_ARGS="--stop-time-hours 1 --keep-last-epochs 1")
-    out = tmp_path / "runs"
-    proc = subprocess.run(["bash", str(REPO / "scripts" / "run_debian_demo.sh"), str(tiny_data), str(out),
-                           "xavier-s1", "gradinit-s2"], env=env, capture_output=True, text=True, timeout=900)
-    logs = {a: (out / a / "train.log").read_text() if (out / a / "train.log").exists() else "" for a in
-            ("xavier-s1", "gradinit-s2")}
-    assert proc.returncode == 0, proc.stdout + proc.stderr + "\n".join(v[-3000:] for v in logs.values())
-    for arm, log in logs.items():
-        assert (out / arm / "checkpoint_last.pt").exists(), arm
-        assert "'stop_time_hours': 1.0" in log and "num_updates 2" in log, arm
-        assert f"'seed': {arm[-1]}" in log, arm
-    assert not (out / "xavier-s1" / "gradinit.json").exists()
-    info = json.loads((out / "gradinit-s2" / "gradinit.json").read_text())
-    assert info["iterations"] == 2
-    assert info["config"]["adam_state"] == "per_branch" and info["config"]["gamma"] == 7.0
-    assert (proc.stdout.count("->")) == 2
-
-    bad = subprocess.run(["bash", str(REPO / "scripts" / "run_debian_demo.sh"), str(tiny_data), str(out), "adam-s1"],
-                         env=env, capture_output=True, text=True, timeout=60)
-    assert bad.returncode == 2 and "unknown arm adam-s1" in bad.stderr
+        if any(a.startswith("--gradinit-") for a in args):  # not the w_skip section's Admin-only commands
+            assert ns.gradinit_iters > 0 and gcfg.iters == ns.gradinit_iters
 
 
 def test_valid_loss_modes_script(tiny_data, tmp_path, caplog):
