@@ -26,8 +26,7 @@ from fairseq_gradinit.fairseq_plugin.task import (  # noqa: E402
 )
 from fairseq_gradinit.fairseq_plugin.user_dir import user_dir  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
+from fairseq_helpers import REPO, free_port, make_tiny_bin, run_ranks  # noqa: E402
 BIN = Path(sys.executable).parent
 
 TINY_MODEL = [
@@ -44,22 +43,7 @@ TINY_MODEL = [
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
-    if not SHARED.exists():
-        pytest.skip(f"shared corpus not found at {SHARED}")
-    root = tmp_path_factory.mktemp("tinydata")
-    for split, n in (("train", 300), ("valid", 40), ("test", 40)):
-        for lang in ("de", "en"):
-            lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    from fairseq_cli import preprocess
-
-    args = options.get_preprocessing_parser().parse_args([
-        "--source-lang", "de", "--target-lang", "en", "--trainpref", str(root / "train"),
-        "--validpref", str(root / "valid"), "--testpref", str(root / "test"),
-        "--destdir", str(root / "bin"), "--joined-dictionary", "--nwordssrc", "600", "--workers", "1",
-    ])
-    preprocess.main(args)
-    return root / "bin"
+    return make_tiny_bin(tmp_path_factory.mktemp("tinydata"), {"train": 300, "valid": 40, "test": 40}, 600)
 
 
 def train_inprocess(argv, tpu=None):
@@ -190,14 +174,6 @@ def test_literal_usage_line_and_generate(tiny_data, tmp_path, monkeypatch, capsy
     assert "gradinit iter" not in out and "gradinit:" not in out
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("ddp_backend", [
     "legacy_ddp",
     # fairseq wraps pytorch_ddp with device_ids=[rank], which torch rejects for CPU modules.
@@ -205,11 +181,11 @@ def _free_port():
         torch.cuda.device_count() < 2, reason="fairseq's pytorch_ddp needs one GPU per rank")),
 ])
 def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
-    port = _free_port()
+    port = free_port()
     on_gpu = ddp_backend == "pytorch_ddp"
     save = tmp_path / "ck"
     driver = Path(__file__).with_name("fairseq_dist_driver.py")
-    procs = []
+    cmds = []
     for rank in range(2):
         model_args = [a for a in TINY_MODEL if not (on_gpu and a == "--cpu")]
         cmd = [sys.executable, str(driver), str(tmp_path / f"rank{rank}.pt"), str(tiny_data),
@@ -220,18 +196,8 @@ def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
                "--distributed-init-method", f"tcp://127.0.0.1:{port}",
                *(["--device-id", str(rank)] if on_gpu else []),
                "--distributed-no-spawn", "--ddp-backend", ddp_backend]
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env_with_repo(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=1200)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
+        cmds.append(cmd)
+    run_ranks(cmds, cwd=tmp_path, env=env_with_repo(), timeout=1200)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)
     assert r0["scales"] == r1["scales"]

@@ -4,7 +4,6 @@ import importlib.util
 import json
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -12,8 +11,7 @@ from torch import nn
 
 from fairseq_gradinit.core.report import ReportConfig, gradient_std, init_report
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
+from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
 
 
 class Tiny(nn.Module):
@@ -145,23 +143,14 @@ TINY = [
 def gradinit_run(tmp_path_factory):
     """A tiny data-bin and the gradinit.json of a real fairseq-train run with GradInit on it."""
     pytest.importorskip("fairseq")
-    if not SHARED.exists():
-        pytest.skip(f"shared corpus not found at {SHARED}")
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (registers the task)
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
     from fairseq.distributed import utils as distributed_utils
-    from fairseq_cli import preprocess, train
+    from fairseq_cli import train
 
     root = tmp_path_factory.mktemp("report")
-    for split, n in (("train", 200), ("valid", 20), ("test", 20)):
-        for lang in ("de", "en"):
-            lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    preprocess.main(options.get_preprocessing_parser().parse_args([
-        "--source-lang", "de", "--target-lang", "en", "--trainpref", str(root / "train"),
-        "--validpref", str(root / "valid"), "--testpref", str(root / "test"), "--destdir", str(root / "bin"),
-        "--joined-dictionary", "--nwordssrc", "400", "--workers", "1"]))
+    make_tiny_bin(root, {"train": 200, "valid": 20, "test": 20}, 400)
     save = root / "ck"
     argv = [str(root / "bin"), *TINY, "--optimizer", "adam", "--lr", "0", "--max-update", "1",
             "--disable-validation", "--no-save", "--save-dir", str(save), "--no-progress-bar",

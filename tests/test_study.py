@@ -16,8 +16,7 @@ from fairseq_gradinit.fairseq_plugin.study import Arm, Job, StudyConfig  # noqa:
 from fairseq_gradinit.fairseq_plugin.study_presets import PRESETS, describe_presets  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.task import TranslationGradInitConfig  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
+from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
 
 TINY_BASE = (
     "--arch", "transformer_iwslt_de_en", "--encoder-layers", "1", "--decoder-layers", "1",
@@ -32,23 +31,7 @@ GI_TINY = ("--gradinit-iters", "3", "--gradinit-lr", "1e-2", "--gradinit-log-int
 
 @pytest.fixture(scope="module")
 def tiny_bin(tmp_path_factory):
-    if not SHARED.exists():
-        pytest.skip(f"shared corpus not found at {SHARED}")
-    from fairseq import options
-    from fairseq_cli import preprocess
-
-    root = tmp_path_factory.mktemp("studydata")
-    for split, n in (("train", 120), ("valid", 16), ("test", 8)):
-        for lang in ("de", "en"):
-            lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    args = options.get_preprocessing_parser().parse_args([
-        "--source-lang", "de", "--target-lang", "en", "--trainpref", str(root / "train"),
-        "--validpref", str(root / "valid"), "--testpref", str(root / "test"),
-        "--destdir", str(root / "bin"), "--joined-dictionary", "--nwordssrc", "300", "--workers", "1",
-    ])
-    preprocess.main(args)
-    return root / "bin"
+    return make_tiny_bin(tmp_path_factory.mktemp("studydata"), {"train": 120, "valid": 16, "test": 8}, 300)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -107,7 +90,8 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
             assert set(call.arms) <= names and set(call.prepare) <= names, call
         usable = [a for a in preset.arms
                   if all(t in known for t in a.args if t.startswith("--gradinit-"))]
-        files = {"g98": str(tmp_path / "g98.json")}
+        files = {"g98": str(tmp_path / "g98.json")}  # parsing checks that an init file holds scales
+        Path(files["g98"]).write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
         cfg = StudyConfig(data={"main": str(tiny_bin), "separate": str(tiny_bin)}, out=tmp_path / preset.name,
                           arms=tuple(usable), base=preset.base, files=files, max_update=preset.max_update)
         plans, groups = study.plan_study(cfg)

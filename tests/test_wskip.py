@@ -2,7 +2,6 @@
 GradInit on it, on a tiny model and a slice of the Debian de-en corpus."""
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,8 +19,9 @@ from fairseq_gradinit.fairseq_plugin.groups import transformer_group  # noqa: E4
 from fairseq_gradinit.fairseq_plugin.wskip import ADMIN_JSON, admin_profile  # noqa: E402
 
 # The tiny corpus, model options and fairseq-train helpers of the plugin tests.
+from fairseq_helpers import free_port, run_ranks  # noqa: E402
 from test_fairseq_plugin import (  # noqa: E402,F401  (tiny_data is a fixture)
-    REPO, TINY_MODEL, _free_port, _readme_train_commands, checkpoint_state, env_with_repo, fresh_model, tiny_data,
+    REPO, TINY_MODEL, _readme_train_commands, checkpoint_state, env_with_repo, fresh_model, tiny_data,
     train_inprocess,
 )
 
@@ -295,9 +295,9 @@ def test_admin_then_gradinit_end_to_end_and_generate(tiny_data, tmp_path, monkey
 def test_two_gloo_ranks_end_with_identical_omega(tiny_data, tmp_path):
     """Ranks started from different weights (different seeds) profile different batches and
     weights; rank 0's omega is broadcast, so both train from, and end with, the same omega."""
-    port = _free_port()
+    port = free_port()
     driver = Path(__file__).with_name("fairseq_dist_driver.py")
-    procs = []
+    cmds = []
     for rank in range(2):
         cmd = [sys.executable, str(driver), str(tmp_path / f"rank{rank}.pt"), str(tiny_data),
                "--user-dir", str(REPO / "fairseq_gradinit"), "--task", "translation_gradinit", *WSKIP_MODEL,
@@ -305,18 +305,8 @@ def test_two_gloo_ranks_end_with_identical_omega(tiny_data, tmp_path):
                "--save-dir", str(tmp_path / "ck"), "--distributed-world-size", "2", "--distributed-rank", str(rank),
                "--distributed-backend", "gloo", "--distributed-init-method", f"tcp://127.0.0.1:{port}",
                "--distributed-no-spawn", "--ddp-backend", "legacy_ddp"]
-        procs.append(subprocess.Popen(cmd, cwd=tmp_path, env=env_with_repo(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=600)[0])
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
+        cmds.append(cmd)
+    run_ranks(cmds, cwd=tmp_path, env=env_with_repo(), timeout=600)
     r0 = torch.load(tmp_path / "rank0.pt", weights_only=False)["after_training"]
     r1 = torch.load(tmp_path / "rank1.pt", weights_only=False)["after_training"]
     assert not torch.equal(r0["encoder.layers.0.fc1.weight"], r1["encoder.layers.0.fc1.weight"])

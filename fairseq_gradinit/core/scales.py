@@ -4,7 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn

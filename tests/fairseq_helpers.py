@@ -1,0 +1,56 @@
+"""Helpers shared by the fairseq tests: a tiny data-bin from the shared corpus, gloo rank launches."""
+from __future__ import annotations
+
+import socket
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
+
+
+def make_tiny_bin(root: Path, sizes: Dict[str, int], nwords: int) -> Path:
+    """The first ``sizes[split]`` lines of the shared corpus, binarized with a joined dictionary of
+    ``nwords`` words (whitespace tokens). Skips the test when the corpus is absent."""
+    if not SHARED.exists():
+        pytest.skip(f"shared corpus not found at {SHARED}")
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    for split, n in sizes.items():
+        for lang in ("de", "en"):
+            lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    preprocess.main(options.get_preprocessing_parser().parse_args([
+        "--source-lang", "de", "--target-lang", "en", "--trainpref", str(root / "train"),
+        "--validpref", str(root / "valid"), "--testpref", str(root / "test"),
+        "--destdir", str(root / "bin"), "--joined-dictionary", "--nwordssrc", str(nwords), "--workers", "1",
+    ]))
+    return root / "bin"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_ranks(cmds: Sequence[Sequence[str]], *, cwd: Path, env: dict, timeout: float) -> List[str]:
+    """Start one process per command at once (the ranks of a job), wait for all, and assert each
+    exited 0; returns their combined stdout/stderr. A timeout kills every rank."""
+    procs = [subprocess.Popen(list(c), cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for c in cmds]
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    except subprocess.TimeoutExpired:
+        for q in procs:
+            q.kill()
+        raise
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-3000:]
+    return outs
