@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,9 +14,8 @@ from fairseq import options  # noqa: E402
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 from fairseq_gradinit.fairseq_plugin import provenance  # noqa: E402
+from fairseq_helpers import REPO, free_port, run_ranks  # noqa: E402
 from test_fairseq_plugin import TINY_MODEL, env_with_repo, tiny_data, train_inprocess  # noqa: E402,F401
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 def _argv(data, save, *extra):
@@ -406,40 +404,24 @@ def test_interrupted_gradinit_stops_cleanly_and_a_rerun_starts_over(tiny_data, t
 
 # -- ranks: rank 0 decides for all about an existing gradinit.json -----------------------------------
 def _two_ranks(tiny_data, save, port):
-    procs = []
-    for rank in range(2):
-        cmd = [sys.executable, "-m", "fairseq_cli.train", *_argv(tiny_data, save, "--gradinit-iters", "2"),
-               "--user-dir", str(REPO / "fairseq_gradinit"), "--distributed-world-size", "2",
-               "--distributed-rank", str(rank), "--distributed-backend", "gloo",
-               "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-               "--ddp-backend", "legacy_ddp"]
-        procs.append(subprocess.Popen(cmd, cwd=save.parent, env=env_with_repo(), stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=600)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-3000:]
-    return outs
+    cmds = [[sys.executable, "-m", "fairseq_cli.train", *_argv(tiny_data, save, "--gradinit-iters", "2"),
+             "--user-dir", str(REPO / "fairseq_gradinit"), "--distributed-world-size", "2",
+             "--distributed-rank", str(rank), "--distributed-backend", "gloo",
+             "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
+             "--ddp-backend", "legacy_ddp"] for rank in range(2)]
+    return run_ranks(cmds, cwd=save.parent, env=env_with_repo(), timeout=600)
 
 
 def test_two_ranks_reuse_a_matching_gradinit_json(tiny_data, tmp_path):
     import torch
 
-    from test_fairseq_plugin import _free_port
-
     save = tmp_path / "ck"
-    _two_ranks(tiny_data, save, _free_port())
+    _two_ranks(tiny_data, save, free_port())
     saved = (save / "gradinit.json").read_text()
     assert json.loads(saved)["fingerprint"]["world_size"] == 2
     first = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
     (save / "checkpoint_last.pt").unlink()
-    outs = _two_ranks(tiny_data, save, _free_port())
+    outs = _two_ranks(tiny_data, save, free_port())
     assert "its fingerprint matches this run" in outs[0] and "gradinit iter" not in "".join(outs)
     assert (save / "gradinit.json").read_text() == saved
     again = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]
