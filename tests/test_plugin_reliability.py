@@ -81,6 +81,9 @@ def _parse(argv):
     (["--gradinit-betas", "0.9"], "argument --gradinit-betas: '0.9' is invalid"),
     (["--gradinit-max-tokens", "0"], "argument --gradinit-max-tokens: invalid value 0: expected an integer >= 1"),
     (["--gradinit-log-interval", "0"], "argument --gradinit-log-interval: invalid value 0"),
+    (["--gradinit-scale-bounds", "[('biasx', 0, 1)]"], "argument --gradinit-scale-bounds: \"[('biasx', 0, 1)]\" "
+                                                       "is invalid: scale bound select='biasx' is invalid"),
+    (["--gradinit-scale-bounds", "bias"], "argument --gradinit-scale-bounds: 'bias' is invalid: expected a list"),
     (["--lr", "0"], "argument --lr (the default of --gradinit-eta): invalid value 0.0"),
     (["--ddp-backend", "fully_sharded"], "--ddp-backend fully_sharded is not supported with --gradinit-*"),
     (["--model-parallel-size", "2"], "--model-parallel-size 2 is not supported with --gradinit-*"),

@@ -32,7 +32,7 @@ from fairseq.tasks import TASK_DATACLASS_REGISTRY, TASK_REGISTRY, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
-from ..core import BatchPair, GradInitConfig, apply_scales, gradinit, summarize_scales
+from ..core import BatchPair, GradInitConfig, ScaleBound, apply_scales, gradinit, summarize_scales
 from .groups import transformer_group
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .wskip import admin_profile_if_requested
@@ -168,7 +168,10 @@ def parse_scale_bounds(text: Optional[str]) -> tuple:
     if not isinstance(value, (list, tuple)):
         raise ValueError(f"--gradinit-scale-bounds {text!r} is invalid: expected a list of (select, min, max), "
                          "e.g. \"[('bias', 0, None), ('norm', None, 100)]\"")
-    return tuple(value)
+    try:
+        return tuple(ScaleBound.coerce(b) for b in value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--gradinit-scale-bounds {text!r} is invalid: {e}") from None
 
 
 def _select(cfg, key, default=None):
