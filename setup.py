@@ -30,7 +30,8 @@ setup(
         "admin": ["admin-torch==0.1.0"],
         # The tested set (Python 3.11/3.12, Linux x86_64): pinned so a fresh machine gets a
         # torch/torchvision pair that load together instead of the newest multi-GB CUDA build.
-        "dev": ["pytest>=7", "ve-fairseq==0.12.3", "torch==2.14.1", "torchvision==0.29.1", "admin-torch==0.1.0"],
+        "dev": ["pytest>=7", "ve-fairseq==0.12.3", "torch==2.14.1", "torchvision==0.29.1", "admin-torch==0.1.0",
+                "matplotlib"],
     },
     entry_points={
         "console_scripts": [

@@ -169,6 +169,7 @@ def _script():
 
 
 def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None  # the [plot] extra
     data, gjson = gradinit_run
     saved = json.loads(gjson.read_text())
     script = _script()
@@ -176,10 +177,10 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
     # --gradinit-iters is ignored: the report must not rerun GradInit on the rebuilt model
     rc = script.main(["--gradinit-json", str(gjson), "--out", str(out), "--batches", "3", "--",
                       str(data), *TINY, "--max-tokens", "150", "--gradinit-iters", "5"])
-    assert rc == 0
+    assert rc == (0 if has_matplotlib else 2)  # without matplotlib: JSON only, exit status 2
     result = json.loads(out.with_suffix(".json").read_text())
     png = out.with_suffix(".png")
-    assert png.is_file() and 0 < png.stat().st_size < 300_000
+    assert not has_matplotlib or (png.is_file() and 0 < png.stat().st_size < 300_000)
 
     check = result["check_first_iteration"]
     assert check["done"] and check["consistent"], check  # the rebuilt model is the one GradInit ran on
