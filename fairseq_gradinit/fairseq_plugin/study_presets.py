@@ -166,9 +166,8 @@ screen is ~12-13 minutes of GPU work before start-up and BLEU, so the two calls 
   call A: d8-fp32, x98-fp32, d5-recipe, d8-window train (their scales exist: the evidence's g98)
           while the five new GradInit phases (d1-d4, d6) run beside them and go to the cache;
   call B: d1-d4 and d6 train from the cached scales (nothing is computed first), beside w98.
-The fp32 arms go first because the evidence's logs point at fp16: g98's scales shrink the
-encoder's q/k gradients 1e3-1e4-fold, below what fp16 holds once the loss scale has fallen
-(docs/no-warmup.md). The evidence's x98/w98 at these settings are the references (w98 is re-run
+The fp32 arms go first: they separate numerics from optimization most directly (the
+evidence's logs make fp16 an unlikely cause of the plateau, docs/no-warmup.md; d8-fp32 tests it). The evidence's x98/w98 at these settings are the references (w98 is re-run
 in call B as the in-study target). Each call: --parallel 9 (A) / 6 (B), --time-budget 5.25
 minutes, --bleu-budget 0.75. Arms that do not reach 3000 updates are stopped by the budget (fp32
 the likeliest); BLEU is taken at the largest checkpoint update (every 500) that all arms of the
