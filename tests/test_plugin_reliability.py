@@ -84,6 +84,10 @@ def _parse(argv):
     (["--gradinit-scale-bounds", "[('biasx', 0, 1)]"], "argument --gradinit-scale-bounds: \"[('biasx', 0, 1)]\" "
                                                        "is invalid: scale bound select='biasx' is invalid"),
     (["--gradinit-scale-bounds", "bias"], "argument --gradinit-scale-bounds: 'bias' is invalid: expected a list"),
+    (["--gradinit-scale-bounds", "[('norm', None, 0.005)]"], "argument --gradinit-scale-bounds: invalid value "
+                                                             "(ScaleBound(select='norm', min_scale=None, max_scale=0.005),)"
+                                                             ": expected bounds with min <= max, but 'norm' gets "
+                                                             "[0.01, 0.005]"),
     (["--lr", "0"], "argument --lr (the default of --gradinit-eta): invalid value 0.0"),
     (["--ddp-backend", "fully_sharded"], "--ddp-backend fully_sharded is not supported with --gradinit-*"),
     (["--model-parallel-size", "2"], "--model-parallel-size 2 is not supported with --gradinit-*"),

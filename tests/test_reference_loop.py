@@ -180,5 +180,10 @@ def test_scale_bounds_select_and_validate():
                      (("bias", 0, None), "scale bound"), ("bias", "scale_bounds")]:
         with pytest.raises(ValueError, match=msg):
             GradInitConfig(scale_bounds=bad)
+    # a side left at None takes the global bound, which must not empty the group's range
+    for kw in [dict(scale_bounds=[("norm", None, 0.005)]), dict(max_scale=2.0, scale_bounds=[("bias", 3.0, None)])]:
+        with pytest.raises(ValueError, match="scale_bounds=.* give it both bounds"):
+            GradInitConfig(**kw)
+    assert GradInitConfig(scale_bounds=[("norm", 0.001, 0.005)]).scale_bounds[0].max_scale == 0.005
     with pytest.raises(ValueError, match="step_params"):
         GradInitConfig(step_params="some")

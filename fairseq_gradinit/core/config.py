@@ -233,6 +233,12 @@ class GradInitConfig:
         if not (is_positive(self.fd_eps) and self.fd_eps < 1):
             invalid(self, "fd_eps", "a number in (0, 1)")
         validate_scale_fields(self, eps_field="eps", lr_hint=" (the paper uses 1e-3 .. 1e-1)")
+        for b in self.scale_bounds:  # a side left at None takes the global bound: the range may end up empty
+            lo = self.min_scale if b.min_scale is None else b.min_scale
+            hi = self.max_scale if b.max_scale is None else b.max_scale
+            if hi is not None and hi < lo:
+                invalid(self, "scale_bounds", f"bounds with min <= max, but {b.describe()!r} gets [{lo}, {hi}] "
+                                              "from the global min_scale/max_scale; give it both bounds")
 
     # -- derived quantities ---------------------------------------------------------------
     @property
