@@ -292,6 +292,23 @@ def test_admin_then_gradinit_end_to_end_and_generate(tiny_data, tmp_path, monkey
     assert result["n_sentences"] == result["n_subset_sentences"] == 40 and result["bleu"] >= 0
 
 
+def test_bad_gradinit_value_stops_before_the_admin_profile(tiny_data, tmp_path):
+    """A bad --gradinit-* value in a config that skipped the parser (fairseq-hydra-train, Python)
+    stops the run before Admin's profiling runs or writes anything."""
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq_cli import train
+
+    save = tmp_path / "ck"
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=_argv(
+        tiny_data, "--wskip-init", "admin", "--lr", "1e-3", "--max-update", "1", "--save-dir", str(save),
+        "--gradinit-iters", "3"))
+    cfg = convert_namespace_to_omegaconf(args)
+    cfg.task.gradinit_overlap = 2.0
+    with pytest.raises(SystemExit, match="argument --gradinit-overlap: invalid value 2.0"):
+        distributed_utils.call_main(cfg, train.main)
+    assert not (save / ADMIN_JSON).exists()
+
+
 def test_two_gloo_ranks_end_with_identical_omega(tiny_data, tmp_path):
     """Ranks started from different weights (different seeds) profile different batches and
     weights; rank 0's omega is broadcast, so both train from, and end with, the same omega."""

@@ -480,20 +480,22 @@ class TranslationGradInitTask(TranslationTask):
     def build_criterion(self, cfg, from_checkpoint=False):
         criterion = super().build_criterion(cfg, from_checkpoint=from_checkpoint)
         model, self._gradinit_model = self._gradinit_model, None
-        enabled = self.cfg.gradinit_iters > 0 or self.cfg.gradinit_init_file
-        if model is not None and not from_checkpoint and not will_restore_checkpoint(self.cfg):
+        if model is None or from_checkpoint:
+            return criterion
+        enabled = _gradinit_enabled(self.cfg)
+        self._gradinit_criterion_cfg = cfg
+        # The command line was checked when parsed; this also covers configs built otherwise
+        # (fairseq-hydra-train, Python). Checked before Admin's profiling and GradInit, so that
+        # stopping here costs nothing.
+        error = gradinit_option_error(self.cfg)
+        if error is None and enabled:
+            error = unsupported_setup_error(self.cfg)
+        if error is not None:
+            raise GradInitStop(error)
+        source = restore_source(self.cfg)
+        if source is None:
             admin_profile_if_requested(model, self)  # transformer_wskip --wskip-init admin; before GradInit
-        if model is not None and not from_checkpoint:
-            self._gradinit_criterion_cfg = cfg
-            # The command line was checked when parsed; this also covers configs built otherwise
-            # (fairseq-hydra-train, Python). Nothing has run yet, so stopping costs nothing.
-            error = gradinit_option_error(self.cfg)
-            if error is None and enabled:
-                error = unsupported_setup_error(self.cfg)
-            if error is not None:
-                raise GradInitStop(error)
-        if model is not None and not from_checkpoint and enabled:
-            source = restore_source(self.cfg)
+        if enabled:
             if source is not None:
                 logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)", source)
             else:
