@@ -29,7 +29,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from ..core.modes import gradinit_mode
 from ..core.report import ReportConfig, init_report, unique_trainable
 from .groups import transformer_place
-from .task import TranslationGradInitTask
+from .task import TranslationGradInitTask, mean_loss_fn
 
 logger = logging.getLogger(__name__)
 
@@ -91,16 +91,6 @@ def build_training_model(train_argv: Sequence[str], *, device: Optional[str] = N
     return FairseqModel(cfg=cfg, task=task, model=model, criterion=criterion, device=dev)
 
 
-def mean_loss_fn(criterion):
-    """The loss the optimizer differentiates: fairseq's summed loss divided by the sample size."""
-
-    def loss_fn(model, sample):
-        loss, sample_size, _ = criterion(model, sample)
-        return loss / max(float(sample_size), 1.0)
-
-    return loss_fn
-
-
 def training_batches(fm: FairseqModel, *, num_batches: int, seed: int, max_tokens: Optional[int] = None) -> List:
     """``num_batches`` distinct minibatches of the training split, as fairseq-train batches them
     (length-bucketed, ``--max-tokens`` / ``--batch-size``), drawn at random with ``seed``."""
@@ -126,12 +116,7 @@ def training_batches(fm: FairseqModel, *, num_batches: int, seed: int, max_token
         raise ValueError(f"the training split has only {len(batches)} batches of {max_tokens} tokens; "
                          f"ask for fewer minibatches or pass a smaller --max-tokens")
     chosen = np.random.RandomState(seed).choice(len(batches), size=num_batches, replace=False)
-    return [_collate(dataset, batches[i], fm.device) for i in chosen]
-
-
-def _collate(dataset, idx, device):
-    sample = dataset.collater([dataset[int(i)] for i in idx])
-    return utils.apply_to_sample(lambda t: t.to(device), sample)
+    return [TranslationGradInitTask._collate(dataset, batches[i], fm.device) for i in chosen]
 
 
 def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1e-4, rtol_norm: float = 1e-3) -> dict:

@@ -368,6 +368,16 @@ def _refuse_bad_values_when_parsed(parser) -> None:
     parser.parse_known_args = checked
 
 
+def mean_loss_fn(criterion):
+    """The loss the optimizer differentiates: fairseq's summed loss divided by the sample size."""
+
+    def loss_fn(model, sample):
+        loss, sample_size, _ = criterion(model, sample)
+        return loss / max(float(sample_size), 1.0)
+
+    return loss_fn
+
+
 def _rank_world():
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
@@ -554,15 +564,11 @@ class TranslationGradInitTask(TranslationTask):
 
         pairs = counted(self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world))
 
-        def loss_fn(m, sample):
-            loss, sample_size, _ = criterion(m, sample)
-            return loss / max(float(sample_size), 1.0)
-
         start = time.time()
         with _sigterm_raises_interrupt():
             try:
                 try:
-                    result = gradinit(model, pairs, loss_fn, gcfg)
+                    result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg)
                 finally:
                     model.to(orig_device)
                     if use_cuda:
