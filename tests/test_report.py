@@ -185,6 +185,17 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
     check = result["check_first_iteration"]
     assert check["done"] and check["consistent"], check  # the rebuilt model is the one GradInit ran on
     assert check["loss_s"] == pytest.approx(saved["history"][0]["loss_s"], rel=1e-5)
+    # g held every trainable tensor (step_params 'all'): the check compares with that norm, and the norm
+    # over the scaled tensors alone (without the all-zero biases) would not pass it
+    rec = check["recorded_grad_norm"]
+    assert check["step_params"] == saved["config"]["step_params"] == "all"
+    assert check["rel_diff_grad_norm"] == pytest.approx(abs(check["grad_norm_all_tensors"] - rec) / rec)
+    assert abs(check["grad_norm_scaled_tensors"] - rec) / rec > 1e-3
+    from fairseq_gradinit.fairseq_plugin import report as rep
+
+    wrong = {**saved, "config": {**saved["config"], "step_params": "scaled"}}
+    other = rep.check_first_iteration(rep.build_training_model([str(data), *TINY]), wrong)
+    assert other["done"] and not other["consistent"] and other["rel_diff_grad_norm"] > 1e-3
 
     tensors = result["tensors"]
     names = [t["name"] for t in tensors]
@@ -208,8 +219,6 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
     assert max(meta["batch_tokens"]) <= 150
 
     # without matplotlib: the JSON is still written, the PNG is not, and the message says what to do
-    from fairseq_gradinit.fairseq_plugin import report as rep
-
     def no_matplotlib(*a, **k):
         raise ImportError("No module named 'matplotlib'")
 
