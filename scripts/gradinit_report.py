@@ -68,7 +68,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         result = rep.run_report(train_argv, args.gradinit_json, num_batches=args.batches, mode=args.mode,
                                 seed=args.batch_seed, check=not args.no_check)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, OSError) as e:  # bad values; a --gradinit-json that is missing, a folder, unreadable
         logger.error("%s", e)
         return 1
     out_json, out_png = args.out + ".json", args.out + ".png"

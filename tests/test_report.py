@@ -231,6 +231,8 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
     assert "pip install matplotlib" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         script.split_argv(["--gradinit-json", str(gjson)])  # fairseq arguments go after '--'
+    # a --gradinit-json that cannot be read is an error message and exit status 1, not a traceback
+    assert script.main(["--gradinit-json", str(tmp_path), "--out", str(tmp_path / "x"), "--", str(data), *TINY]) == 1
 
 
 def test_transformer_place():
