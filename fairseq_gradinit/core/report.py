@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from .modes import gradinit_mode
-from .scales import apply_scales
+from .scales import apply_scales, shared_parameter_groups
 
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -101,15 +101,9 @@ class InitReport:
 
 def unique_trainable(model: nn.Module) -> List[tuple]:
     """``(name, parameter, aliases)`` for every trainable tensor, once per tensor (first name)."""
-    seen: Dict[int, tuple] = {}
-    order: List[int] = []
-    for name, p in model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
-            seen[id(p)][2].append(name)
-            continue
-        seen[id(p)] = (name, p, [])
-        order.append(id(p))
-    return [seen[k] for k in order if seen[k][1].requires_grad]
+    by_name = dict(model.named_parameters(remove_duplicate=False))
+    return [(first, by_name[first], aliases) for first, *aliases in shared_parameter_groups(model)
+            if by_name[first].requires_grad]
 
 
 @contextlib.contextmanager
