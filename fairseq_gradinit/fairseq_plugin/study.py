@@ -669,7 +669,7 @@ def run_study(cfg: StudyConfig) -> dict:
                          **arm_outcome(job, all_curves[p.arm.name], job.log, cfg.max_update))
         arms_out[p.arm.name] = entry
 
-    bleu = run_bleu(cfg, plans, arm_jobs, env) if cfg.bleu and arm_jobs else None
+    bleu = run_bleu(cfg, plans, env) if cfg.bleu and arm_jobs else None
     result = {
         "out": str(out),
         "data": {k: str(v) for k, v in cfg.data.items()},
@@ -690,8 +690,7 @@ def run_study(cfg: StudyConfig) -> dict:
     return result
 
 
-def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], arm_jobs: Mapping[str, Job],
-             env: Mapping[str, str]) -> dict:
+def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str]) -> dict:
     """BLEU of every arm at the largest checkpoint update that all arms with checkpoints reached."""
     trained = [p for p in plans if p.train]
     ckpts = {p.arm.name: checkpoint_updates(p.save_dir) for p in trained}
@@ -705,11 +704,11 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], arm_jobs: Mapping[str, 
         return result
     if not Path(cfg.bleu_script).is_file():
         raise ValueError(f"BLEU script not found: {cfg.bleu_script} (run from a source checkout, or --no-bleu)")
-    jobs = []
+    jobs, outputs = [], {}
     for p in trained:
         if p.arm.name in without:
             continue
-        out_json = p.save_dir / "bleu.json"
+        out_json = outputs[p.arm.name] = p.save_dir / "bleu.json"
         cmd = [cfg.python, str(cfg.bleu_script), p.data, "--path", str(ckpts[p.arm.name][update]),
                "--user-dir", "gradinit", "--beam", "5", "--gen-subset", cfg.bleu_subset,
                "--output-json", str(out_json)]
@@ -725,7 +724,7 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], arm_jobs: Mapping[str, 
              deadline=t0 + cfg.bleu_budget_s if cfg.bleu_budget_s else None)
     for job in jobs:
         entry = {"checkpoint": str(ckpts[job.name][update]), **job.summary(t0)}
-        out_json = arm_jobs[job.name].log.parent / "bleu.json"
+        out_json = outputs[job.name]
         if job.status == "done" and out_json.is_file():
             scored = json.loads(out_json.read_text())
             entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "bleu_string")})
