@@ -14,7 +14,6 @@ pytest.importorskip("fairseq")
 from fairseq_gradinit.fairseq_plugin import study  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.study import Arm, Job, StudyConfig  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.study_presets import PRESETS, describe_presets  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.task import TranslationGradInitConfig  # noqa: E402
 
 from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
 
@@ -72,36 +71,28 @@ def test_arms_file(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # presets
 # ------------------------------------------------------------------------------------------------
-def _known_gradinit_flags():
-    return {"--" + f.name.replace("_", "-") for f in TranslationGradInitConfig.__dataclass_fields__.values()
-            if f.name.startswith("gradinit_")}
-
-
 def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
-    """Every preset arm's command line is accepted by fairseq-train's parser (arms using --gradinit-*
-    flags the task does not have yet are skipped), calls name existing arms, and GradInit groups
-    follow what determines the scales: g98 and g999 (training betas only) share one."""
-    known = _known_gradinit_flags()
+    """Every preset arm's command line is accepted by fairseq-train's parser, calls name existing
+    arms, and GradInit groups follow what determines the scales: g98 and g999 (training betas only)
+    share one."""
     text = describe_presets()
     for preset in PRESETS.values():
         assert f"== {preset.name}:" in text
         names = {a.name for a in preset.arms}
         for call in preset.calls:
             assert set(call.arms) <= names and set(call.prepare) <= names, call
-        usable = [a for a in preset.arms
-                  if all(t in known for t in a.args if t.startswith("--gradinit-"))]
         files = {"g98": str(tmp_path / "g98.json")}  # parsing checks that an init file holds scales
         Path(files["g98"]).write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
         cfg = StudyConfig(data={"main": str(tiny_bin), "separate": str(tiny_bin)}, out=tmp_path / preset.name,
-                          arms=tuple(usable), base=preset.base, files=files, max_update=preset.max_update)
+                          arms=tuple(preset.arms), base=preset.base, files=files, max_update=preset.max_update)
         plans, groups = study.plan_study(cfg)
-        assert [p.arm.name for p in plans] == [a.name for a in usable]
-        if preset.name == "evidence" and len(usable) == len(preset.arms):
+        assert [p.arm.name for p in plans] == [a.name for a in preset.arms]
+        if preset.name == "evidence":
             by_arm = {p.arm.name: p.group for p in plans}
             assert by_arm["g98"] == by_arm["g999"] and by_arm["g98"] is not None
             assert len({by_arm["g98"], by_arm["g98shared"], by_arm["g98tau1e-2"]}) == 3
             assert by_arm["x98"] is None and by_arm["w98"] is None
-        if preset.name == "screen" and "d1-sepdict" in [a.name for a in usable]:
+        if preset.name == "screen":
             cmd = study.arm_command(cfg, next(p for p in plans if p.arm.name == "d1-sepdict"), groups)
             assert "--share-all-embeddings" not in cmd and "--share-decoder-input-output-embed" in cmd
             d8 = study.arm_command(cfg, next(p for p in plans if p.arm.name == "d8-fp32"), groups)

@@ -114,7 +114,7 @@ def test_gradinit_objective_branch_and_options():
                       min_scale=0.5, max_scale=1.5, lr=0.5, optimizer="adam", eta=1e-3, progress=False,
                       scale_bounds=[("norm", None, 0.9)], step_params="scaled")
     bn = batch_norm_weight_names(create_model("vgg19", width=0.0625, num_classes=5))
-    assert bn and all(capped.scales[n] <= 0.9 + 1e-7 for n in bn if n in capped.scales)
+    assert bn and bn <= set(capped.scales) and all(capped.scales[n] <= 0.9 + 1e-7 for n in bn)
     assert all(0.5 - 1e-7 <= v <= 1.5 + 1e-7 for v in capped.scales.values())
 
 
