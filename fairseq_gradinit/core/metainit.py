@@ -197,7 +197,8 @@ class MetaInit:
         self.loss_fn = loss_fn
         self.cfg = config
         self.dist = DataParallelGroup(process_group)
-        self.scaled = ScaledParameters(self.model, config.param_filter)
+        self.scaled = ScaledParameters(self.model, config.param_filter, min_scale=config.min_scale,
+                                       max_scale=config.max_scale)
         seen, self.all_params = set(), []
         for p in self.model.parameters():
             if p.requires_grad and id(p) not in seen:
@@ -211,7 +212,8 @@ class MetaInit:
         self.initial_norms = torch.stack([w.float().norm() for w in self.scaled.W]).to(self.alpha.device)
         adam_cfg = types.SimpleNamespace(lr=config.lr, betas=config.betas, eps=config.adam_eps,
                                          scale_grad_clip=config.scale_grad_clip)
-        self.adam = ScaleAdam(self.alpha, adam_cfg, min_scale=config.min_scale, max_scale=config.max_scale)
+        self.adam = ScaleAdam(self.alpha, adam_cfg, min_scale=self.scaled.min_scales,
+                              max_scale=self.scaled.max_scales)
         self.history: List[MetaInitRecord] = []
         self._consecutive_skips = 0
 

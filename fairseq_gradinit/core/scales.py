@@ -96,7 +96,7 @@ class ScaledParameters:
     """
 
     def __init__(self, model: nn.Module, param_filter: Optional[ParamFilter] = None, *,
-                 include_unscaled: bool = False, bounds: Sequence = (), min_scale: float = 0.0,
+                 include_unscaled: bool = False, bounds: Sequence = (), min_scale: float = 0.01,
                  max_scale: Optional[float] = None):
         filt = param_filter or default_param_filter
         params: Dict[int, nn.Parameter] = {}

@@ -10,14 +10,12 @@ checkpoint.
 
 import ast
 import contextlib
-import glob
 import json
 import logging
 import math
 import os
 import re
 import signal
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,6 +31,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from ..core import BatchPair, GradInitConfig, ScaleBound, apply_scales, gradinit, summarize_scales
+from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .wskip import admin_profile_if_requested
@@ -384,23 +383,6 @@ def _rank_world():
     return 0, 1
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_TEMP_PATTERN = ".gradinit.*.json"  # _atomic_write_json's temporary files
-
-
-def _remove_stale_temp_files(directory: str) -> None:
-    """Temporary files of a write that was killed (SIGKILL leaves no chance to clean up)."""
-    for tmp in glob.glob(os.path.join(glob.escape(directory), _TEMP_PATTERN)):
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-            logger.info("gradinit: removed %s, left by an interrupted run", tmp)
-
-
 def _saved_result_decision(path: str, current: dict) -> tuple:
     """('run', None), ('reuse', None) or ('stop', message) for an existing ``gradinit.json``."""
     if not os.path.exists(path):
@@ -441,22 +423,6 @@ def _sigterm_raises_interrupt():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def _atomic_write_json(path: str, obj: dict) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".gradinit.", suffix=".json", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
-        # mkstemp creates the file 0600; give it the permissions an ordinary open() would.
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 @register_task("translation_gradinit", dataclass=TranslationGradInitConfig)
@@ -553,7 +519,8 @@ class TranslationGradInitTask(TranslationTask):
             gcfg.eta, gcfg.resolved_gamma, gcfg.lr, max_tokens, 100 * gcfg.overlap, rank, world)
 
         if rank == 0:
-            _remove_stale_temp_files(save_dir)
+            for tmp in remove_stale_temp_files(save_dir, GRADINIT_JSON):
+                logger.info("gradinit: removed %s, left by an interrupted run", tmp)
         model.to(device)
         drawn = [0]
 
@@ -579,7 +546,7 @@ class TranslationGradInitTask(TranslationTask):
                     out = result.to_dict()
                     out.update(summary=summary, max_tokens=max_tokens, device=str(device),
                                wall_time=time.time() - start, fingerprint=current)
-                    _atomic_write_json(path, out)
+                    atomic_write_json(path, out)
                     logger.info("gradinit: wrote %s", path)
             except KeyboardInterrupt as e:
                 signum = getattr(e, "signum", signal.SIGINT)

@@ -30,7 +30,6 @@ defined on the Post-LN residual.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -52,6 +51,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ..core.admin import AdminProfile, closed_form_omega
+from .files import atomic_write_json
 
 logger = logging.getLogger(__name__)
 
@@ -333,10 +333,9 @@ def admin_profile_if_requested(model: nn.Module, task) -> Optional[Dict[str, flo
         logger.info("  %-40s %.6f", name, value)
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
     if rank == 0 and options.save_dir:
-        os.makedirs(options.save_dir, exist_ok=True)
-        with open(os.path.join(options.save_dir, ADMIN_JSON), "w") as f:
-            json.dump({"omega": values, "nsentences": int(sample["nsentences"]), "ntokens": int(sample["ntokens"]),
-                       "sample_ids": sample["id"].tolist(), "device": str(device)}, f, indent=1)
+        atomic_write_json(os.path.join(options.save_dir, ADMIN_JSON),
+                          {"omega": values, "nsentences": int(sample["nsentences"]), "ntokens": int(sample["ntokens"]),
+                           "sample_ids": sample["id"].tolist(), "device": str(device)})
     return values
 
 

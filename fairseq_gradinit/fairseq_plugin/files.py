@@ -1,0 +1,47 @@
+"""Writing the plugin's JSON files into a run's --save-dir."""
+from __future__ import annotations
+
+import contextlib
+import glob
+import json
+import os
+import tempfile
+from typing import List
+
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write_json(path: str, obj: dict) -> None:
+    """Write ``obj`` to ``path`` so that readers see the old file or the whole new one, never a
+    part (a killed run leaves at most a ``.{stem}.*.json`` temporary file beside it)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    stem = os.path.splitext(os.path.basename(path))[0]
+    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".json", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+        # mkstemp creates the file 0600; give it the permissions an ordinary open() would.
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def remove_stale_temp_files(directory: str, name: str) -> List[str]:
+    """Remove the temporary files that a killed :func:`atomic_write_json` of ``name`` left in
+    ``directory`` (SIGKILL leaves no chance to clean up); returns their paths."""
+    stem = os.path.splitext(name)[0]
+    removed = []
+    for tmp in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(stem)}.*.json")):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+            removed.append(tmp)
+    return removed
