@@ -231,6 +231,25 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     assert g.cached and f"gi-{g.key}" == group
 
 
+def test_interrupted_study_leaves_no_temporary_cache_folder(tiny_bin, tmp_path, monkeypatch):
+    """Ctrl-C while a GradInit phase runs: its temporary folder becomes failed-gi-KEY (log kept),
+    nothing half-written stays where a later study would look for cached scales."""
+    def interrupted(jobs, **kwargs):
+        for job in jobs:
+            job.log.parent.mkdir(parents=True, exist_ok=True)
+            job.log.write_text("# started\n")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "run_jobs", interrupted)
+    cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path / "out", base=TINY_BASE + ("--cpu",),
+                      arms=(Arm("g", GI_TINY),))
+    with pytest.raises(KeyboardInterrupt):
+        study.run_study(cfg)
+    names = sorted(p.name for p in cfg.cache_dir.iterdir())
+    assert len(names) == 1 and names[0].startswith("failed-gi-"), names
+    assert (cfg.cache_dir / names[0] / "gradinit.log.part").read_text() == "# started\n"
+
+
 def test_device_setup_dry_run(tmp_path):
     """scripts/device_setup.sh --dry-run: names the pip command for a complete cp312 wheel set and
     refuses a set that lacks a package or holds a wheel for another Python."""

@@ -645,16 +645,18 @@ def run_study(cfg: StudyConfig) -> dict:
         jobs.append(job)
     logger.info("study: %d GradInit phase(s) to run, %d cached; %d arm(s)", len(phase_names),
                 sum(g.cached for g in groups.values()), len(arm_jobs))
-    run_jobs(jobs, parallel=cfg.parallel, deadline=deadline, finish_margin_s=cfg.finish_margin_s, env=env,
-             cwd=REPO_ROOT)
-    for j in jobs:  # failed phases leave their temporary folder; keep its log beside the cache
-        if j.kind == "phase" and j.status != "done":
-            tmp = j.log.parent
-            if tmp.exists():
-                failed = cfg.cache_dir / f"failed-{j.name}"
-                shutil.rmtree(failed, ignore_errors=True)
-                os.replace(tmp, failed)
-                j.log = failed / j.log.name
+    try:
+        run_jobs(jobs, parallel=cfg.parallel, deadline=deadline, finish_margin_s=cfg.finish_margin_s, env=env,
+                 cwd=REPO_ROOT)
+    finally:  # also on Ctrl-C: no temporary folder stays in the cache
+        for j in jobs:  # failed, killed or never started phases: keep their log beside the cache
+            if j.kind == "phase" and j.status != "done":
+                tmp = j.log.parent
+                if tmp.exists():
+                    failed = cfg.cache_dir / f"failed-{j.name}"
+                    shutil.rmtree(failed, ignore_errors=True)
+                    os.replace(tmp, failed)
+                    j.log = failed / j.log.name
     t_train = time.time()
 
     all_curves = {name: arm_curves(job.log) for name, job in arm_jobs.items()}
