@@ -92,8 +92,9 @@ def build_training_model(train_argv: Sequence[str], *, device: Optional[str] = N
 
 
 def training_batches(fm: FairseqModel, *, num_batches: int, seed: int, max_tokens: Optional[int] = None) -> List:
-    """``num_batches`` distinct minibatches of the training split, as fairseq-train batches them
-    (length-bucketed, ``--max-tokens`` / ``--batch-size``), drawn at random with ``seed``."""
+    """``num_batches`` distinct minibatches of the training split, length-bucketed by ``--max-tokens`` /
+    ``--batch-size`` as fairseq-train and GradInit batch it (but, like GradInit's batches, without
+    fairseq-train's ``--required-batch-size-multiple`` of 8), drawn at random with ``seed``."""
     cfg, task = fm.cfg, fm.task
     split = cfg.dataset.train_subset
     if split not in task.datasets:
