@@ -16,17 +16,18 @@ from fairseq.distributed import utils as distributed_utils  # noqa: E402
 
 import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (registers the task)
 from fairseq_gradinit.core import apply_scales  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.cfg import cfg_value  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.groups import transformer_group  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.task import (  # noqa: E402
     TranslationGradInitConfig,
     TranslationGradInitTask,
-    _select,
     gradinit_config_from_task,
     will_restore_checkpoint,
 )
 from fairseq_gradinit.fairseq_plugin.user_dir import user_dir  # noqa: E402
 
 from fairseq_helpers import REPO, free_port, make_tiny_bin, run_ranks  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
 TINY_MODEL = [
@@ -251,9 +252,9 @@ def test_global_settings_resolve_from_the_command_line(extra):
     argv = ["data-bin-not-read", "--task", "translation_gradinit", *[a for a in TINY_MODEL if a != "--cpu"],
             "--lr", "3e-4", "--seed", "5", *extra]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), input_args=argv))
-    assert _select(cfg.task, "gradinit_cpu") is ("--cpu" in extra)
-    assert _select(cfg.task, "gradinit_seed") == 5
-    assert _select(cfg.task, "gradinit_train_max_tokens") == 400
+    assert cfg_value(cfg.task, "gradinit_cpu") is ("--cpu" in extra)
+    assert cfg_value(cfg.task, "gradinit_seed") == 5
+    assert cfg_value(cfg.task, "gradinit_train_max_tokens") == 400
     gcfg = gradinit_config_from_task(cfg.task)
     assert gcfg.eta == 3e-4 and gcfg.fd_eps == 1e-4
     assert gcfg.constraint_grad == ("finite_difference" if "finite_difference" in extra else "exact")

@@ -22,6 +22,7 @@ import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import __version__
+from .cfg import cfg_value
 
 #: Fingerprint keys that must agree for a saved result to be reused as if computed now.
 COMPARED_KEYS = ("model", "criterion", "seed", "data", "world_size", "gradinit")
@@ -49,7 +50,7 @@ def gradinit_fingerprint(cfg) -> Dict[str, Any]:
     ``--share-all-embeddings``) into a legacy architecture's namespace while building.
     """
     return fingerprint(
-        task_cfg=cfg.task, model_cfg=cfg.model, criterion_cfg=_get(cfg, "criterion"),
+        task_cfg=cfg.task, model_cfg=cfg.model, criterion_cfg=cfg_value(cfg, "criterion"),
         seed=cfg.common.seed, world_size=cfg.distributed_training.distributed_world_size,
     )
 
@@ -143,9 +144,9 @@ def model_arguments(model_cfg) -> Dict[str, Any]:
 def data_fingerprint(task_cfg) -> Dict[str, Any]:
     """Task options that pick GradInit's sentences, and each data directory's dictionaries and
     train split: ``{file name: {"size", "sha256"}}`` (``.bin`` files: size only)."""
-    split = _get(task_cfg, "train_subset") or "train"
-    out: Dict[str, Any] = {k: _plain(_get(task_cfg, k)) for k in _DATA_TASK_KEYS}
-    data = _get(task_cfg, "data")
+    split = cfg_value(task_cfg, "train_subset") or "train"
+    out: Dict[str, Any] = {k: _plain(cfg_value(task_cfg, k)) for k in _DATA_TASK_KEYS}
+    data = cfg_value(task_cfg, "data")
     dirs = [d for d in str(data).split(os.pathsep) if d] if data else []
     out["dirs"] = [_dir_files(d, split) for d in dirs]
     if dirs and out["source_lang"] is None and out["target_lang"] is None and os.path.isdir(dirs[0]):
@@ -165,7 +166,7 @@ def gradinit_settings(task_cfg) -> Dict[str, Any]:
     options = {}
     for f in TranslationGradInitConfig.__dataclass_fields__.values():
         if f.name.startswith("gradinit_") and f.metadata.get("help") and f.name not in _NOT_DETERMINING:
-            options[f.name] = _plain(_get(task_cfg, f.name))
+            options[f.name] = _plain(cfg_value(task_cfg, f.name))
     try:
         resolved = gradinit_config_from_task(task_cfg).to_dict()
         resolved.pop("log_interval", None)
@@ -174,7 +175,7 @@ def gradinit_settings(task_cfg) -> Dict[str, Any]:
     return {
         "options": options,
         "resolved": _plain(resolved),
-        "max_tokens": _plain(_get(task_cfg, "gradinit_max_tokens") or _get(task_cfg, "gradinit_train_max_tokens")),
+        "max_tokens": _plain(cfg_value(task_cfg, "gradinit_max_tokens") or cfg_value(task_cfg, "gradinit_train_max_tokens")),
     }
 
 
@@ -204,16 +205,6 @@ def _sha256(path: str) -> str:
     return h.hexdigest()
 
 
-def _get(cfg, key, default=None):
-    try:
-        value = getattr(cfg, key)
-    except Exception:  # absent, or an interpolation that cannot resolve outside fairseq-train
-        return default
-    if isinstance(value, str) and value.startswith("${"):
-        return default
-    return value
-
-
 def _container(node):
     if node is None or isinstance(node, (dict, list, str, int, float, bool)):
         return node
@@ -224,7 +215,7 @@ def _container(node):
     if isinstance(node, DictConfig):
         return OmegaConf.to_container(node, resolve=True)
     if hasattr(node, "__dataclass_fields__"):
-        return {k: _get(node, k) for k in node.__dataclass_fields__}
+        return {k: cfg_value(node, k) for k in node.__dataclass_fields__}
     return node
 
 

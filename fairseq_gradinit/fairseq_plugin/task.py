@@ -31,6 +31,7 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 from omegaconf import II
 
 from ..core import BatchPair, GradInitConfig, ScaleBound, apply_scales, gradinit, summarize_scales
+from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
@@ -131,11 +132,11 @@ def gradinit_config_from_task(cfg) -> GradInitConfig:
     """Translate the task's ``--gradinit-*`` options into a core :class:`GradInitConfig`."""
     opt = cfg.gradinit_optimizer
     if opt is None:
-        train_opt = _select(cfg, "gradinit_train_optimizer")
+        train_opt = cfg_value(cfg, "gradinit_train_optimizer")
         opt = "sgd" if train_opt in ("sgd", "nag") else "adam"
     eta = cfg.gradinit_eta
     if eta is None:
-        lr = _select(cfg, "gradinit_train_lr")
+        lr = cfg_value(cfg, "gradinit_train_lr")
         if lr is None:
             raise ValueError("--gradinit-eta is not set and the training --lr is unknown; pass --gradinit-eta")
         eta = float(lr[0] if isinstance(lr, (list, tuple)) or hasattr(lr, "__getitem__") else lr)
@@ -173,16 +174,6 @@ def parse_scale_bounds(text: Optional[str]) -> tuple:
         raise ValueError(f"--gradinit-scale-bounds {text!r} is invalid: {e}") from None
 
 
-def _select(cfg, key, default=None):
-    try:
-        value = getattr(cfg, key)
-    except Exception:  # unresolvable interpolation (e.g. the task built outside fairseq-train)
-        return default
-    if isinstance(value, str) and value.startswith("${"):
-        return default
-    return default if value is None else value
-
-
 def restore_source(cfg) -> Optional[str]:
     """The checkpoint ``fairseq-train`` will load model weights from, or None for a fresh model.
 
@@ -195,12 +186,12 @@ def restore_source(cfg) -> Optional[str]:
     """
     from fairseq.file_io import PathManager
 
-    save_dir = _select(cfg, "gradinit_save_dir", "checkpoints")
-    restore = _select(cfg, "gradinit_restore_file", "checkpoint_last.pt")
-    suffix = _select(cfg, "gradinit_checkpoint_suffix", "") or ""  # Trainer.checkpoint_suffix without FSDP
-    finetune = _select(cfg, "gradinit_finetune_from_model")
-    continue_once = _select(cfg, "gradinit_continue_once")
-    resets = [_select(cfg, f"gradinit_reset_{k}", False) for k in ("optimizer", "lr_scheduler", "meters", "dataloader")]
+    save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
+    restore = cfg_value(cfg, "gradinit_restore_file", "checkpoint_last.pt")
+    suffix = cfg_value(cfg, "gradinit_checkpoint_suffix", "") or ""  # Trainer.checkpoint_suffix without FSDP
+    finetune = cfg_value(cfg, "gradinit_finetune_from_model")
+    continue_once = cfg_value(cfg, "gradinit_continue_once")
+    resets = [cfg_value(cfg, f"gradinit_reset_{k}", False) for k in ("optimizer", "lr_scheduler", "meters", "dataloader")]
     if finetune is not None and any(resets):
         raise ValueError("--finetune-from-model can not be set together with either --reset-optimizer"
                          " or reset_lr_scheduler or reset_meters or reset_dataloader")
@@ -249,8 +240,8 @@ _CONFIG_ERROR = re.compile(r"^GradInitConfig\.(\w+)=(.*?) is invalid: (.*)$", re
 
 
 def _gradinit_enabled(cfg) -> bool:
-    iters = _select(cfg, "gradinit_iters", 0)
-    return bool((isinstance(iters, int) and iters > 0) or _select(cfg, "gradinit_init_file"))
+    iters = cfg_value(cfg, "gradinit_iters", 0)
+    return bool((isinstance(iters, int) and iters > 0) or cfg_value(cfg, "gradinit_init_file"))
 
 
 def _as_argument_error(message: str, eta_from_lr: bool) -> str:
@@ -316,16 +307,16 @@ def gradinit_option_error(cfg) -> Optional[str]:
 
 def unsupported_setup_error(cfg) -> Optional[str]:
     """Why GradInit cannot run in this distributed setup (and what to do), or None."""
-    if str(_select(cfg, "gradinit_ddp_backend", "")) == "fully_sharded":
+    if str(cfg_value(cfg, "gradinit_ddp_backend", "")) == "fully_sharded":
         return ("--ddp-backend fully_sharded is not supported with --gradinit-*: FSDP shards and flattens the "
                 "parameters GradInit scales. Use --ddp-backend pytorch_ddp, legacy_ddp or no_c10d, or drop "
                 "--gradinit-iters/--gradinit-init-file")
-    mp = _select(cfg, "gradinit_model_parallel_size", 1)
+    mp = cfg_value(cfg, "gradinit_model_parallel_size", 1)
     if isinstance(mp, int) and mp > 1:
         return (f"--model-parallel-size {mp} is not supported with --gradinit-*: model parallelism splits each "
                 "tensor across ranks and GradInit needs whole tensors. Use --model-parallel-size 1 (data "
                 "parallel), or drop --gradinit-iters/--gradinit-init-file")
-    if _select(cfg, "gradinit_pipeline_model_parallel", False) is True:
+    if cfg_value(cfg, "gradinit_pipeline_model_parallel", False) is True:
         return ("--pipeline-model-parallel is not supported with --gradinit-*: GradInit needs the whole model on "
                 "each rank. Train data parallel (drop --pipeline-model-parallel), or drop "
                 "--gradinit-iters/--gradinit-init-file")
@@ -483,7 +474,7 @@ class TranslationGradInitTask(TranslationTask):
         """Run GradInit (or apply ``--gradinit-init-file``) on ``model`` in place."""
         cfg = self.cfg
         rank, world = _rank_world()
-        save_dir = _select(cfg, "gradinit_save_dir", "checkpoints")
+        save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
         path = os.path.join(save_dir, GRADINIT_JSON)
         current = self.gradinit_fingerprint(world) if rank == 0 else None
         if cfg.gradinit_init_file:
@@ -504,13 +495,13 @@ class TranslationGradInitTask(TranslationTask):
             return self._apply_saved(model, path, None, (), "reused")
 
         gcfg = gradinit_config_from_task(cfg)
-        use_cuda = torch.cuda.is_available() and not _select(cfg, "gradinit_cpu", False)
+        use_cuda = torch.cuda.is_available() and not cfg_value(cfg, "gradinit_cpu", False)
         device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
         orig_device = next(model.parameters()).device
         orig_dtype = next(model.parameters()).dtype
         if orig_dtype != torch.float32:
             raise ValueError(f"GradInit expects the freshly built fp32 model, got {orig_dtype}")
-        max_tokens = cfg.gradinit_max_tokens or _select(cfg, "gradinit_train_max_tokens")
+        max_tokens = cfg.gradinit_max_tokens or cfg_value(cfg, "gradinit_train_max_tokens")
         if not max_tokens:
             raise ValueError("set --gradinit-max-tokens (or --max-tokens) for GradInit's batches")
         logger.info(
@@ -561,7 +552,7 @@ class TranslationGradInitTask(TranslationTask):
     def gradinit_fingerprint(self, world_size: int) -> dict:
         """:func:`~.provenance.fingerprint` of this run (model arguments as given on the command line)."""
         return fingerprint(task_cfg=self.cfg, model_cfg=None, criterion_cfg=self._gradinit_criterion_cfg,
-                           seed=_select(self.cfg, "gradinit_seed"), world_size=world_size,
+                           seed=cfg_value(self.cfg, "gradinit_seed"), world_size=world_size,
                            model_args=self._gradinit_model_args)
 
     def _apply_saved(self, model, path: str, current: Optional[dict], keys, source: str):
@@ -612,7 +603,7 @@ class TranslationGradInitTask(TranslationTask):
             self.load_dataset(split, epoch=1, combine=True)
         dataset = self.dataset(split)
         max_positions = utils.resolve_max_positions(self.max_positions(), model.max_positions())
-        seed = int(_select(cfg, "gradinit_seed", 1) or 1)
+        seed = int(cfg_value(cfg, "gradinit_seed", 1) or 1)
 
         def gen():
             epoch = 0
