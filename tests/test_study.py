@@ -81,8 +81,10 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
         names = {a.name for a in preset.arms}
         for call in preset.calls:
             assert set(call.arms) <= names and set(call.prepare) <= names, call
-        files = {"g98": str(tmp_path / "g98.json")}  # parsing checks that an init file holds scales
-        Path(files["g98"]).write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
+        # parsing checks that an init file holds scales
+        files = {key: str(tmp_path / f"{key}.json") for key in preset.files}
+        for path in files.values():
+            Path(path).write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
         cfg = StudyConfig(data={"main": str(tiny_bin), "separate": str(tiny_bin)}, out=tmp_path / preset.name,
                           arms=tuple(preset.arms), base=preset.base, files=files, max_update=preset.max_update)
         plans, groups = study.plan_study(cfg)
@@ -97,6 +99,19 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
             assert "--share-all-embeddings" not in cmd and "--share-decoder-input-output-embed" in cmd
             d8 = study.arm_command(cfg, next(p for p in plans if p.arm.name == "d8-fp32"), groups)
             assert "--fp16" not in d8 and d8[d8.index("--gradinit-init-file") + 1] == files["g98"]
+        if preset.name == "ablate":
+            by_arm = {p.arm.name: p.group for p in plans}
+            computed = [n for n, g in by_arm.items() if g is not None]
+            assert by_arm["authors"] is None and by_arm["no-recipe"] is None
+            assert len({by_arm[n] for n in computed}) == len(computed) == 7  # every setting its own phase
+            ablate_groups = groups
+        if preset.name == "confirm":
+            by_arm = {p.arm.name: p.group for p in plans}
+            assert by_arm["gi98-s2"] == by_arm["gi999-s2"] is not None and by_arm["gisgd-s1"] is not None
+            # seed 2's scales are the ones ablate's call A caches as confirm-s2
+            assert ablate_groups[by_arm["gi98-s2"]].arms == ["confirm-s2"]
+            sgd = study.arm_command(cfg, next(p for p in plans if p.arm.name == "xsgd-s1"), groups)
+            assert "--adam-betas" not in sgd and sgd[sgd.index("--optimizer") + 1] == "sgd"
 
 
 def test_screen_needs_its_second_data_bin(tiny_bin, tmp_path):

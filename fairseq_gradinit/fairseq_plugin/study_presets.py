@@ -210,7 +210,145 @@ and --base-args for the rest (e.g. --base-args '--lr 2e-3 --gradinit-gamma 500
 in the base does not reach warmup-s1). On the CPU add --cpu (and keep --parallel 1).""",
 )
 
-PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO)}
+# -- issue 15's ablation of the authors' setup ---------------------------------------------------
+AUTHORS_EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-authors-2026-11-26"  # relative to the repository root
+#: The authors' GradInit launch settings, spelled out (independent of the plugin's defaults).
+GI_AUTHORS = (
+    "--gradinit-iters", "780", "--gradinit-eta", "1e-3", "--gradinit-gamma", "1e3", "--gradinit-lr", "2.5e-3",
+    "--gradinit-max-tokens", "6000", "--gradinit-adam-state", "per_branch", "--gradinit-step-params", "all",
+    "--gradinit-scale-bounds", AUTHORS_BOUNDS, "--gradinit-tied-embeddings", "shared",
+)
+#: Separate dictionaries, decoder input embeddings tied to the output projection (the authors' data setup).
+SEPARATE = ("--share-decoder-input-output-embed",)
+SEPARATE_DROP = ("--share-all-embeddings",)
+AUTHORS_SCALES = ("--gradinit-init-file", "{authors}")
+
+
+def _gi_authors(*overrides: str, drop: Tuple[str, ...] = ()) -> Tuple[str, ...]:
+    """The authors' GradInit arguments with some replaced (``drop``: options removed)."""
+    from .study import merge_args
+
+    return tuple(merge_args(GI_AUTHORS, overrides, drop))
+
+
+ABLATE = Preset(
+    name="ablate",
+    summary="issue 15: the authors' whole setup ('authors') and one leave-one-out arm per setting "
+            "(d=512, lr 5e-4 without warmup, fp16, seed 1, 600 updates, two GPU calls: --call A, then --call B)",
+    base=D512_BASE,
+    arms=(
+        Arm("authors", AUTHORS_SCALES + SEPARATE + RECIPE_5, drop=SEPARATE_DROP, data="separate",
+            note="the evidence's authors arm: separate dictionaries, its learned scales re-applied "
+                 "(authors.gradinit.json), the authors' training recipe"),
+        Arm("shared-emb", GI_AUTHORS + RECIPE_5,
+            note="joint dictionary, --share-all-embeddings: one scale for encoder input, decoder input and "
+                 "output projection"),
+        Arm("per-use", _gi_authors("--gradinit-tied-embeddings", "per-use") + RECIPE_5,
+            note="joint dictionary, --share-all-embeddings, one GradInit scale per use of the tied embeddings"),
+        Arm("eta-lr", _gi_authors("--gradinit-eta", "5e-4") + SEPARATE + RECIPE_5, drop=SEPARATE_DROP,
+            data="separate", note="eta = lr (5e-4, the paper's text) instead of the launch script's 1e-3"),
+        Arm("tok4096", _gi_authors("--gradinit-max-tokens", "4096") + SEPARATE + RECIPE_5, drop=SEPARATE_DROP,
+            data="separate", note="4096-token GradInit batches (S ~2730 tokens) instead of 6000"),
+        Arm("no-bounds", _gi_authors(drop=("--gradinit-scale-bounds",)) + SEPARATE + RECIPE_5,
+            drop=SEPARATE_DROP, data="separate",
+            note="no group bounds: biases keep the global minimum 0.01, LayerNorm weights uncapped"),
+        Arm("shared-moments", _gi_authors("--gradinit-adam-state", "shared") + SEPARATE + RECIPE_5,
+            drop=SEPARATE_DROP, data="separate",
+            note="one set of Adam moments for constraint and objective iterations"),
+        Arm("no-recipe", AUTHORS_SCALES + SEPARATE, drop=SEPARATE_DROP, data="separate",
+            note="the authors' scales, but constant lr, no weight decay, no attention/activation dropout "
+                 "(GradInit runs in eval mode and does not see these)"),
+        Arm("confirm-s2", _gi_authors("--seed", "2") + SEPARATE + RECIPE_5, drop=SEPARATE_DROP, data="separate",
+            note="not trained here: the seed-2 scales of preset 'confirm', cached in call A"),
+    ),
+    max_update=600,
+    save_every=300,
+    files={"authors": f"{AUTHORS_EVIDENCE_DIR}/authors.gradinit.json"},
+    calls=(
+        StudyCall("A", ("authors", "no-recipe"),
+                  ("shared-emb", "per-use", "eta-lr", "tok4096", "no-bounds", "shared-moments", "confirm-s2"),
+                  note="the two arms whose scales exist train while the seven GradInit phases are computed"),
+        StudyCall("B", ("shared-emb", "per-use", "eta-lr", "tok4096", "no-bounds", "shared-moments"),
+                  note="the six leave-one-out arms from call A's cached scales (carry the cache folder)"),
+    ),
+    doc="""\
+Base: the evidence's d=512 setting (preset 'evidence'); 'authors' is the README's IWSLT recipe as
+measured in ../shared/evidence/nowarmup-d512-authors-2026-11-26 (learns from update 100; 8.94 at
+update 300 against 9.74 on the plateau). Every other arm changes one setting of it; GradInit
+settings are spelled out, so the arms do not depend on the plugin's defaults. 600 updates are
+enough to tell learning from the plateau. Needs --data-bin separate=PATH (prepare_corpus.py
+--separate-dicts). GPU plan: call A trains 'authors' and 'no-recipe' (the evidence's scales) while
+the seven GradInit phases run (six leave-one-out arms and the seed-2 scales of preset 'confirm');
+call B trains the six leave-one-out arms from the cache. From the evidence (five processes on one
+H100: a 780-iteration phase 262-291 s, arms 3.3-5.7 updates/s), call A is ~6 minutes with seven
+phases at once (an estimate: more processes share the GPU than in the evidence) and call B ~3 minutes.""",
+)
+
+
+# -- issue 16's confirmation at paper size ---------------------------------------------------------
+CONFIRM_BASE_DROP = ("--share-all-embeddings",)
+#: The plain usage line: fairseq's own flags plus the iteration count.
+GI_PLAIN = ("--gradinit-iters", "780")
+CONFIRM_RECIPE = SEPARATE + RECIPE_5
+WARMUP_RECIPE = SEPARATE + ("--weight-decay", "1e-4", "--attention-dropout", "0.1", "--activation-dropout", "0.1") \
+    + WARMUP_4000
+#: The paper's SGD setting for IWSLT'14 (Sec. 4.2 and its appendix): momentum 0.9, lr 0.15, GradInit eta 0.15, gamma 1.
+SGD_RECIPE = ("--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.15")
+
+
+def _confirm_arm(name: str, args: Tuple[str, ...], note: str) -> Arm:
+    return Arm(name, args, drop=CONFIRM_BASE_DROP + ("--adam-betas",) * ("--optimizer" in args), data="separate",
+               note=note)
+
+
+CONFIRM = Preset(
+    name="confirm",
+    summary="issue 16: GradInit without warmup (beta2 .98 and .999) against a 4000-update warmup in the same "
+            "setup and Xavier, seeds 1 and 2, plus SGD, 3000 updates, BLEU at 3000 (d=512, fp16)",
+    base=D512_BASE,
+    arms=(
+        _confirm_arm("gi98-s1", AUTHORS_SCALES + CONFIRM_RECIPE,
+                     "GradInit (the authors' settings: the evidence's scales), no warmup, beta2 .98, seed 1"),
+        _confirm_arm("gi98-s2", _gi_authors("--seed", "2") + CONFIRM_RECIPE,
+                     "the same, seed 2 (its scales computed with the authors' settings, as seed 1's)"),
+        _confirm_arm("gi999-s1", AUTHORS_SCALES + CONFIRM_RECIPE + BETAS_999,
+                     "GradInit, no warmup, beta2 .999 (the scales of gi98-s1: betas do not enter GradInit)"),
+        _confirm_arm("gi999-s2", _gi_authors("--seed", "2") + CONFIRM_RECIPE + BETAS_999, "the same, seed 2"),
+        _confirm_arm("warm-s1", WARMUP_RECIPE, "Xavier, inverse_sqrt with 4000 warmup updates from 1e-7, seed 1"),
+        _confirm_arm("warm-s2", WARMUP_RECIPE + ("--seed", "2"), "the same, seed 2"),
+        _confirm_arm("x98-s1", CONFIRM_RECIPE, "Xavier, no warmup, beta2 .98, seed 1 (the control)"),
+        _confirm_arm("gisgd-s1", GI_PLAIN + CONFIRM_RECIPE + SGD_RECIPE,
+                     "SGD momentum 0.9, lr 0.15, no warmup, GradInit from the plain usage line "
+                     "(its SGD defaults: eta = lr = 0.15, gamma 1, as the paper)"),
+        _confirm_arm("xsgd-s1", CONFIRM_RECIPE + SGD_RECIPE, "SGD momentum 0.9, lr 0.15, no warmup, Xavier"),
+    ),
+    max_update=3000,
+    save_every=1000,
+    files={"authors": f"{AUTHORS_EVIDENCE_DIR}/authors.gradinit.json"},
+    calls=(
+        StudyCall("A", ("gi98-s1", "gi98-s2", "gi999-s1", "gi999-s2", "warm-s1", "x98-s1"),
+                  note="the Adam arms; seed 2's GradInit group must be in the cache (preset ablate's call A "
+                       "computes it as its arm confirm-s2; else this call computes it first)"),
+        StudyCall("B", ("warm-s2", "gisgd-s1", "xsgd-s1"),
+                  note="the seed-2 warmup reference and the SGD pair (computes the SGD GradInit phase)"),
+    ),
+    doc="""\
+The authors' setup on the separate-dictionary data-bin: --share-decoder-input-output-embed, weight
+decay 1e-4, attention/activation dropout 0.1; the no-warmup arms decay the lr linearly to 0 over
+100k updates (polynomial_decay), the warmup arms use fairseq's IWSLT recipe (inverse_sqrt, 4000
+warmup updates from 1e-7). The Adam GradInit arms use the authors' settings spelled out: seed 1
+re-applies the evidence's scales (authors.gradinit.json), seed 2 computes its own with the same
+settings (cached by preset ablate's call A). The plugin's defaults equal these settings except
+that the GradInit batch is (2 - overlap) x --max-tokens = 6144 tokens instead of 6000; the SGD arm
+uses the plain usage line. 3000 updates (about 20 epochs of the Debian corpus), validation every
+100, BLEU at update 3000 on the test split. Needs --data-bin separate=PATH. From the evidence
+(arms 3.3-5.7 updates/s with five processes on one H100) call A's six arms of 3000 updates take
+9-15 minutes, more than one 7-minute call: run it with --time-budget and report how far each arm
+got, or split its arms over two calls with --arms.""",
+)
+
+
+PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM)}
 
 
 def get_preset(name: str) -> Preset:
