@@ -573,6 +573,10 @@ def main(args) -> Dict[str, Any]:
         train_set, test_set, num_classes, in_channels, side = build_datasets(args)
     except FileNotFoundError as e:
         raise UsageError(str(e)) from None
+    except UsageError:
+        raise
+    except ValueError as e:  # a damaged data file (read_idx names it)
+        raise RunFailure(f"--dataset {args.dataset}: {e}") from None
     check_batches(args, len(train_set), resume)
     kwargs: Dict[str, Any] = dict(num_classes=num_classes, in_channels=in_channels, width=args.width)
     if args.bn is not None:
@@ -748,7 +752,6 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     try:
         main(args)
     except UsageError as e:
-        parser.print_usage(sys.stderr)
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     except RunFailure as e:

@@ -156,3 +156,180 @@ def test_prepare_corpus_ctrl_c_exits_130_and_leaves_out_as_it_was(tmp_path):
     assert (f"interrupted (Ctrl-C): {out} was left as it was and the partial build was removed; run the same "
             "command again to prepare the data") in proc.stderr
     assert snapshot(out) == before and hidden_leftovers(out) == []
+
+
+# ------------------------------------------------------------------------------------------------
+# train_vision.py
+# ------------------------------------------------------------------------------------------------
+train_vision = load("train_vision")
+
+TINY = ["--dataset", "synthetic", "--synthetic-train-size", "96", "--synthetic-test-size", "32",
+        "--synthetic-shape", "1,8,8", "--model", "vgg19", "--no-bn", "--width", "0.0625", "--batch-size", "32",
+        "--test-batch-size", "32", "--epochs", "1", "--workers", "0", "--threads", "1", "--log-interval", "0",
+        "--no-progress"]
+
+
+def tv_args(out, *extra):
+    argv = TINY + (["--output-dir", str(out)] if out is not None else []) + list(extra)
+    return train_vision.get_args_parser().parse_args(argv)
+
+
+def test_train_vision_never_replaces_a_run_without_resume_or_overwrite(tmp_path):
+    run = tmp_path / "run"
+    train_vision.main(tv_args(run))
+    before = snapshot(run)
+    assert set(before) == {"checkpoint.pt", "log.json", "log.csv"}
+    with pytest.raises(train_vision.UsageError, match=(
+            rf"--output-dir {run} already holds a run \(checkpoint.pt, log.json, log.csv\); continue it with "
+            r"--resume auto, start a new one there with --overwrite, or choose another --output-dir")):
+        train_vision.main(tv_args(run, "--lr", "0.05"))
+    assert snapshot(run) == before
+    with pytest.raises(train_vision.UsageError, match="--resume and --overwrite exclude each other"):
+        train_vision.main(tv_args(run, "--resume", "auto", "--overwrite"))
+    other = tmp_path / "other"
+    train_vision.main(tv_args(other, "--seed", "1"))
+    with pytest.raises(train_vision.UsageError, match=rf"--output-dir {run} holds another run .*resuming "):
+        train_vision.main(tv_args(run, "--resume", str(other / "checkpoint.pt")))
+    assert snapshot(run) == before
+    # the explicit choices still work
+    log = train_vision.main(tv_args(run, "--epochs", "2", "--resume", "auto"))
+    assert [r["epoch"] for r in log["epochs"]] == [1, 2]
+    log = train_vision.main(tv_args(run, "--lr", "0.05", "--overwrite"))
+    assert len(log["epochs"]) == 1 and json.loads((run / "log.json").read_text())["args"]["lr"] == 0.05
+    # logs without a checkpoint: nothing to resume, still not overwritten silently
+    (tmp_path / "logs-only").mkdir()
+    (tmp_path / "logs-only" / "log.json").write_text("{}")
+    with pytest.raises(train_vision.UsageError, match="holds log.json but no checkpoint.pt to resume from"):
+        train_vision.main(tv_args(tmp_path / "logs-only", "--resume", "auto"))
+
+
+def test_train_vision_default_folder_tells_runs_apart(tmp_path, monkeypatch):
+    def name(*extra):
+        args = tv_args(None, *extra)
+        args.batch_size = args.batch_size or 128
+        return train_vision.default_output_dir(args)
+
+    base = name()
+    assert base == "runs/synthetic-vgg19-nobn-w0.0625-kaiming-lr0.1-e1-wd0.0001-b32-s0"
+    variants = [name("--lr", "0.05"), name("--epochs", "2"), name("--wd", "0"), name("--seed", "1"),
+                name("--batch-size", "16"), name("--init", "gradinit"),
+                name("--init", "gradinit", "--gradinit-lr", "0.05"), name("--limit-train-batches", "2")]
+    assert len({base, *variants}) == 1 + len(variants)
+    monkeypatch.chdir(tmp_path)
+    train_vision.main(tv_args(None))
+    assert (tmp_path / base / "checkpoint.pt").is_file()
+
+
+def test_train_vision_missing_data_is_one_message_and_leaves_no_folder(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    monkeypatch.setattr(train_vision, "FASHION_MNIST_DIRS", ())
+    cases = [
+        (["--dataset", "fashion-mnist", "--data-dir", str(empty)],
+         r"Fashion-MNIST not found .*pass --data-dir pointing to a folder with train-images-idx3-ubyte.gz"),
+        (["--dataset", "imagefolder", "--data-dir", str(empty)],
+         rf"--data-dir {empty}: --dataset imagefolder expects the folders {empty}/train and {empty}/val"),
+        (["--dataset", "cifar10", "--data-dir", str(empty), "--no-download"],
+         rf"--data-dir {empty}: CIFAR-10 not found \(no readable cifar-10-batches-py in it\); drop --no-download"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(train_vision.UsageError, match=message):
+            train_vision.main(tv_args(out, *extra))
+    assert not out.exists()
+    (empty / "train-images-idx3-ubyte").write_bytes(b"\x00\x00\x08\x03" + (2).to_bytes(4, "big") * 3 + b"\x00")
+    for stem in ("train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"):
+        (empty / stem).write_bytes(b"")
+    with pytest.raises(train_vision.RunFailure, match=(
+            rf"--dataset fashion-mnist: {empty}/train-images-idx3-ubyte: expected 8 bytes of data after the header, "
+            "found 1")):
+        train_vision.main(tv_args(out, "--dataset", "fashion-mnist", "--data-dir", str(empty)))
+    assert not out.exists()
+
+
+def test_train_vision_bad_resume_files(tmp_path):
+    run = tmp_path / "run"
+    train_vision.main(tv_args(run))
+    out = tmp_path / "new"
+    with pytest.raises(train_vision.UsageError, match=rf"--resume {tmp_path}/nope.pt: no such file"):
+        train_vision.main(tv_args(out, "--resume", str(tmp_path / "nope.pt")))
+    import torch
+
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"state_dict": {}}, foreign)
+    with pytest.raises(train_vision.UsageError, match=(
+            rf"--resume {foreign} is not a checkpoint of train_vision.py \(it lacks model, optimizer, epoch")):
+        train_vision.main(tv_args(out, "--resume", str(foreign)))
+    truncated = tmp_path / "truncated.pt"
+    data = (run / "checkpoint.pt").read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(train_vision.RunFailure, match=rf"--resume {truncated}: cannot read the checkpoint .*truncated"):
+        train_vision.main(tv_args(out, "--resume", str(truncated)))
+    with pytest.raises(train_vision.UsageError, match=(
+            rf"--resume {run}/checkpoint.pt holds another network \(--dataset synthetic, --model vgg19, --bn False, "
+            r"--width 0.0625; .*\); resume with the settings of the run that saved it")):
+        train_vision.main(tv_args(out, "--resume", str(run / "checkpoint.pt"), "--width", "0.125"))
+    assert not out.exists()
+
+
+def test_train_vision_too_few_batches(tmp_path):
+    out = tmp_path / "run"
+    with pytest.raises(train_vision.UsageError, match=(
+            r"GradInit pairs consecutive batches and needs at least 2 per pass, but --limit-train-batches 1 "
+            r"gives 1: raise --limit-train-batches")):
+        train_vision.main(tv_args(out, "--init", "gradinit", "--limit-train-batches", "1"))
+    with pytest.raises(train_vision.UsageError, match=(
+            r"--batch-size 128 is larger than the training set \(96 images\); lower --batch-size")):
+        train_vision.main(tv_args(out, "--batch-size", "128"))
+    with pytest.raises(train_vision.UsageError, match=(
+            r"--gradinit-batch-size 64 on 96 images gives 1: raise --limit-train-batches, lower "
+            r"--gradinit-batch-size")):
+        train_vision.main(tv_args(out, "--init", "gradinit", "--gradinit-batch-size", "64"))
+    with pytest.raises(train_vision.UsageError, match=r"--metainit-batch-size 200 is larger than the training set"):
+        train_vision.main(tv_args(out, "--init", "metainit", "--metainit-batch-size", "200"))
+    assert not out.exists()
+    # with --gradinit-iters one batch is cycled, as the API does
+    log = train_vision.main(tv_args(out, "--init", "gradinit", "--limit-train-batches", "1", "--gradinit-iters", "2"))
+    assert log["init"]["iterations"] == 2
+
+
+def test_train_vision_cli_exit_status_without_traceback(tmp_path):
+    script = SCRIPTS / "train_vision.py"
+    out = tmp_path / "run"
+    bad = run_python("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                     script, *TINY, "--output-dir", out, "--init", "gradinit", "--limit-train-batches", "1")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    assert bad.stderr.splitlines()[-1].startswith("train_vision.py: error: GradInit pairs consecutive batches")
+    assert not out.exists()
+    truncated = tmp_path / "truncated.pt"
+    truncated.write_bytes(b"PK\x03\x04 not a whole file")
+    failed = run_python("import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+                        script, *TINY, "--output-dir", out, "--resume", truncated)
+    assert failed.returncode == 1 and "Traceback" not in failed.stderr, failed.stderr
+    assert failed.stderr.splitlines()[-1].startswith(f"train_vision.py: error: --resume {truncated}: cannot read")
+    assert not out.exists()
+
+
+TV_INTERRUPT = """
+import importlib.util, os, signal, sys
+spec = importlib.util.spec_from_file_location("train_vision", sys.argv[1])
+m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+evaluate, calls = m.evaluate, []
+def ctrl_c_in_epoch_2(*args):
+    calls.append(1)
+    if len(calls) == 2:
+        os.kill(os.getpid(), signal.SIGINT)
+    return evaluate(*args)
+m.evaluate = ctrl_c_in_epoch_2
+sys.exit(m.cli(sys.argv[2:]))
+"""
+
+
+def test_train_vision_ctrl_c_exits_130_and_says_what_the_checkpoint_holds(tmp_path):
+    out = tmp_path / "run"
+    proc = run_python(TV_INTERRUPT, SCRIPTS / "train_vision.py", *TINY, "--epochs", "3", "--output-dir", out)
+    assert proc.returncode == 130 and "Traceback" not in proc.stderr, proc.stderr
+    assert (f"interrupted (Ctrl-C) during epoch 2; {out}/checkpoint.pt holds epoch 1: continue with --resume auto"
+            in proc.stderr)
+    log = train_vision.main(tv_args(out, "--epochs", "3", "--resume", "auto"))
+    assert [r["epoch"] for r in log["epochs"]] == [1, 2, 3]
