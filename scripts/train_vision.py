@@ -625,7 +625,7 @@ def main(args) -> Dict[str, Any]:
             was = ", ".join(f"--{k.replace('_', '-')} {saved[k]}" for k in ("dataset", "model", "bn", "width")
                             if k in saved)
             raise UsageError(f"--resume {resume} holds another network ({was or 'unknown settings'}; "
-                             f"{str(e).splitlines()[0]}); resume with the settings of the run that saved it") from None
+                             f"{str(e).splitlines()[0].rstrip(':')}); resume with the settings of the run that saved it") from None
         log = ckpt["log"]
         start_epoch, step = ckpt["epoch"], ckpt["step"]
         _set_rng_state(ckpt["rng"])
