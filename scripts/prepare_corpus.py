@@ -44,6 +44,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -306,6 +307,20 @@ def run_preprocess(args, spm_dir: Path, bin_dir: Path) -> None:
     # fairseq-preprocess adds a FileHandler (OUT/bin/preprocess.log) to its logger: detach it afterwards.
     plog = logging.getLogger("fairseq_cli.preprocess")
     handlers = list(plog.handlers)
+    parent = os.getpid()
+
+    def on_sigint(signum, frame):
+        # fairseq-preprocess forks worker processes, which inherit this handler: a Ctrl-C reaches the
+        # whole process group, and only this process should stop (the workers end with it), without
+        # one KeyboardInterrupt traceback per worker.
+        if os.getpid() != parent:
+            os._exit(130)
+        raise KeyboardInterrupt
+
+    try:
+        sigint = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread
+        sigint = None
     try:
         preprocess.main(options.get_preprocessing_parser().parse_args(argv))
     except SystemExit as e:
@@ -313,6 +328,8 @@ def run_preprocess(args, spm_dir: Path, bin_dir: Path) -> None:
     except Exception as e:  # noqa: BLE001 - reported to the user with the cause
         raise PrepareError(f"fairseq-preprocess failed: {type(e).__name__}: {e}") from e
     finally:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
         for h in plog.handlers[:]:
             if h not in handlers:
                 plog.removeHandler(h)
@@ -387,7 +404,19 @@ def check_out(out: Path, *, overwrite: bool) -> Path:
 
 def swap_in(stage: Path, out: Path) -> None:
     """Move the finished build from ``stage`` into ``out``; the summary goes last, so that OUT never
-    holds a summary of data that is not there."""
+    holds a summary of data that is not there. Ctrl-C is ignored for these few renames."""
+    try:
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals go to the main thread anyway
+        handler = None
+    try:
+        move_outputs(stage, out)
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+
+
+def move_outputs(stage: Path, out: Path) -> None:
     if not out.exists():
         os.replace(stage, out)
         return

@@ -333,3 +333,32 @@ def test_train_vision_ctrl_c_exits_130_and_says_what_the_checkpoint_holds(tmp_pa
             in proc.stderr)
     log = train_vision.main(tv_args(out, "--epochs", "3", "--resume", "auto"))
     assert [r["epoch"] for r in log["epochs"]] == [1, 2, 3]
+
+
+GROUP_INTERRUPT = """
+import importlib.util, multiprocessing, os, signal, sys, time
+from fairseq_cli import preprocess
+spec = importlib.util.spec_from_file_location("prepare_corpus", sys.argv[1])
+m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)
+def forking_preprocess(args):  # fairseq-preprocess with worker processes, then Ctrl-C in a terminal
+    pool = multiprocessing.Pool(2)
+    waits = [pool.apply_async(time.sleep, (30,)) for _ in range(2)]
+    time.sleep(1)
+    os.killpg(0, signal.SIGINT)  # the terminal signals the whole foreground process group
+    time.sleep(30)
+preprocess.main = forking_preprocess
+sys.exit(m.main(sys.argv[2:]))
+"""
+
+
+def test_prepare_corpus_ctrl_c_with_preprocess_workers_prints_no_traceback(tmp_path):
+    corpus = small_corpus(tmp_path)
+    out = tmp_path / "prepared"
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", GROUP_INTERRUPT, str(SCRIPTS / "prepare_corpus.py"),
+                           *prepare_argv(corpus, out, "--quiet")], cwd=str(ROOT), env=env, capture_output=True,
+                          text=True, timeout=300, start_new_session=True)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
+    assert "interrupted (Ctrl-C)" in proc.stderr
+    assert not out.exists() and hidden_leftovers(out) == []
