@@ -130,8 +130,10 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--workers", default=2, type=int, help="DataLoader worker processes")
 
     g = p.add_argument_group("training")
-    g.add_argument("--epochs", default=200, type=positive_int, help="epochs of the cosine schedule (warmup1/const1 add one)")
-    g.add_argument("--batch-size", default=None, type=positive_int, help="training batch size (default: 128, 64 for densenet100)")
+    g.add_argument("--epochs", default=200, type=positive_int,
+                   help="epochs of the cosine schedule (warmup1/const1 add one)")
+    g.add_argument("--batch-size", default=None, type=positive_int,
+                   help="training batch size (default: 128, 64 for densenet100)")
     g.add_argument("--test-batch-size", default=256, type=positive_int, help="evaluation batch size")
     g.add_argument("--lr", default=0.1, type=float, help="base learning rate of SGD")
     g.add_argument("--momentum", default=0.9, type=float, help="SGD momentum")
@@ -140,7 +142,8 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
                    "(default: 1 for networks without BN, off otherwise; 0 turns it off)")
     g.add_argument("--limit-train-batches", default=None, type=positive_int, help="use at most this many batches per "
                    "epoch (also bounds the GradInit/MetaInit pass); for quick runs")
-    g.add_argument("--limit-test-batches", default=None, type=positive_int, help="evaluate on at most this many batches")
+    g.add_argument("--limit-test-batches", default=None, type=positive_int,
+                   help="evaluate on at most this many batches")
     g.add_argument("--seed", default=0, type=int, help="random seed")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     g.add_argument("--threads", default=None, type=int, help="torch.set_num_threads for CPU runs")
@@ -624,8 +627,9 @@ def main(args) -> Dict[str, Any]:
             saved = ckpt.get("args") or {}
             was = ", ".join(f"--{k.replace('_', '-')} {saved[k]}" for k in ("dataset", "model", "bn", "width")
                             if k in saved)
-            raise UsageError(f"--resume {resume} holds another network ({was or 'unknown settings'}; "
-                             f"{str(e).splitlines()[0].rstrip(':')}); resume with the settings of the run that saved it") from None
+            first = str(e).splitlines()[0].rstrip(":")
+            raise UsageError(f"--resume {resume} holds another network ({was or 'unknown settings'}; {first}); "
+                             "resume with the settings of the run that saved it") from None
         log = ckpt["log"]
         start_epoch, step = ckpt["epoch"], ckpt["step"]
         _set_rng_state(ckpt["rng"])
@@ -646,8 +650,9 @@ def main(args) -> Dict[str, Any]:
                      start_epoch=start_epoch, step=step, total_epochs=total_epochs, extra=extra, clip=clip)
     except KeyboardInterrupt:
         done = log["epochs"][-1]["epoch"] if log["epochs"] else 0
+        saved = done > start_epoch or (resume and Path(resume).resolve() == ckpt_path.resolve())
         logger.error("interrupted (Ctrl-C) during epoch %d; %s", done + 1,
-                     f"{ckpt_path} holds epoch {done}: continue with --resume auto" if done else
+                     f"{ckpt_path} holds epoch {done}: continue with --resume auto" if saved else
                      "no epoch had finished, nothing was written")
         raise Interrupted() from None
     return log
