@@ -22,6 +22,9 @@ Output (``--out OUT``):
                                              identical unless --separate-dicts
     OUT/prepare_corpus.json                  summary: arguments, line counts, vocab sizes, timings
 
+The build is made in a hidden folder beside OUT (``.OUT.partial``) and moved into OUT only when it
+has succeeded, so a failed or interrupted run (``--overwrite`` included) leaves OUT as it was.
+
 ``OUT/bin`` is the DATA directory for fairseq-train / fairseq-generate; decode with
 ``--remove-bpe sentencepiece`` (alias of ``--post-process sentencepiece``).
 
@@ -41,6 +44,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import time
 from pathlib import Path
@@ -50,11 +54,16 @@ logger = logging.getLogger("prepare_corpus")
 
 SPLITS = ("train", "valid", "test")
 SPM_PREFIX = "spm"
+SUMMARY = "prepare_corpus.json"
 ENCODE_CHUNK = 10000
 
 
 class PrepareError(RuntimeError):
     """A user-facing error (missing input, bad option, failed fairseq-preprocess)."""
+
+
+class PrepareUsageError(PrepareError):
+    """A bad command-line argument (exit status 2)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -107,7 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "rather than taken from the machine; 2 reproduces the data-bins of the 2026-11-26 "
                         "experiments (made with the old default, min(4, CPU count), on a 2-core machine)")
     p.add_argument("--overwrite", action="store_true",
-                   help="allow writing into an OUT that already contains prepared data")
+                   help="replace the prepared data (or a partial build) in OUT; the old data stays until the "
+                        "new build has succeeded")
     p.add_argument("--quiet", action="store_true", help="only log warnings and errors")
     return p
 
@@ -140,8 +150,8 @@ def check_inputs(corpus_dir: Path, src: str, tgt: str) -> dict:
     counts = {}
     problems = []
     for split in SPLITS:
-        n_src = count_lines(split_path(corpus_dir, split, src))
-        n_tgt = count_lines(split_path(corpus_dir, split, tgt))
+        n_src = count_utf8_lines(split_path(corpus_dir, split, src))
+        n_tgt = count_utf8_lines(split_path(corpus_dir, split, tgt))
         if n_src != n_tgt:
             problems.append(f"{split}: {n_src} lines in .{src} but {n_tgt} lines in .{tgt}")
         elif n_src == 0:
@@ -157,6 +167,22 @@ def count_lines(path: Path) -> int:
     with open(path, "rb") as f:
         for _ in f:
             n += 1
+    return n
+
+
+def count_utf8_lines(path: Path) -> int:
+    """Number of lines of ``path``; raises :class:`PrepareError` naming the first line that is not UTF-8
+    (SentencePiece and fairseq would otherwise fail later with a decoding traceback)."""
+    n = 0
+    with open(path, "rb") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise PrepareError(
+                    f"{path}, line {n}: byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line is not "
+                    "UTF-8; the corpus must be UTF-8 text (convert it first, e.g. iconv -f latin1 -t utf-8)"
+                ) from None
     return n
 
 
@@ -220,8 +246,8 @@ def train_spm(args, spm_dir: Path) -> Path:
             )
         except RuntimeError as exc:  # sentencepiece reports bad settings as RuntimeError
             raise PrepareError(
-                f"SentencePiece training failed: {exc}\n(see {log_path}; for a tiny corpus try "
-                "a smaller --vocab-size or --soft-vocab-limit)"
+                f"SentencePiece training failed: {exc}\n(for a tiny corpus try a smaller --vocab-size or "
+                "--soft-vocab-limit)"
             ) from exc
     logger.info("SentencePiece trained in %.1fs (log: %s)", time.time() - t0, log_path)
     return prefix.with_suffix(".model")
@@ -281,6 +307,20 @@ def run_preprocess(args, spm_dir: Path, bin_dir: Path) -> None:
     # fairseq-preprocess adds a FileHandler (OUT/bin/preprocess.log) to its logger: detach it afterwards.
     plog = logging.getLogger("fairseq_cli.preprocess")
     handlers = list(plog.handlers)
+    parent = os.getpid()
+
+    def on_sigint(signum, frame):
+        # fairseq-preprocess forks worker processes, which inherit this handler: a Ctrl-C reaches the
+        # whole process group, and only this process should stop (the workers end with it), without
+        # one KeyboardInterrupt traceback per worker.
+        if os.getpid() != parent:
+            os._exit(130)
+        raise KeyboardInterrupt
+
+    try:
+        sigint = signal.signal(signal.SIGINT, on_sigint)
+    except ValueError:  # not the main thread
+        sigint = None
     try:
         preprocess.main(options.get_preprocessing_parser().parse_args(argv))
     except SystemExit as e:
@@ -288,6 +328,8 @@ def run_preprocess(args, spm_dir: Path, bin_dir: Path) -> None:
     except Exception as e:  # noqa: BLE001 - reported to the user with the cause
         raise PrepareError(f"fairseq-preprocess failed: {type(e).__name__}: {e}") from e
     finally:
+        if sigint is not None:
+            signal.signal(signal.SIGINT, sigint)
         for h in plog.handlers[:]:
             if h not in handlers:
                 plog.removeHandler(h)
@@ -316,13 +358,85 @@ def prepare(args) -> dict:
                 ", ".join(f"{k} {v}" for k, v in input_counts.items()))
 
     out: Path = args.out
-    spm_dir, bin_dir = out / "spm", out / "bin"
-    if (bin_dir / f"dict.{args.src}.txt").exists() and not args.overwrite:
-        raise PrepareError(f"{bin_dir} already holds prepared data; pass --overwrite to replace it")
-    if args.overwrite and bin_dir.exists():
-        shutil.rmtree(bin_dir)
-    spm_dir.mkdir(parents=True, exist_ok=True)
-    bin_dir.mkdir(parents=True, exist_ok=True)
+    stage = check_out(out, overwrite=args.overwrite)
+    try:
+        summary = build(args, stage, out, t_start)
+        swap_in(stage, out)
+    except BaseException:
+        # Whatever stopped the build (an error, Ctrl-C), OUT keeps what it held before.
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    sizes = summary["fairseq_dict_sizes"]
+    logger.info(
+        "done in %.1fs: data-bin %s | spm vocab %d | fairseq %s dict %s | lines %s",
+        summary["seconds"]["total"], out / "bin", args.vocab_size, summary["dictionaries"],
+        sizes[args.src] if not args.separate_dicts else f"{args.src} {sizes[args.src]}, {args.tgt} {sizes[args.tgt]}",
+        ", ".join(f"{k} {v}" for k, v in summary["lines"].items()),
+    )
+    return summary
+
+
+def staging_dir(out: Path) -> Path:
+    """Where a build is made before it replaces OUT's contents (beside OUT: same file system)."""
+    out = out.resolve()
+    return out.parent / f".{out.name}.partial"
+
+
+def check_out(out: Path, *, overwrite: bool) -> Path:
+    """Refuse an unusable ``--out``; returns a fresh, empty staging folder."""
+    existing = next((p for p in (out, *out.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise PrepareUsageError(f"--out {out}: {existing} is an existing file, not a folder; give a folder path")
+    if (out / SUMMARY).is_file() and not overwrite:
+        raise PrepareError(f"{out} already holds prepared data ({SUMMARY}); pass --overwrite to replace it")
+    partial = [name for name in ("spm", "bin") if (out / name).exists()]
+    if partial and not (out / SUMMARY).is_file() and not overwrite:
+        raise PrepareError(
+            f"{out} holds a partial build ({' and '.join(n + '/' for n in partial)} without {SUMMARY}, left by an "
+            "interrupted or failed run); pass --overwrite to replace it")
+    stage = staging_dir(out)
+    if stage.exists():
+        shutil.rmtree(stage)
+        logger.info("removed %s, a partial build left by an interrupted run", stage)
+    stage.mkdir(parents=True)
+    return stage
+
+
+def swap_in(stage: Path, out: Path) -> None:
+    """Move the finished build from ``stage`` into ``out``; the summary goes last, so that OUT never
+    holds a summary of data that is not there. Ctrl-C is ignored for these few renames."""
+    try:
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: signals go to the main thread anyway
+        handler = None
+    try:
+        move_outputs(stage, out)
+    finally:
+        if handler is not None:
+            signal.signal(signal.SIGINT, handler)
+
+
+def move_outputs(stage: Path, out: Path) -> None:
+    if not out.exists():
+        os.replace(stage, out)
+        return
+    old = stage.parent / f".{out.resolve().name}.replaced"
+    shutil.rmtree(old, ignore_errors=True)
+    old.mkdir()
+    for name in (SUMMARY, "spm", "bin"):
+        if (out / name).exists():
+            os.replace(out / name, old / name)
+    for name in ("spm", "bin", SUMMARY):
+        os.replace(stage / name, out / name)
+    shutil.rmtree(old)
+    stage.rmdir()
+
+
+def build(args, stage: Path, out: Path, t_start: float) -> dict:
+    """Train, encode and binarize into ``stage``; the summary names the final paths under ``out``."""
+    spm_dir, bin_dir = stage / "spm", stage / "bin"
+    spm_dir.mkdir()
+    bin_dir.mkdir()
 
     t0 = time.time()
     model_path = train_spm(args, spm_dir)
@@ -353,8 +467,8 @@ def prepare(args) -> dict:
         "src": args.src,
         "tgt": args.tgt,
         "out": str(out.resolve()),
-        "data_bin": str(bin_dir.resolve()),
-        "spm_model": str((bin_dir / (SPM_PREFIX + ".model")).resolve()),
+        "data_bin": str((out / "bin").resolve()),
+        "spm_model": str((out / "bin" / (SPM_PREFIX + ".model")).resolve()),
         "spm_model_type": args.model_type,
         "spm_vocab_size": args.vocab_size,
         "spm_threads": args.spm_threads,
@@ -372,14 +486,7 @@ def prepare(args) -> dict:
             "total": round(time.time() - t_start, 2),
         },
     }
-    (out / "prepare_corpus.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    sizes = summary["fairseq_dict_sizes"]
-    logger.info(
-        "done in %.1fs: data-bin %s | spm vocab %d | fairseq %s dict %s | lines %s",
-        summary["seconds"]["total"], bin_dir, args.vocab_size, summary["dictionaries"],
-        sizes[args.src] if not args.separate_dicts else f"{args.src} {sizes[args.src]}, {args.tgt} {sizes[args.tgt]}",
-        ", ".join(f"{k} {v}" for k, v in counts.items()),
-    )
+    (stage / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
 
 
@@ -392,9 +499,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     try:
         prepare(args)
+    except PrepareUsageError as exc:
+        logger.error("%s", exc)
+        return 2
     except PrepareError as exc:
         logger.error("%s", exc)
         return 1
+    except KeyboardInterrupt:
+        logger.error("interrupted (Ctrl-C): %s was left as it was and the partial build was removed; run the "
+                     "same command again to prepare the data", args.out)
+        return 130
     return 0
 
 

@@ -9,7 +9,9 @@ crop + horizontal flip + cutout, gradient clipping at norm 1 for networks withou
     python scripts/train_vision.py --dataset cifar10 --model resnet110 --no-bn --init gradinit
 
 Every epoch writes ``log.json``, ``log.csv`` and ``checkpoint.pt`` to ``--output-dir``;
-``--resume auto`` continues from that checkpoint.
+``--resume auto`` continues from that checkpoint. A folder that holds a run is never written into
+without ``--resume`` or ``--overwrite``. Mistakes end in one ``error:`` line (exit status 2 for a bad
+argument, 1 for other failures, 130 for Ctrl-C).
 """
 from __future__ import annotations
 
@@ -62,6 +64,31 @@ PAPER_TAU = {
     ("wrn_28_10", True): 3e-3,
 }
 DEFAULT_TAU = 1e-2
+#: The files of a run in --output-dir.
+RUN_FILES = ("checkpoint.pt", "log.json", "log.csv")
+CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "step", "log", "rng")
+
+
+class UsageError(ValueError):
+    """A bad argument: one ``error:`` line, exit status 2."""
+
+
+class RunFailure(RuntimeError):
+    """A failure that is not a bad argument (unreadable file, diverged initialization): exit status 1."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during training, after the state of the output folder was logged."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
+    return value
 
 
 # ----------------------------------------------------------------------------------------------
@@ -103,17 +130,20 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--workers", default=2, type=int, help="DataLoader worker processes")
 
     g = p.add_argument_group("training")
-    g.add_argument("--epochs", default=200, type=int, help="epochs of the cosine schedule (warmup1/const1 add one)")
-    g.add_argument("--batch-size", default=None, type=int, help="training batch size (default: 128, 64 for densenet100)")
-    g.add_argument("--test-batch-size", default=256, type=int, help="evaluation batch size")
+    g.add_argument("--epochs", default=200, type=positive_int,
+                   help="epochs of the cosine schedule (warmup1/const1 add one)")
+    g.add_argument("--batch-size", default=None, type=positive_int,
+                   help="training batch size (default: 128, 64 for densenet100)")
+    g.add_argument("--test-batch-size", default=256, type=positive_int, help="evaluation batch size")
     g.add_argument("--lr", default=0.1, type=float, help="base learning rate of SGD")
     g.add_argument("--momentum", default=0.9, type=float, help="SGD momentum")
     g.add_argument("--wd", "--weight-decay", dest="wd", default=1e-4, type=float, help="weight decay")
     g.add_argument("--clip-grad-norm", default=None, type=float, help="clip the gradient norm during training "
                    "(default: 1 for networks without BN, off otherwise; 0 turns it off)")
-    g.add_argument("--limit-train-batches", default=None, type=int, help="use at most this many batches per "
+    g.add_argument("--limit-train-batches", default=None, type=positive_int, help="use at most this many batches per "
                    "epoch (also bounds the GradInit/MetaInit pass); for quick runs")
-    g.add_argument("--limit-test-batches", default=None, type=int, help="evaluate on at most this many batches")
+    g.add_argument("--limit-test-batches", default=None, type=positive_int,
+                   help="evaluate on at most this many batches")
     g.add_argument("--seed", default=0, type=int, help="random seed")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
     g.add_argument("--threads", default=None, type=int, help="torch.set_num_threads for CPU runs")
@@ -143,22 +173,26 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--gradinit-adam-state", default="shared", choices=("shared", "per_branch"),
                    help="moments of the scales' Adam: shared by all iterations, or per branch (constraint / "
                    "objective)")
-    g.add_argument("--gradinit-batch-size", default=None, type=int, help="batch size of S and S~ (default: "
+    g.add_argument("--gradinit-batch-size", default=None, type=positive_int, help="batch size of S and S~ (default: "
                    "--batch-size)")
     g.add_argument("--metainit-lr", default=None, type=float, help="MetaInit: Adam's learning rate on the "
                    "norms (default: as --gradinit-lr)")
     g.add_argument("--metainit-iters", default=None, type=int, help="MetaInit iterations (default: one pass)")
     g.add_argument("--metainit-eps", default=1e-5, type=float, help="MetaInit: eps of the gradient quotient")
-    g.add_argument("--metainit-batch-size", default=None, type=int, help="MetaInit batch size (default: "
+    g.add_argument("--metainit-batch-size", default=None, type=positive_int, help="MetaInit batch size (default: "
                    "--batch-size)")
     g.add_argument("--progress", default=None, action=argparse.BooleanOptionalAction,
                    help="progress bars for GradInit/MetaInit (default: when stderr is a terminal)")
 
     g = p.add_argument_group("output")
-    g.add_argument("--output-dir", default=None, help="where log.json, log.csv and checkpoint.pt go "
-                   "(default: runs/<dataset>-<model>-<bn|nobn>-w<width>-<init>-s<seed>)")
+    g.add_argument("--output-dir", default=None, help="where log.json, log.csv and checkpoint.pt go (default: "
+                   "runs/<dataset>-<model>-<bn|nobn>-w<width>-<init>-lr<lr>-e<epochs>-wd<wd>-b<batch size>-s<seed>, "
+                   "plus -tau<tau> when --gradinit-lr/--metainit-lr is given and -l<n> with --limit-train-batches); "
+                   "a folder that holds a run is refused unless --resume or --overwrite is given")
     g.add_argument("--resume", default="", help="checkpoint to resume from, or 'auto' for "
                    "<output-dir>/checkpoint.pt (a missing file with 'auto' starts a new run)")
+    g.add_argument("--overwrite", action="store_true", help="start a new run in an --output-dir that holds "
+                   "one; its checkpoint.pt, log.json and log.csv are replaced when the new run's first epoch ends")
     return p
 
 
@@ -203,6 +237,25 @@ def find_fashion_mnist(data_dir: Optional[str]) -> Dict[str, Path]:
         f"Fashion-MNIST not found (looked in {', '.join(str(c) for c in candidates)}). Install it with "
         "`apt-get install dataset-fashion-mnist` (files go to /usr/share/datasets/fashion-mnist), or pass "
         f"--data-dir pointing to a folder with {names}")
+
+
+def load_cifar10(data_dir: str, *, download: bool):
+    """torchvision's CIFAR-10 (train, test); a missing or failed download raises with what to do."""
+    import torchvision
+
+    try:
+        return (torchvision.datasets.CIFAR10(data_dir, train=True, download=download),
+                torchvision.datasets.CIFAR10(data_dir, train=False, download=download))
+    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted. You can use download=True ..."
+        if download:
+            raise
+        raise FileNotFoundError(
+            f"--data-dir {data_dir}: CIFAR-10 not found (no readable cifar-10-batches-py in it); drop --no-download "
+            "to download it there, or point --data-dir to the folder that holds cifar-10-batches-py") from None
+    except OSError as e:  # no network, disk full...
+        raise RunFailure(
+            f"downloading CIFAR-10 into --data-dir {data_dir} failed ({e}); check the network, or put "
+            "cifar-10-python.tar.gz (or its extracted cifar-10-batches-py) into --data-dir") from None
 
 
 class Cutout:
@@ -273,9 +326,7 @@ def build_datasets(args) -> Tuple[Dataset, Dataset, int, int, int]:
         return side // 2 if args.cutout_length is None else args.cutout_length
 
     if args.dataset == "cifar10":
-        import torchvision
-        tr = torchvision.datasets.CIFAR10(args.data_dir, train=True, download=args.download)
-        te = torchvision.datasets.CIFAR10(args.data_dir, train=False, download=args.download)
+        tr, te = load_cifar10(args.data_dir, download=args.download)
         to_t = lambda d: torch.from_numpy(np.asarray(d.data)).permute(0, 3, 1, 2).contiguous()  # noqa: E731
         train = TensorImageDataset(to_t(tr), torch.tensor(tr.targets), CIFAR10_MEAN, CIFAR10_STD, True, aug,
                                    cutout=cut(32))
@@ -294,7 +345,7 @@ def build_datasets(args) -> Tuple[Dataset, Dataset, int, int, int]:
             shape = tuple(int(s) for s in args.synthetic_shape.split(","))
             assert len(shape) == 3 and all(s > 0 for s in shape)
         except (ValueError, AssertionError):
-            raise ValueError(f"--synthetic-shape={args.synthetic_shape!r}: expected C,H,W like 1,28,28") from None
+            raise UsageError(f"--synthetic-shape={args.synthetic_shape!r}: expected C,H,W like 1,28,28") from None
         c = shape[0]
         xtr, ytr = synthetic_data(args.synthetic_train_size, shape, args.synthetic_classes, args.seed)
         xte, yte = synthetic_data(args.synthetic_test_size, shape, args.synthetic_classes, args.seed + 1)
@@ -308,7 +359,8 @@ def build_datasets(args) -> Tuple[Dataset, Dataset, int, int, int]:
         root = Path(args.data_dir)
         test_root = next((root / d for d in ("val", "test") if (root / d).is_dir()), None)
         if not (root / "train").is_dir() or test_root is None:
-            raise FileNotFoundError(f"--dataset imagefolder expects {root}/train and {root}/val (or test) folders")
+            raise FileNotFoundError(f"--data-dir {root}: --dataset imagefolder expects the folders {root}/train and "
+                                    f"{root}/val (or {root}/test), one subfolder per class in each")
         s = args.image_size
         norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
         train_tf = [T.Resize(s), T.CenterCrop(s)]
@@ -395,8 +447,62 @@ def write_logs(out_dir: Path, log: Dict[str, Any]) -> None:
 
 
 def default_output_dir(args) -> str:
+    """A folder name that tells runs apart by the settings one usually varies (``args.batch_size``
+    resolved)."""
     bn = {True: "bn", False: "nobn", None: "default"}[args.bn]
-    return os.path.join("runs", f"{args.dataset}-{args.model}-{bn}-w{args.width:g}-{args.init}-s{args.seed}")
+    name = (f"{args.dataset}-{args.model}-{bn}-w{args.width:g}-{args.init}-lr{args.lr:g}-e{args.epochs}"
+            f"-wd{args.wd:g}-b{args.batch_size}")
+    tau = args.metainit_lr if args.init == "metainit" and args.metainit_lr is not None else args.gradinit_lr
+    if args.init in ("gradinit", "metainit") and tau is not None:
+        name += f"-tau{tau:g}"
+    if args.limit_train_batches is not None:
+        name += f"-l{args.limit_train_batches}"
+    return os.path.join("runs", f"{name}-s{args.seed}")
+
+
+def check_output_dir(out_dir: Path, *, resume: str, overwrite: bool) -> str:
+    """Refuse to write into a folder holding another run; returns the checkpoint to resume ('' for none)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UsageError(f"--output-dir {out_dir} is an existing file; give a folder")
+    if resume and overwrite:
+        raise UsageError("--resume and --overwrite exclude each other: --resume continues the run in "
+                         "--output-dir, --overwrite starts a new one there")
+    ckpt = out_dir / "checkpoint.pt"
+    present = [n for n in RUN_FILES if (out_dir / n).is_file()]
+    if resume == "auto":
+        if ckpt.is_file():
+            return str(ckpt)
+        resume = ""
+    if not present or overwrite:
+        return resume
+    if resume and Path(resume).resolve() == ckpt.resolve():
+        return resume
+    what = ", ".join(present)
+    if resume:
+        raise UsageError(f"--output-dir {out_dir} holds another run ({what}); resuming {resume} there would replace "
+                         "it: choose another --output-dir, or pass --overwrite instead of --resume to start over there")
+    if not ckpt.is_file():
+        raise UsageError(f"--output-dir {out_dir} holds {what} but no checkpoint.pt to resume from; choose another "
+                         "--output-dir, or pass --overwrite to start a new run there")
+    raise UsageError(f"--output-dir {out_dir} already holds a run ({what}); continue it with --resume auto, start "
+                     "a new one there with --overwrite, or choose another --output-dir")
+
+
+def load_checkpoint(path: str, device: torch.device) -> Dict[str, Any]:
+    """A train_vision.py checkpoint, or an error naming --resume and what to do."""
+    if not Path(path).is_file():
+        raise UsageError(f"--resume {path}: no such file; give the checkpoint.pt of an earlier run, or 'auto' for "
+                         "--output-dir's")
+    try:
+        ckpt = torch.load(path, map_location=device, weights_only=False)
+    except Exception as e:  # noqa: BLE001 - truncated zip, pickle errors, EOF...
+        raise RunFailure(f"--resume {path}: cannot read the checkpoint ({type(e).__name__}: {e}); it may be "
+                         "truncated: resume from a copy, or start again with --overwrite") from None
+    missing = [k for k in CHECKPOINT_KEYS if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise UsageError(f"--resume {path} is not a checkpoint of train_vision.py (it lacks {', '.join(missing)}); "
+                         "give the checkpoint.pt of an earlier train_vision.py run")
+    return ckpt
 
 
 def paper_tau(model_name: str, bn: bool) -> float:
@@ -459,17 +565,22 @@ def main(args) -> Dict[str, Any]:
     if args.batch_size is None:
         args.batch_size = 64 if args.model.startswith("densenet") else 128
     out_dir = Path(args.output_dir or default_output_dir(args))
-    out_dir.mkdir(parents=True, exist_ok=True)
     ckpt_path = out_dir / "checkpoint.pt"
-    resume = args.resume
-    if resume == "auto":
-        resume = str(ckpt_path) if ckpt_path.is_file() else ""
+    resume = check_output_dir(out_dir, resume=args.resume, overwrite=args.overwrite)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    train_set, test_set, num_classes, in_channels, side = build_datasets(args)
+    try:
+        train_set, test_set, num_classes, in_channels, side = build_datasets(args)
+    except FileNotFoundError as e:
+        raise UsageError(str(e)) from None
+    except UsageError:
+        raise
+    except ValueError as e:  # a damaged data file (read_idx names it)
+        raise RunFailure(f"--dataset {args.dataset}: {e}") from None
+    check_batches(args, len(train_set), resume)
     kwargs: Dict[str, Any] = dict(num_classes=num_classes, in_channels=in_channels, width=args.width)
     if args.bn is not None:
         kwargs["bn"] = args.bn
@@ -477,7 +588,7 @@ def main(args) -> Dict[str, Any]:
         fixup = args.fixup_init if args.fixup_init is not None else args.init not in ("gradinit", "metainit")
         kwargs["fixup_init"] = fixup
     elif args.fixup_init is not None:
-        raise ValueError("--fixup-init/--no-fixup-init only apply to fixup_* models")
+        raise UsageError("--fixup-init/--no-fixup-init only apply to fixup_* models")
     model = create_model(args.model, **kwargs).to(device)
     uses_bn = has_batchnorm(model)
     clip = args.clip_grad_norm if args.clip_grad_norm is not None else (0.0 if uses_bn else 1.0)
@@ -496,8 +607,6 @@ def main(args) -> Dict[str, Any]:
     train_batches = Limited(train_loader, args.limit_train_batches)
     test_batches = Limited(test_loader, args.limit_test_batches)
     steps_per_epoch = len(train_batches)
-    if steps_per_epoch == 0:
-        raise ValueError("the training set gives no batch: lower --batch-size")
     extra = 1 if args.init in ("warmup1", "const1") else 0
     total_epochs = args.epochs + extra
 
@@ -510,9 +619,17 @@ def main(args) -> Dict[str, Any]:
     }
     start_epoch, step = 0, 0
     if resume:
-        ckpt = torch.load(resume, map_location=device, weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
+        ckpt = load_checkpoint(resume, device)
+        try:
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            saved = ckpt.get("args") or {}
+            was = ", ".join(f"--{k.replace('_', '-')} {saved[k]}" for k in ("dataset", "model", "bn", "width")
+                            if k in saved)
+            first = str(e).splitlines()[0].rstrip(":")
+            raise UsageError(f"--resume {resume} holds another network ({was or 'unknown settings'}; {first}); "
+                             "resume with the settings of the run that saved it") from None
         log = ckpt["log"]
         start_epoch, step = ckpt["epoch"], ckpt["step"]
         _set_rng_state(ckpt["rng"])
@@ -520,11 +637,32 @@ def main(args) -> Dict[str, Any]:
         logger.info("resumed from %s at epoch %d (step %d)", resume, start_epoch, step)
     elif args.init in ("gradinit", "metainit"):
         progress = args.progress if args.progress is not None else sys.stderr.isatty()
-        info = run_initialization(args, model, train_set, device, uses_bn, progress)
+        try:
+            info = run_initialization(args, model, train_set, device, uses_bn, progress)
+        except FloatingPointError as e:
+            raise RunFailure(f"--init {args.init}: {e}") from None
         log["init"] = info
         log["init_wall_time"] = info["wall_time"]
         logger.info("%s took %.1fs", args.init, info["wall_time"])
 
+    try:
+        train_epochs(args, model, optimizer, log, out_dir, device, train_batches, test_batches, gen,
+                     start_epoch=start_epoch, step=step, total_epochs=total_epochs, extra=extra, clip=clip)
+    except KeyboardInterrupt:
+        done = log["epochs"][-1]["epoch"] if log["epochs"] else 0
+        saved = done > start_epoch or (resume and Path(resume).resolve() == ckpt_path.resolve())
+        logger.error("interrupted (Ctrl-C) during epoch %d; %s", done + 1,
+                     f"{ckpt_path} holds epoch {done}: continue with --resume auto" if saved else
+                     "no epoch had finished, nothing was written")
+        raise Interrupted() from None
+    return log
+
+
+def train_epochs(args, model, optimizer, log, out_dir: Path, device, train_batches, test_batches, gen, *,
+                 start_epoch: int, step: int, total_epochs: int, extra: int, clip: float) -> None:
+    """The training loop; every epoch ends with checkpoint.pt, log.json and log.csv in ``out_dir``."""
+    ckpt_path = out_dir / "checkpoint.pt"
+    steps_per_epoch = len(train_batches)
     for epoch in range(start_epoch, total_epochs):
         phase = ("warmup" if args.init == "warmup1" else "const") if epoch < extra else "cosine"
         gen.manual_seed(args.seed * 100_003 + epoch)  # shuffling (and worker seeds) per epoch: resumable
@@ -577,13 +715,60 @@ def main(args) -> Dict[str, Any]:
         logger.info("epoch %d/%d (%s) | train loss %.4f acc %.2f | test loss %.4f acc %.2f | best %.2f | %.1fs",
                     epoch + 1, total_epochs, phase, train_loss, row["train_acc"], test_loss, test_acc,
                     log["acc_best"], train_time)
+        out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails earlier leaves no folder
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
                     "step": step, "log": log, "rng": _rng_state(), "args": vars(args)}, str(ckpt_path) + ".tmp")
         os.replace(str(ckpt_path) + ".tmp", ckpt_path)
         write_logs(out_dir, log)
-    write_logs(out_dir, log)
-    return log
+    if log["epochs"]:
+        write_logs(out_dir, log)
+
+
+def check_batches(args, n_train: int, resume: str) -> None:
+    """Refuse batch settings that give the training loop or the initialization too few batches."""
+    limit = args.limit_train_batches
+    if args.batch_size > n_train:
+        raise UsageError(f"--batch-size {args.batch_size} is larger than the training set ({n_train} images); "
+                         "lower --batch-size")
+    if resume or args.init not in ("gradinit", "metainit"):
+        return
+    flag = f"--{args.init}-batch-size"
+    bs = getattr(args, f"{args.init}_batch_size") or args.batch_size
+    iters = getattr(args, f"{args.init}_iters")
+    n = n_train // bs  # its loader drops the last, partial batch
+    where = f"{flag} {bs}" if getattr(args, f"{args.init}_batch_size") else f"--batch-size {bs}"
+    if n == 0:
+        raise UsageError(f"{where} is larger than the training set ({n_train} images); lower it")
+    if limit is not None:
+        n = min(n, limit)
+    need = 2 if args.init == "gradinit" and iters is None and args.gradinit_overlap < 1.0 else 1
+    if n < need:
+        src = f"--limit-train-batches {limit}" if limit is not None and limit < n_train // bs else \
+            f"{where} on {n_train} images"
+        raise UsageError(f"GradInit pairs consecutive batches and needs at least 2 per pass, but {src} gives "
+                         f"{n}: raise --limit-train-batches, lower {flag} or --batch-size, or set --gradinit-iters "
+                         "to cycle the batches")
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    """The command line: :func:`main` with one ``error:`` line instead of a traceback for mistakes."""
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    try:
+        main(args)
+    except UsageError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except RunFailure as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 1
+    except Interrupted:
+        return 130
+    except KeyboardInterrupt:
+        print(f"{parser.prog}: interrupted (Ctrl-C) before training started; nothing was written", file=sys.stderr)
+        return 130
+    return 0
 
 
 if __name__ == "__main__":
-    main(get_args_parser().parse_args())
+    sys.exit(cli())

@@ -308,3 +308,60 @@ def test_metainit_one_pass_on_small_vit():
     model = small_vit()
     result = metainit(model, batches(2, side=16), progress=False)
     assert len(result.history) == 2 and result.num_skipped == 0
+
+
+# -- issue 18: a failed run leaves the model as it was given; clear messages -------------------------
+def small_cnn(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))
+
+
+def weights(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def assert_unchanged(model, before):
+    for n, p in model.named_parameters():
+        assert torch.equal(p, before[n]), n
+
+
+@pytest.mark.parametrize("fn", [gradinit, metainit])
+def test_all_nan_loader_is_an_error_and_leaves_the_model_as_given(fn):
+    model = small_cnn()
+    before = weights(model)
+    nan = [(torch.full((4, 3, 8, 8), float("nan")), torch.zeros(4, dtype=torch.long)) for _ in range(3)]
+    with pytest.warns(RuntimeWarning), pytest.raises(FloatingPointError, match="all 2 iterations were skipped"):
+        fn(model, nan, iters=2, progress=False)
+    assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("fn", [gradinit, metainit])
+def test_loader_raising_mid_run_leaves_the_model_as_given(fn):
+    model = small_cnn()
+    before = weights(model)
+
+    def loader():
+        yield from batches(4)
+        raise OSError("disk read failed")
+
+    with pytest.raises(OSError, match="disk read failed"):
+        fn(model, loader(), lr=0.05, progress=False)
+    assert_unchanged(model, before)
+
+
+def test_uint8_images_get_a_message():
+    model = small_cnn()
+    before = weights(model)
+    raw = [(torch.randint(0, 256, (4, 3, 8, 8), dtype=torch.uint8), torch.zeros(4, dtype=torch.long))
+           for _ in range(3)]
+    with pytest.raises(ValueError, match=r"uint8 images.*ToTensor\(\)"):
+        gradinit(model, raw, iters=2, progress=False)
+    assert_unchanged(model, before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fn", [gradinit, metainit])
+def test_half_precision_models_are_refused(fn, dtype):
+    model = small_cnn().to(dtype)
+    with pytest.raises(ValueError, match=rf"'0.weight' is {dtype}.*Run GradInit before converting"):
+        fn(model, [(x.to(dtype), y) for x, y in batches(3)], iters=2, progress=False)

@@ -365,8 +365,9 @@ def gradinit(
 
     Returns:
         A :class:`GradInitResult`. The model then holds alpha_i * W_i; its train/eval flags and
-        normalization buffers are as before. If an exception interrupts the run, the model holds
-        the weights of the last completed iteration.
+        normalization buffers are as before. If an exception interrupts the run (also
+        ``FloatingPointError`` when every iteration was skipped), the model holds exactly the
+        weights it was given.
     """
     config = resolve_config(GradInitConfig, config, overrides)
     check_inputs(model, loss_fn)
@@ -417,8 +418,9 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
     """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
 
     ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
-    ``_log``, ``scaled`` and ``alpha``. Whatever happens, the model ends up holding alpha*W of
-    the last completed update. Returns the number of completed iterations.
+    ``_log``, ``scaled`` and ``alpha``. On success the model holds alpha*W of the last update; if
+    anything raises, or every iteration was skipped (``FloatingPointError``), it holds W, the
+    weights it was given. Returns the number of completed iterations.
     """
     completed = reported = 0
 
@@ -442,11 +444,19 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
         if total is not None and completed < total:
             warnings.warn(f"{name}: the batches ran out after {completed} of {total} iterations",
                           RuntimeWarning, stacklevel=3)
-    finally:
+        engine.finalize()
+        report()
+        if engine.history and all(r.branch == "skipped" for r in engine.history):
+            n = len(engine.history)
+            raise FloatingPointError(
+                f"{name}: all {n} iteration{'s were' if n > 1 else ' was'} skipped ({engine.history[-1].reason}); "
+                "no scale was learned and the model is left as it was given. Check the data and the loss "
+                "for NaN/Inf (e.g. run one batch through the model), or lower the learning rates.")
+    except BaseException:
+        # A half-finished run must not leave the model partly scaled: alpha = 1 gives back W exactly.
         with torch.no_grad():
-            engine.scaled.write(engine.alpha)
-    engine.finalize()
-    report()
+            engine.scaled.write(torch.ones_like(engine.alpha))
+        raise
     if engine.history and completed % log_interval != 0 and completed != 1:
         engine._log(completed, total)
     return completed

@@ -38,7 +38,29 @@ def classification_loss(model: nn.Module, batch: Any) -> torch.Tensor:
         raise ValueError(
             "the default loss expects (input, target) batches, as a torchvision DataLoader yields; "
             f"got {type(batch).__name__}. Pass loss_fn=lambda model, batch: ... for other batches")
-    return F.cross_entropy(model(x), y)
+    try:
+        out = model(x)
+    except RuntimeError as e:
+        # Raw uint8 images reach the first layer as they are and fail with torch's dtype error.
+        if isinstance(x, torch.Tensor) and x.dtype == torch.uint8:
+            raise ValueError(
+                "the loader yields uint8 images, which the model cannot take; convert them to float in the "
+                "dataset (e.g. torchvision.transforms.ToTensor(), or x.float() / 255 and your normalization)"
+            ) from e
+        raise
+    return F.cross_entropy(out, y)
+
+
+def check_precision(model: nn.Module) -> None:
+    """Refuse a model with half-precision (fp16/bf16) parameters, as the fairseq plugin does."""
+    if not isinstance(model, nn.Module):
+        return  # the engine refuses it with its own message
+    for name, p in unwrap_model(model).named_parameters():
+        if p.dtype in (torch.float16, torch.bfloat16):
+            raise ValueError(
+                f"GradInit runs on a float32 (or float64) model, but {name!r} is {p.dtype}: its forward pass "
+                "can overflow at initialization, which no setting of GradInit fixes. Run GradInit before "
+                "converting the model (model.float(), GradInit, then model.half()), or train in fp32 with autocast")
 
 
 def model_device(model: nn.Module) -> torch.device:
@@ -202,6 +224,7 @@ def gradinit(
         sgd_step=sgd_step, adam_state=adam_state, log_interval=log_interval, param_filter=param_filter,
         scale_bounds=scale_bounds, step_params=step_params,
     )
+    check_precision(model)
     dev = _resolve_device(model, device)
     if iters is None and not _one_shot(loader):
         n = _loader_len(loader)
@@ -255,6 +278,7 @@ def metainit(
     config = MetaInitConfig(lr=lr, betas=tuple(betas), eps=eps, iters=iters, min_scale=min_scale,
                             max_scale=max_scale, scale_grad_clip=scale_grad_clip, log_interval=log_interval,
                             param_filter=param_filter)
+    check_precision(model)
     dev = _resolve_device(model, device)
     total = iters if iters is not None else _loader_len(loader)
     return _with_progress(
