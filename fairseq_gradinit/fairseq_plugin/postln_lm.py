@@ -1,8 +1,11 @@
 """``transformer_lm_postln``: fairseq's decoder-only ``transformer_lm`` with Post-LN layers.
 
-fairseq's ``transformer_lm`` architectures force ``decoder_normalize_before`` (Pre-LN: "model
-training is not stable without this"); this one turns it off, so each sublayer is followed by its
-LayerNorm and there is no final LayerNorm, the setting in which GradInit replaces warmup.
+fairseq's named ``transformer_lm_*`` architectures (``transformer_lm_big``, ``transformer_lm_gpt``,
+...) force ``decoder_normalize_before`` (Pre-LN: "model training is not stable without this");
+plain ``--arch transformer_lm`` leaves it to its config default (off in fairseq 0.12). This one is
+``transformer_lm`` with the named architectures' defaults and Post-LN whatever the flags say: each
+sublayer is followed by its LayerNorm and there is no final LayerNorm, the setting in which GradInit
+replaces warmup.
 """
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer_lm import base_lm_architecture
