@@ -44,9 +44,7 @@ class TranslationGradInitTask(GradInitTaskMixin, TranslationTask):
 
 def _log_changes_to_fairseq() -> None:
     """Say once, at load, what the plugin changes in fairseq (the README lists both)."""
-    import fairseq.checkpoint_utils as checkpoint_utils
-
-    from .compat import _TorchWithPickleLoad
+    from .compat import checkpoint_loading_patched
 
     changes = []
     if TASK_REGISTRY.get("translation") is TranslationGradInitTask:
@@ -56,12 +54,11 @@ def _log_changes_to_fairseq() -> None:
                  and v.__module__ == serve_all_tasks.__module__)
     if others:
         changes.append(f"the other {others} tasks accept the --gradinit-* options (identical without them)")
-    if isinstance(getattr(checkpoint_utils, "torch", None), _TorchWithPickleLoad):
+    if checkpoint_loading_patched():
         changes.append("fairseq's checkpoint loading passes torch.load(weights_only=False) "
                        "(load only checkpoints you trust)")
     if changes:
         logger.info("fairseq_gradinit plugin loaded; changes to fairseq: %s", "; ".join(changes))
-
 
 
 # `fairseq-train DATA --user-dir fairseq_gradinit --gradinit-iters 780` (no --task) uses fairseq's
