@@ -16,10 +16,10 @@ def main():
 
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, input_args=argv)  # imports the plugin (--user-dir)
-    from fairseq_gradinit.fairseq_plugin.task import TranslationGradInitTask
+    from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin
 
     record = {}
-    original_run = TranslationGradInitTask.run_gradinit
+    original_run = GradInitTaskMixin.run_gradinit
 
     def run_gradinit(self, model, criterion):
         losses = []
@@ -40,7 +40,7 @@ def main():
         record["after_gradinit"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return result
 
-    TranslationGradInitTask.run_gradinit = run_gradinit
+    GradInitTaskMixin.run_gradinit = run_gradinit
     # Weights after the last update, on every rank (only rank 0 saves checkpoints).
     original_train = train.train
 

@@ -32,6 +32,25 @@ def make_tiny_bin(root: Path, sizes: Dict[str, int], nwords: int) -> Path:
     return root / "bin"
 
 
+def make_tiny_lm_bin(root: Path, sizes: Dict[str, int], nwords: int, lang: str = "en") -> Path:
+    """A language-model data-bin (``fairseq-preprocess --only-source``) of the first ``sizes[split]``
+    lines of one side of the shared corpus. Skips the test when the corpus is absent."""
+    if not SHARED.exists():
+        pytest.skip(f"shared corpus not found at {SHARED}")
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    for split, n in sizes.items():
+        lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
+        (root / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    prefs = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}
+    argv = ["--only-source", "--destdir", str(root / "lmbin"), "--nwordssrc", str(nwords), "--workers", "1"]
+    for split in sizes:
+        argv += [prefs[split], str(root / split) + ".txt"]
+    preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    return root / "lmbin"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -1,10 +1,13 @@
-"""fairseq plugin: registers the ``translation_gradinit`` task (and serves ``translation`` with it) and the
-``transformer_wskip`` model (Admin's w_skip Post-LN Transformer)."""
+"""fairseq plugin: registers the ``translation_gradinit`` task, serves every fairseq task with the
+``--gradinit-*`` options (``translation`` with ``translation_gradinit``), and registers the
+``transformer_wskip`` model (Admin's w_skip Post-LN Transformer) and the ``transformer_lm_postln``
+architecture (a Post-LN decoder-only language model)."""
 from .compat import patch_fairseq_checkpoint_loading
 
 patch_fairseq_checkpoint_loading()
 
-from .task import TranslationGradInitConfig, TranslationGradInitTask, gradinit_config_from_task  # noqa: E402
+from .task import TranslationGradInitConfig, TranslationGradInitTask, gradinit_config_from_task  # noqa: E402  (serves every task)
 from .wskip import WSkipTransformerModel  # noqa: E402  (registers transformer_wskip)
+from . import postln_lm  # noqa: E402,F401  (registers transformer_lm_postln)
 
 __all__ = ["TranslationGradInitConfig", "TranslationGradInitTask", "WSkipTransformerModel", "gradinit_config_from_task"]

@@ -38,3 +38,10 @@ def patch_fairseq_checkpoint_loading() -> None:
     for mod in (checkpoint_utils, dist_utils):
         if not isinstance(getattr(mod, "torch", None), _TorchWithPickleLoad):
             mod.torch = _TorchWithPickleLoad()
+
+
+def checkpoint_loading_patched() -> bool:
+    """Whether :func:`patch_fairseq_checkpoint_loading` is in effect."""
+    import fairseq.checkpoint_utils as checkpoint_utils
+
+    return isinstance(getattr(checkpoint_utils, "torch", None), _TorchWithPickleLoad)

@@ -23,6 +23,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import __version__
 from .cfg import cfg_value
+from .option_values import gradinit_config_from_task
+from .options import GradInitOptions
 
 #: Fingerprint keys that must agree for a saved result to be reused as if computed now.
 COMPARED_KEYS = ("model", "criterion", "seed", "data", "world_size", "gradinit")
@@ -36,6 +38,14 @@ _DATA_TASK_KEYS = (
     "source_lang", "target_lang", "train_subset", "dataset_impl", "left_pad_source", "left_pad_target",
     "max_source_positions", "max_target_positions", "upsample_primary", "truncate_source",
     "num_batch_buckets", "required_seq_len_multiple", "load_alignments",
+)
+# The same for other tasks (language modeling, masked LM, sentence prediction); recorded only when
+# set, so that translation fingerprints stay as they were.
+_OTHER_DATA_TASK_KEYS = (
+    "tokens_per_sample", "sample_break_mode", "output_dictionary_size", "self_target", "future_target",
+    "past_target", "add_bos_token", "shorten_method", "shorten_data_split_list", "pad_to_fixed_length",
+    "mask_prob", "leave_unmasked_prob", "random_token_prob", "mask_whole_words", "mask_multiple_length",
+    "num_classes", "separator_token", "init_token", "max_positions",
 )
 _HASH_CHUNK = 1 << 20
 
@@ -62,14 +72,9 @@ def fingerprint_from_args(argv: Sequence[str]) -> Dict[str, Any]:
     model and loads no data (it reads the data directory's files to hash them). A bad argument
     exits like ``fairseq-train`` does (``SystemExit(2)``).
     """
-    from fairseq import options
-    from fairseq.dataclass.initialize import add_defaults
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from .training import training_config
 
-    args = options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
-    cfg = convert_namespace_to_omegaconf(args)
-    add_defaults(cfg)  # as fairseq_cli.train.main does before building anything
-    return gradinit_fingerprint(cfg)
+    return gradinit_fingerprint(training_config(argv, defaults=True))
 
 
 def fingerprint(*, task_cfg, model_cfg, criterion_cfg, seed, world_size,
@@ -144,8 +149,12 @@ def model_arguments(model_cfg) -> Dict[str, Any]:
 def data_fingerprint(task_cfg) -> Dict[str, Any]:
     """Task options that pick GradInit's sentences, and each data directory's dictionaries and
     train split: ``{file name: {"size", "sha256"}}`` (``.bin`` files: size only)."""
-    split = cfg_value(task_cfg, "train_subset") or "train"
+    split = cfg_value(task_cfg, "train_subset") or cfg_value(task_cfg, "gradinit_train_subset") or "train"
     out: Dict[str, Any] = {k: _plain(cfg_value(task_cfg, k)) for k in _DATA_TASK_KEYS}
+    for k in _OTHER_DATA_TASK_KEYS:
+        value = cfg_value(task_cfg, k)
+        if value is not None:
+            out[k] = _plain(value)
     data = cfg_value(task_cfg, "data")
     dirs = [d for d in str(data).split(os.pathsep) if d] if data else []
     out["dirs"] = [_dir_files(d, split) for d in dirs]
@@ -161,10 +170,8 @@ def gradinit_settings(task_cfg) -> Dict[str, Any]:
     """The ``--gradinit-*`` options that change the result, and the resolved GradInit config
     (``eta`` from ``--lr``, ``optimizer`` from ``--optimizer``, ``gamma`` from the rule of thumb,
     tokens per iteration from ``--max-tokens``)."""
-    from .task import TranslationGradInitConfig, gradinit_config_from_task
-
     options = {}
-    for f in TranslationGradInitConfig.__dataclass_fields__.values():
+    for f in GradInitOptions.__dataclass_fields__.values():
         if f.name.startswith("gradinit_") and f.metadata.get("help") and f.name not in _NOT_DETERMINING:
             options[f.name] = _plain(cfg_value(task_cfg, f.name))
     try:

@@ -18,18 +18,16 @@ import logging
 import math
 import platform
 import time
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
-from fairseq import options, tasks, utils
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
 from ..core.modes import gradinit_mode
 from ..core.report import ReportConfig, init_report, unique_trainable
 from .groups import transformer_place
-from .task import TranslationGradInitTask, mean_loss_fn
+from .hook import GradInitTaskMixin, mean_loss_fn
+from .training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
 logger = logging.getLogger(__name__)
 
@@ -55,69 +53,22 @@ _SHORT = {"self_attn": "s", "encoder_attn": "x", "self_attn_layer_norm": "s", "e
           "final_layer_norm": "f"}
 
 
-@dataclass
-class FairseqModel:
-    cfg: Any
-    task: Any
-    model: torch.nn.Module
-    criterion: torch.nn.Module
-    device: torch.device
-
-
-def build_training_model(train_argv: Sequence[str], *, device: Optional[str] = None) -> FairseqModel:
-    """The model, task and criterion ``fairseq-train train_argv`` would start training from, without
-    GradInit (``--gradinit-iters``/``--gradinit-init-file`` are ignored: the report applies the scales)."""
-    parser = options.get_training_parser()
-    args = options.parse_args_and_arch(parser, input_args=list(train_argv))
-    cfg = convert_namespace_to_omegaconf(args)
-    utils.import_user_module(cfg.common)
-    for key, off in (("gradinit_iters", 0), ("gradinit_init_file", None)):
-        if getattr(cfg.task, key, off) not in (off, None):
-            logger.info("report: ignoring --%s (the report applies the scales of the gradinit.json)",
-                        key.replace("_", "-"))
-            setattr(cfg.task, key, off)
-    # fairseq-train's seeding and construction order (fairseq_cli/train.py): nothing else draws
-    # random numbers before build_model, so the weights are fairseq-train's initialization.
-    np.random.seed(cfg.common.seed)
-    utils.set_torch_seed(cfg.common.seed)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    criterion = task.build_criterion(cfg.criterion)
-    if device is None:
-        device = "cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu"
-    dev = torch.device(device)
-    model.to(dev)
-    criterion.to(dev)
-    return FairseqModel(cfg=cfg, task=task, model=model, criterion=criterion, device=dev)
-
-
 def training_batches(fm: FairseqModel, *, num_batches: int, seed: int, max_tokens: Optional[int] = None) -> List:
     """``num_batches`` distinct minibatches of the training split, length-bucketed by ``--max-tokens`` /
     ``--batch-size`` as fairseq-train and GradInit batch it (but, like GradInit's batches, without
     fairseq-train's ``--required-batch-size-multiple`` of 8), drawn at random with ``seed``."""
     cfg, task = fm.cfg, fm.task
-    split = cfg.dataset.train_subset
-    if split not in task.datasets:
-        task.load_dataset(split, epoch=1, combine=True)
-    dataset = task.dataset(split)
     max_tokens = max_tokens or cfg.dataset.max_tokens
     if not max_tokens and not cfg.dataset.batch_size:
         raise ValueError("pass --max-tokens (or --batch-size) among the fairseq arguments")
-    state = np.random.get_state()
-    try:  # ordered_indices shuffles ties with numpy's global generator: make it reproducible
-        np.random.seed(seed)
-        indices = dataset.ordered_indices()
-        max_positions = utils.resolve_max_positions(task.max_positions(), fm.model.max_positions())
-        indices = task.filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs=True)
-        batches = dataset.batch_by_size(indices, max_tokens=max_tokens, max_sentences=cfg.dataset.batch_size,
-                                        required_batch_size_multiple=1)
-    finally:
-        np.random.set_state(state)
+    dataset = training_dataset(task, cfg.dataset.train_subset)
+    batches = training_batch_indices(task, fm.model, dataset, max_tokens=max_tokens,
+                                     batch_size=cfg.dataset.batch_size, seed=seed)
     if len(batches) < num_batches:
         raise ValueError(f"the training split has only {len(batches)} batches of {max_tokens} tokens; "
                          f"ask for fewer minibatches or pass a smaller --max-tokens")
     chosen = np.random.RandomState(seed).choice(len(batches), size=num_batches, replace=False)
-    return [TranslationGradInitTask._collate(dataset, batches[i], fm.device) for i in chosen]
+    return [collate(dataset, batches[i], fm.device) for i in chosen]
 
 
 def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1e-4, rtol_norm: float = 1e-3) -> dict:
@@ -131,8 +82,8 @@ def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1
         return {"done": False, "reason": "the gradinit.json has no first-iteration record"}
     if int(saved.get("world_size", 1)) != 1:
         return {"done": False, "reason": "GradInit ran on several ranks (the record averages their shards)"}
-    if not isinstance(fm.task, TranslationGradInitTask) or not saved.get("max_tokens"):
-        return {"done": False, "reason": "needs the translation_gradinit task and max_tokens in the gradinit.json"}
+    if not isinstance(fm.task, GradInitTaskMixin) or not saved.get("max_tokens"):
+        return {"done": False, "reason": "needs a task served by the plugin and max_tokens in the gradinit.json"}
     pair = next(fm.task.gradinit_pairs(fm.model, int(saved["max_tokens"]), float(conf.get("overlap", 0.5)),
                                        fm.device))
     entries = unique_trainable(fm.model)

@@ -377,3 +377,38 @@ def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
             out.append(textwrap.indent(p.doc, "   "))
         out.append("")
     return "\n".join(out)
+
+
+# -- a Post-LN decoder-only language model (docs/lm-nowarmup.md) ---------------------------------
+LM_BASE = (
+    "--task", "language_modeling", "--arch", "transformer_lm_postln", "--decoder-layers", "6",
+    "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512", "--decoder-attention-heads", "4",
+    "--share-decoder-input-output-embed", "--dropout", "0.1", "--tokens-per-sample", "64",
+    "--criterion", "cross_entropy", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "3e-3",
+    "--lr-scheduler", "fixed", "--max-tokens", "1024", "--num-workers", "0",
+)
+GI_LM = ("--gradinit-iters", "100", "--gradinit-lr", "1e-2", "--gradinit-max-tokens", "1024",
+         "--gradinit-log-interval", "10")
+
+LM = Preset(
+    name="lm",
+    summary="docs/lm-nowarmup.md: 6-layer d=128 Post-LN decoder-only LM (transformer_lm_postln) on the target "
+            "side of the Debian corpus, lr 3e-3, Xavier / GradInit without warmup vs a 300-update warmup, "
+            "600 updates (CPU: add --cpu --no-bleu)",
+    base=LM_BASE,
+    arms=(
+        Arm("xavier", ("--seed", "1"), note="Xavier, no warmup"),
+        Arm("gradinit", GI_LM + ("--seed", "1"), note="GradInit (100 iterations, eta = lr), no warmup"),
+        Arm("warmup", ("--seed", "1", "--warmup-updates", "300"), note="Xavier, 300-update linear warmup"),
+    ),
+    max_update=600,
+    valid_every=50,
+    save_every=600,
+    doc="""\
+DATA is a language-model data-bin of the corpus's English side: fairseq-preprocess --only-source
+--trainpref train.en --validpref valid.en --nwordssrc 8000 (whitespace tokens; the exact commands
+are in docs/lm-nowarmup.md). Validation loss is in bits per token (fairseq's LM criterion);
+perplexity is 2**loss. There is no BLEU: pass --no-bleu.""",
+)
+
+PRESETS[LM.name] = LM

@@ -52,6 +52,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ..core.admin import AdminProfile, closed_form_omega
 from .files import atomic_write_json
+from .training import training_dataset, training_iterator
 
 logger = logging.getLogger(__name__)
 
@@ -299,15 +300,9 @@ def first_training_batch(task, model, options: AdminBatchOptions) -> dict:
     """The first batch of epoch 1 of fairseq's training iterator with fairseq-train's batching, unsharded."""
     if not options.max_tokens and not options.batch_size:
         raise ValueError("--wskip-init admin profiles one training batch: set --max-tokens or --batch-size")
-    split = getattr(task.cfg, "train_subset", "train")
-    if split not in task.datasets:
-        task.load_dataset(split, epoch=1, combine=True)
-    itr = task.get_batch_iterator(
-        dataset=task.dataset(split), max_tokens=options.max_tokens, max_sentences=options.batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(),
-                                                  options.max_tokens),
-        ignore_invalid_inputs=True, required_batch_size_multiple=options.required_batch_size_multiple,
-        seed=options.seed, num_shards=1, shard_id=0, num_workers=0, epoch=1, disable_iterator_cache=True)
+    itr, _ = training_iterator(task, model, training_dataset(task), max_tokens=options.max_tokens,
+                               batch_size=options.batch_size, seed=options.seed,
+                               required_batch_size_multiple=options.required_batch_size_multiple)
     return next(iter(itr.next_epoch_itr(shuffle=True)))
 
 

@@ -1,0 +1,302 @@
+"""GradInit for any fairseq task: a mixin that runs it between building the model and training.
+
+GradInit runs in ``build_criterion``: ``fairseq-train`` calls ``task.build_model`` and then
+``task.build_criterion`` before the Trainer casts the model to fp16/bf16 and before the optimizer
+copies fp32 master weights, so training starts from exactly the GradInit weights. Inference
+entry points build the model with ``from_checkpoint=True`` (and never build the training
+criterion with a fresh model), so they never run it; nor does a run that resumes from a
+checkpoint. Batches come from the task's own training iterator and the loss from the user's
+criterion, so the same code serves translation, language modeling and the other tasks.
+"""
+import logging
+import os
+import signal
+import time
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..core import BatchPair, apply_scales, gradinit, summarize_scales
+from .cfg import cfg_value
+from .files import atomic_write_json, remove_stale_temp_files
+from .groups import transformer_group
+from .option_values import (
+    GradInitStop, batch_setting_error, gradinit_config_from_task, gradinit_enabled, gradinit_option_error,
+    read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error,
+)
+from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
+from .restore import restore_source
+from .signals import sigterm_raises_interrupt
+from .training import collate, training_batch_indices, training_dataset
+from .wskip import admin_profile_if_requested
+
+logger = logging.getLogger(__name__)
+
+GRADINIT_JSON = "gradinit.json"
+
+
+def mean_loss_fn(criterion):
+    """The loss the optimizer differentiates: fairseq's summed loss divided by the sample size."""
+
+    def loss_fn(model, sample):
+        loss, sample_size, _ = criterion(model, sample)
+        return loss / max(float(sample_size), 1.0)
+
+    return loss_fn
+
+
+def rank_world():
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def saved_result_decision(path: str, current: dict) -> tuple:
+    """('run', None), ('reuse', None) or ('stop', message) for an existing ``gradinit.json``."""
+    if not os.path.exists(path):
+        return ("run", None)
+    advice = (f"GradInit never overwrites it: use another --save-dir, delete {path} to compute it again, or "
+              f"pass --gradinit-init-file {path} to apply its scales")
+    try:
+        saved = read_init_file(path)
+    except ValueError as e:
+        return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). {advice}")
+    diff = fingerprint_diff(saved.get("fingerprint"), current, keys=COMPARED_KEYS)
+    if diff:
+        return ("stop", f"{path} exists and was written by a different run ({'; '.join(diff)}). {advice}")
+    if saved["fingerprint"].get("version") != current.get("version"):
+        logger.info("gradinit: %s was written by fairseq_gradinit %s (this is %s)", path,
+                    saved["fingerprint"].get("version"), current.get("version"))
+    return ("reuse", None)
+
+
+class GradInitTaskMixin:
+    """Runs GradInit (``--gradinit-iters N``) or applies saved scales before the first update.
+
+    Put before a fairseq task class in the bases; the task's config must carry the
+    :class:`~.options.GradInitOptions` fields.
+    """
+
+    @property
+    def gradinit_cfg(self):
+        """The task config holding the ``--gradinit-*`` fields (legacy-style tasks such as
+        ``language_modeling`` keep it in ``args``)."""
+        cfg = getattr(self, "cfg", None)
+        return cfg if cfg is not None else getattr(self, "args", None)
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        refuse_bad_values_when_parsed(parser)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._gradinit_model = None
+        self._gradinit_model_args = None
+        self._gradinit_criterion_cfg = None
+        self.gradinit_result = None
+
+    def build_model(self, cfg, *args, **kwargs):
+        # Tasks differ in whether they take from_checkpoint; pass on exactly what was given.
+        from_checkpoint = bool(kwargs.get("from_checkpoint", args[0] if args else False))
+        if not from_checkpoint and gradinit_enabled(self.gradinit_cfg):
+            # The model's arguments as given: building fills in derived ones (e.g. the shared
+            # output embedding), and the fingerprint must equal the one of the command line.
+            self._gradinit_model_args = model_arguments(cfg)
+        model = super().build_model(cfg, *args, **kwargs)
+        # Remember a freshly built training model; GradInit runs once the criterion exists.
+        self._gradinit_model = None if from_checkpoint else model
+        return model
+
+    def build_criterion(self, cfg, *args, **kwargs):
+        from_checkpoint = bool(kwargs.get("from_checkpoint", args[0] if args else False))
+        criterion = super().build_criterion(cfg, *args, **kwargs)
+        model, self._gradinit_model = self._gradinit_model, None
+        if model is None or from_checkpoint:
+            return criterion
+        enabled = gradinit_enabled(self.gradinit_cfg)
+        self._gradinit_criterion_cfg = cfg
+        # The command line was checked when parsed; this also covers configs built otherwise
+        # (fairseq-hydra-train, Python). Checked before Admin's profiling and GradInit, so that
+        # stopping here costs nothing.
+        error = gradinit_option_error(self.gradinit_cfg)
+        if error is None and enabled:
+            error = unsupported_setup_error(self.gradinit_cfg) or batch_setting_error(self.gradinit_cfg)
+        if error is not None:
+            raise GradInitStop(error)
+        source = restore_source(self.gradinit_cfg)
+        if source is None:
+            admin_profile_if_requested(model, self)  # transformer_wskip --wskip-init admin; before GradInit
+        if enabled:
+            if source is not None:
+                logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)", source)
+            else:
+                self.run_gradinit(model, criterion)
+        return criterion
+
+    # ------------------------------------------------------------------------------------
+    def run_gradinit(self, model, criterion):
+        """Run GradInit (or apply ``--gradinit-init-file``) on ``model`` in place."""
+        cfg = self.gradinit_cfg
+        rank, world = rank_world()
+        save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
+        path = os.path.join(save_dir, GRADINIT_JSON)
+        current = self.gradinit_fingerprint(world) if rank == 0 else None
+        if cfg.gradinit_init_file:
+            return self._apply_saved(model, cfg.gradinit_init_file, current, INIT_FILE_KEYS, "--gradinit-init-file")
+
+        # An existing gradinit.json is never overwritten: the same run reuses it, another stops.
+        # Rank 0 decides for all ranks, so they cannot split between computing and reusing.
+        decision = saved_result_decision(path, current) if rank == 0 else None
+        if world > 1:
+            box = [decision]
+            dist.broadcast_object_list(box, src=0)
+            decision = box[0]
+        if decision[0] == "stop":
+            raise GradInitStop(decision[1])
+        if decision[0] == "reuse":
+            logger.info("gradinit: %s exists and its fingerprint matches this run (model, criterion, seed, data, "
+                        "world size, GradInit settings); applying its scales instead of running GradInit", path)
+            return self._apply_saved(model, path, None, (), "reused")
+
+        gcfg = gradinit_config_from_task(cfg)
+        use_cuda = torch.cuda.is_available() and not cfg_value(cfg, "gradinit_cpu", False)
+        device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        orig_device = next(model.parameters()).device
+        orig_dtype = next(model.parameters()).dtype
+        if orig_dtype != torch.float32:
+            raise ValueError(f"GradInit expects the freshly built fp32 model, got {orig_dtype}")
+        max_tokens = cfg.gradinit_max_tokens or cfg_value(cfg, "gradinit_train_max_tokens")
+        if not max_tokens:
+            raise ValueError("set --gradinit-max-tokens (or --max-tokens) for GradInit's batches")
+        logger.info(
+            "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%g tau=%g, %d tokens per "
+            "iteration (S and S~ share %.0f%%), rank %d/%d", gcfg.iters, device, gcfg.optimizer,
+            gcfg.eta, gcfg.resolved_gamma, gcfg.lr, max_tokens, 100 * gcfg.overlap, rank, world)
+
+        if rank == 0:
+            for tmp in remove_stale_temp_files(save_dir, GRADINIT_JSON):
+                logger.info("gradinit: removed %s, left by an interrupted run", tmp)
+        model.to(device)
+        drawn = [0]
+
+        def counted(it):
+            for pair in it:
+                drawn[0] += 1
+                yield pair
+
+        try:
+            pairs = counted(self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world))
+        except ValueError as e:
+            model.to(orig_device)
+            raise GradInitStop(f"GradInit's batches: {e}") from None
+
+        start = time.time()
+        with sigterm_raises_interrupt():
+            try:
+                try:
+                    result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg)
+                finally:
+                    model.to(orig_device)
+                    if use_cuda:
+                        torch.cuda.empty_cache()
+                self.gradinit_result = result
+                summary = self._log_summary(result.scales)
+                if rank == 0:
+                    out = result.to_dict()
+                    out.update(summary=summary, max_tokens=max_tokens, device=str(device),
+                               wall_time=time.time() - start, fingerprint=current)
+                    atomic_write_json(path, out)
+                    logger.info("gradinit: wrote %s", path)
+            except KeyboardInterrupt as e:
+                signum = getattr(e, "signum", signal.SIGINT)
+                done = "the GradInit result" if self.gradinit_result is not None else \
+                    f"iteration {drawn[0]} of {gcfg.iters}"
+                logger.error("gradinit: stopped by %s during %s; nothing was written to %s and training did not "
+                             "start. Run the same command again to start GradInit from the beginning.",
+                             signal.Signals(signum).name, done, save_dir)
+                raise SystemExit(128 + signum) from None
+        return result
+
+    def gradinit_fingerprint(self, world_size: int) -> dict:
+        """:func:`~.provenance.fingerprint` of this run (model arguments as given on the command line)."""
+        return fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None, criterion_cfg=self._gradinit_criterion_cfg,
+                           seed=cfg_value(self.gradinit_cfg, "gradinit_seed"), world_size=world_size,
+                           model_args=self._gradinit_model_args)
+
+    def _apply_saved(self, model, path: str, current: Optional[dict], keys, source: str):
+        """Apply the scales saved at ``path`` after checking they name this model's tensors."""
+        try:
+            saved = read_init_file(path)
+        except ValueError as e:
+            raise GradInitStop(str(e)) from None
+        scales = saved["scales"]
+        names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+        known = set(names)
+        missing = [n for n in scales if n not in known]
+        if missing:
+            raise GradInitStop(
+                f"{source} {path}: {len(missing)} of its {len(scales)} scales name tensors this model does not "
+                f"have, e.g. {missing[:5]} (the model has e.g. {names[:3]}); it was computed for another "
+                "architecture")
+        if current is not None and keys:
+            diff = fingerprint_diff(saved.get("fingerprint"), current, keys=keys)
+            if diff:
+                logger.warning(
+                    "gradinit: WARNING: %s %s was computed for a different model, seed or data than this run (%s). "
+                    "Its scales fit the initial weights of that run; applying them anyway.", source, path,
+                    "; ".join(diff))
+        apply_scales(model, scales)
+        logger.info("gradinit: applied %d scales from %s", len(scales), path)
+        self._log_summary(scales)
+        return None
+
+    def _log_summary(self, scales):
+        summary = summarize_scales(scales, transformer_group)
+        logger.info("gradinit: scales by group (count min/mean/max)")
+        for group, s in summary.items():
+            logger.info("  %-32s %3d  %.4f / %.4f / %.4f", group, s["count"], s["min"], s["mean"], s["max"])
+        return summary
+
+    def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
+                       world: int = 1) -> Iterator[BatchPair]:
+        """Endless (S, S~) pairs from this rank's shard of the training data.
+
+        Each pair is one batch of the task's own training iterator with ``max_tokens`` tokens (and
+        the run's ``--batch-size``; over-long samples skipped as fairseq-train skips them); its
+        samples are shuffled and split so S and S~ each hold 1/(2-overlap) of it and share
+        ``overlap`` of S (thirds for overlap 0.5, as the authors' fairseq code does). Each half is
+        collated by the dataset, so every field of the sample (``net_input``, ``target``,
+        ``ntokens``, ``nsentences``, ...) describes exactly its samples, whatever the task.
+        """
+        cfg = self.gradinit_cfg
+        dataset = training_dataset(self, cfg_value(cfg, "gradinit_train_subset") or cfg_value(cfg, "train_subset"))
+        seed = int(cfg_value(cfg, "gradinit_seed", 1) or 1)
+        batches = training_batch_indices(self, model, dataset, max_tokens=max_tokens,
+                                         batch_size=cfg_value(cfg, "gradinit_train_batch_size"), seed=seed)
+        if len(batches) < world:
+            raise ValueError(f"the training set has {len(batches)} batches of {max_tokens} tokens, fewer than "
+                             f"there are ranks ({world}): each rank needs its own; lower --gradinit-max-tokens")
+
+        def gen():
+            epoch = 0
+            while True:
+                epoch += 1
+                rng = np.random.RandomState((seed + 7919 * epoch) % (2 ** 32))
+                shard = [batches[i] for i in rng.permutation(len(batches))][rank::world]
+                for idx in shard:
+                    idx = idx[rng.permutation(len(idx))]
+                    n = len(idx)
+                    if n < 2:
+                        s_idx = st_idx = idx
+                    else:
+                        n_s = min(n, max(1, int(round(n / (2.0 - overlap)))))
+                        k = int(round(overlap * n_s))
+                        s_idx, st_idx = idx[:n_s], idx[n_s - k:n_s - k + n_s]
+                        if len(st_idx) == 0:
+                            st_idx = s_idx
+                    yield BatchPair(collate(dataset, s_idx, device), collate(dataset, st_idx, device))
+
+        return gen()

@@ -1,0 +1,217 @@
+"""The ``--gradinit-*`` options as a core :class:`GradInitConfig`, and their errors worded as argparse
+words its own ('argument --flag: ...'), checked when the command line is parsed."""
+import ast
+import json
+import math
+import os
+import re
+from typing import Optional
+
+from ..core import GradInitConfig, ScaleBound
+from .cfg import cfg_value
+
+
+def gradinit_config_from_task(cfg) -> GradInitConfig:
+    """Translate the task's ``--gradinit-*`` options into a core :class:`GradInitConfig`."""
+    opt = cfg.gradinit_optimizer
+    if opt is None:
+        train_opt = cfg_value(cfg, "gradinit_train_optimizer")
+        opt = "sgd" if train_opt in ("sgd", "nag") else "adam"
+    eta = cfg.gradinit_eta
+    if eta is None:
+        lr = cfg_value(cfg, "gradinit_train_lr")
+        if lr is None:
+            raise ValueError("--gradinit-eta is not set and the training --lr is unknown; pass --gradinit-eta")
+        eta = float(lr[0] if isinstance(lr, (list, tuple)) or hasattr(lr, "__getitem__") else lr)
+    try:
+        betas = tuple(float(b) for b in ast.literal_eval(cfg.gradinit_betas))
+    except (ValueError, SyntaxError, TypeError):
+        raise ValueError(f"--gradinit-betas {cfg.gradinit_betas!r} is invalid: expected e.g. '(0.9, 0.98)'")
+    return GradInitConfig(
+        optimizer=str(opt), eta=eta, gamma=cfg.gradinit_gamma, lr=cfg.gradinit_lr, betas=betas,
+        iters=int(cfg.gradinit_iters), min_scale=cfg.gradinit_min_scale, max_scale=cfg.gradinit_max_scale,
+        overlap=cfg.gradinit_overlap, scale_grad_clip=cfg.gradinit_scale_grad_clip,
+        sgd_step=str(cfg.gradinit_sgd_step), adam_state=str(cfg.gradinit_adam_state),
+        scale_bounds=parse_scale_bounds(cfg.gradinit_scale_bounds), step_params=str(cfg.gradinit_step_params),
+        log_interval=int(cfg.gradinit_log_interval),
+        constraint_grad=str(cfg.gradinit_constraint_grad), fd_eps=float(cfg.gradinit_fd_eps),
+    )
+
+
+def parse_scale_bounds(text: Optional[str]) -> tuple:
+    """``--gradinit-scale-bounds`` as (select, min, max) tuples (validated by GradInitConfig)."""
+    if not text:
+        return ()
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    if isinstance(value, tuple) and value and isinstance(value[0], str):
+        value = [value]  # a single bound
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"--gradinit-scale-bounds {text!r} is invalid: expected a list of (select, min, max), "
+                         "e.g. \"[('bias', 0, None), ('norm', None, 100)]\"")
+    try:
+        return tuple(ScaleBound.coerce(b) for b in value)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"--gradinit-scale-bounds {text!r} is invalid: {e}") from None
+
+
+class GradInitStop(SystemExit):
+    """Ends ``fairseq-train`` with one message on stderr and no traceback (exit status 1)."""
+
+    def __init__(self, message: str):
+        super().__init__(f"gradinit: error: {message}")
+
+
+class _View:
+    """``base`` with some attributes replaced (a parsed namespace seen as the task config)."""
+
+    def __init__(self, base, **overrides):
+        self._base, self._overrides = base, overrides
+
+    def __getattr__(self, key):
+        if key in self._overrides:
+            return self._overrides[key]
+        return getattr(self._base, key)
+
+
+_CONFIG_ERROR = re.compile(r"^GradInitConfig\.(\w+)=(.*?) is invalid: (.*)$", re.S)
+
+
+def gradinit_enabled(cfg) -> bool:
+    """Whether GradInit runs or applies saved scales (``--gradinit-iters`` > 0 or an init file)."""
+    iters = cfg_value(cfg, "gradinit_iters", 0)
+    return bool((isinstance(iters, int) and iters > 0) or cfg_value(cfg, "gradinit_init_file"))
+
+
+def _as_argument_error(message: str, eta_from_lr: bool) -> str:
+    """A GradInitConfig/option ValueError as argparse words it: 'argument --flag: ...'."""
+    m = _CONFIG_ERROR.match(message)
+    if m:
+        name, value, rest = m.groups()
+        flag = "--gradinit-" + name.replace("_", "-")
+        if name == "eta" and eta_from_lr:
+            flag = "--lr (the default of --gradinit-eta)"
+        return f"argument {flag}: invalid value {value}: {rest}"
+    if message.startswith("--gradinit-"):
+        flag, _, rest = message.partition(" ")
+        return f"argument {flag}: {rest}"
+    return message
+
+
+def read_init_file(path: str) -> dict:
+    """The saved GradInit result at ``path``; ``ValueError`` ('--gradinit-init-file ...') if it
+    is missing, not JSON or has no finite scales."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--gradinit-init-file {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--gradinit-init-file {path}: not a JSON file ({e})") from None
+    scales = saved.get("scales") if isinstance(saved, dict) else None
+    if not isinstance(scales, dict) or not scales:
+        raise ValueError(f"--gradinit-init-file {path}: has no 'scales' (expected the gradinit.json that a "
+                         "--gradinit-iters run writes into its --save-dir)")
+    bad = [k for k, v in scales.items()
+           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"--gradinit-init-file {path}: scales that are not finite numbers: {bad[:5]}")
+    return saved
+
+
+def gradinit_option_error(cfg) -> Optional[str]:
+    """The first invalid ``--gradinit-*`` value of ``cfg`` as 'argument --flag: ...', or None.
+
+    ``cfg`` is the task config (or a parsed namespace seen as one). The ranges are those of
+    :class:`GradInitConfig`; ``--lr`` is checked as GradInit's eta only when GradInit computes
+    (``--gradinit-iters`` > 0).
+    """
+    iters = cfg.gradinit_iters
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
+        return f"argument --gradinit-iters: invalid value {iters!r}: expected an integer >= 0 (0 = GradInit off)"
+    max_tokens = cfg.gradinit_max_tokens
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        return f"argument --gradinit-max-tokens: invalid value {max_tokens!r}: expected an integer >= 1"
+    eta_from_lr = cfg.gradinit_eta is None
+    # --lr matters only when GradInit computes (an init file or GradInit off never uses eta).
+    view = cfg if iters > 0 or not eta_from_lr else _View(cfg, gradinit_eta=GradInitConfig.eta)
+    try:
+        gradinit_config_from_task(view)
+        if cfg.gradinit_init_file:
+            read_init_file(cfg.gradinit_init_file)
+    except ValueError as e:
+        return _as_argument_error(str(e), eta_from_lr)
+    return None
+
+
+def unsupported_setup_error(cfg) -> Optional[str]:
+    """Why GradInit cannot run in this distributed setup (and what to do), or None."""
+    if str(cfg_value(cfg, "gradinit_ddp_backend", "")) == "fully_sharded":
+        return ("--ddp-backend fully_sharded is not supported with --gradinit-*: FSDP shards and flattens the "
+                "parameters GradInit scales. Use --ddp-backend pytorch_ddp, legacy_ddp or no_c10d, or drop "
+                "--gradinit-iters/--gradinit-init-file")
+    mp = cfg_value(cfg, "gradinit_model_parallel_size", 1)
+    if isinstance(mp, int) and mp > 1:
+        return (f"--model-parallel-size {mp} is not supported with --gradinit-*: model parallelism splits each "
+                "tensor across ranks and GradInit needs whole tensors. Use --model-parallel-size 1 (data "
+                "parallel), or drop --gradinit-iters/--gradinit-init-file")
+    if cfg_value(cfg, "gradinit_pipeline_model_parallel", False) is True:
+        return ("--pipeline-model-parallel is not supported with --gradinit-*: GradInit needs the whole model on "
+                "each rank. Train data parallel (drop --pipeline-model-parallel), or drop "
+                "--gradinit-iters/--gradinit-init-file")
+    return None
+
+
+def namespace_error(ns) -> Optional[str]:
+    """:func:`gradinit_option_error` and :func:`unsupported_setup_error` of a parsed
+    ``fairseq-train`` namespace (what the parser refuses)."""
+    if not hasattr(ns, "gradinit_iters"):
+        return None
+    view = _View(ns, gradinit_train_lr=getattr(ns, "lr", None), gradinit_train_optimizer=getattr(ns, "optimizer", None),
+                 gradinit_train_max_tokens=getattr(ns, "max_tokens", None),
+                 gradinit_train_batch_size=getattr(ns, "batch_size", None),
+                 gradinit_ddp_backend=getattr(ns, "ddp_backend", None),
+                 gradinit_model_parallel_size=getattr(ns, "model_parallel_size", 1),
+                 gradinit_pipeline_model_parallel=getattr(ns, "pipeline_model_parallel", False))
+    error = gradinit_option_error(view)
+    if error is None and gradinit_enabled(view):
+        error = unsupported_setup_error(view) or batch_setting_error(view)
+    return error
+
+
+def batch_setting_error(cfg) -> Optional[str]:
+    """Why GradInit cannot batch the training data with these settings, or None.
+
+    GradInit's batches hold a token budget (split into S and S~); ``--batch-size`` alone gives
+    none. A budget below the longest sentence is not an error: such sentences are skipped, as
+    fairseq-train's own training iterator skips them.
+    """
+    if cfg_value(cfg, "gradinit_init_file"):
+        return None
+    if not (cfg_value(cfg, "gradinit_max_tokens") or cfg_value(cfg, "gradinit_train_max_tokens")):
+        return ("argument --gradinit-max-tokens: GradInit draws batches of a number of tokens and none is set: "
+                "pass --max-tokens N (or --gradinit-max-tokens N; --batch-size alone is not enough)")
+    return None
+
+
+def refuse_bad_values_when_parsed(parser) -> None:
+    """Make ``parser`` refuse bad ``--gradinit-*`` values the way it refuses its own: after the
+    parse (the ranges depend on each other and on --lr), ``parser.error`` prints the usage and
+    'error: argument --gradinit-...: ...' and exits with status 2."""
+    if getattr(parser, "_gradinit_checks_values", False):
+        return
+    parser._gradinit_checks_values = True
+    parse_known_args = parser.parse_known_args  # parse_args goes through it
+
+    def checked(*args, **kwargs):
+        ns, extra = parse_known_args(*args, **kwargs)
+        error = namespace_error(ns)
+        if error is not None:
+            parser.error(error)
+        return ns, extra
+
+    parser.parse_known_args = checked
+
+
