@@ -39,10 +39,21 @@ try:
 except ImportError:  # running from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from fairseq_gradinit.core import GradInitConfig  # noqa: E402
+from fairseq_gradinit.core.options import Default, add_arguments, options_of, values_from  # noqa: E402
 from fairseq_gradinit.vision import create_model, gradinit, list_models, metainit  # noqa: E402
+from fairseq_gradinit.vision.api import VISION_DEFAULTS  # noqa: E402
 
 logger = logging.getLogger("train_vision")
 
+#: The vision API's defaults, with eta, tau and the iterations derived from this script's settings.
+GRADINIT_CLI_OPTIONS = tuple(options_of(GradInitConfig, python_only=False, defaults={
+    **VISION_DEFAULTS,
+    "eta": Default(None, "--lr"),
+    "lr": Default(None, "the paper's best tau for the network, else 1e-2; MetaInit's too unless --metainit-lr"),
+    "iters": Default(None, "one pass over the training data"),
+    "scale_grad_clip": Default(1.0, "1.0; 0 turns it off; MetaInit's too"),
+}))
 INITS = ("kaiming", "gradinit", "metainit", "warmup1", "const1")
 DATASETS = ("cifar10", "fashion-mnist", "synthetic", "imagefolder")
 FASHION_MNIST_DIRS = ("/usr/share/datasets/fashion-mnist",)
@@ -153,26 +164,7 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     g.add_argument("--init", default="kaiming", choices=INITS, help="kaiming: the architecture's initialization; "
                    "gradinit / metainit: run it on the training data first; warmup1: one extra epoch with a "
                    "linear learning-rate warmup; const1: one extra epoch at the constant base learning rate")
-    g.add_argument("--gradinit-optimizer", default="sgd", choices=("sgd", "adam"), help="optimizer A GradInit "
-                   "optimizes the first step of")
-    g.add_argument("--gradinit-eta", default=None, type=float, help="eta, A's learning rate (default: --lr)")
-    g.add_argument("--gradinit-gamma", default=None, type=float, help="gamma, the gradient-norm bound (default: "
-                   "rule of thumb eta*gamma^2 = 0.1 for SGD, i.e. 1 for eta = 0.1)")
-    g.add_argument("--gradinit-lr", default=None, type=float, help="tau, Adam's learning rate on the scales "
-                   "(default: the paper's best value for the network, else 1e-2)")
-    g.add_argument("--gradinit-iters", default=None, type=int, help="GradInit iterations (default: one pass "
-                   "over the training data)")
-    g.add_argument("--gradinit-overlap", default=0.5, type=float, help="|S ∩ S~| / |S|")
-    g.add_argument("--gradinit-min-scale", default=0.01, type=float, help="lower bound of the scales")
-    g.add_argument("--gradinit-max-scale", default=None, type=float, help="upper bound of the scales")
-    g.add_argument("--gradinit-scale-grad-clip", default=1.0, type=float, help="clip the norm of the scale "
-                   "gradient (0 turns it off); also used by MetaInit")
-    g.add_argument("--gradinit-sgd-step", default="normalized", choices=("normalized", "grad"),
-                   help="SGD's first step: normalized = gamma g/||g|| (paper Sec. 3.1 and its CIFAR scripts), "
-                   "grad = g")
-    g.add_argument("--gradinit-adam-state", default="shared", choices=("shared", "per_branch"),
-                   help="moments of the scales' Adam: shared by all iterations, or per branch (constraint / "
-                   "objective)")
+    add_arguments(g, GRADINIT_CLI_OPTIONS)
     g.add_argument("--gradinit-batch-size", default=None, type=positive_int, help="batch size of S and S~ (default: "
                    "--batch-size)")
     g.add_argument("--metainit-lr", default=None, type=float, help="MetaInit: Adam's learning rate on the "
@@ -518,13 +510,10 @@ def run_initialization(args, model, train_set, device, in_bn: bool, progress: bo
         loader = DataLoader(train_set, batch_size=bs, shuffle=True, drop_last=True, num_workers=args.workers,
                             generator=gen, pin_memory=device.type == "cuda")
         lr = args.gradinit_lr if args.gradinit_lr is not None else tau
-        res = gradinit(
-            model, Limited(loader, args.limit_train_batches), optimizer=args.gradinit_optimizer,
-            eta=args.gradinit_eta if args.gradinit_eta is not None else args.lr, gamma=args.gradinit_gamma, lr=lr,
-            iters=args.gradinit_iters, min_scale=args.gradinit_min_scale, max_scale=args.gradinit_max_scale,
-            overlap=args.gradinit_overlap, scale_grad_clip=args.gradinit_scale_grad_clip or None,
-            sgd_step=args.gradinit_sgd_step, adam_state=args.gradinit_adam_state, device=device, progress=progress,
-        )
+        options = values_from(args, GRADINIT_CLI_OPTIONS, prefix="gradinit_")
+        options.update(eta=args.lr if options["eta"] is None else options["eta"], lr=lr,
+                       scale_grad_clip=options["scale_grad_clip"] or None)
+        res = gradinit(model, Limited(loader, args.limit_train_batches), device=device, progress=progress, **options)
         info = res.to_dict()
         info.update(method="gradinit", tau=lr, batch_size=bs)
         return info

@@ -108,7 +108,7 @@ def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_
     os.umask(umask)
     assert (save_a / "gradinit.json").stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would create it
     assert info["config"]["optimizer"] == "adam" and info["config"]["eta"] == 1e-3
-    assert abs(info["config"]["resolved_gamma"] - 100.0) < 1e-9  # rule of thumb eta*gamma = 0.1
+    assert abs(info["config"]["resolved_gamma"] - 1000.0) < 1e-9  # the plugin's eta*gamma = 1 for Adam
     assert set(info["summary"]) and all(s["min"] >= 0.01 for s in info["summary"].values())
     assert any(abs(v - 1.0) > 1e-4 for v in info["scales"].values())
     # Shared input/output embeddings: one scale.
@@ -222,8 +222,8 @@ def test_config_translation_and_groups():
         gradinit_scale_bounds="[('bias', 0, None), ('norm', None, 100), ('re:fc1', 0.1, 2)]",
         gradinit_step_params="scaled"))()
     g = gradinit_config_from_task(cfg)
-    assert g.optimizer == "sgd" and g.eta == 0.15 and g.norm_p == 2
-    assert abs(g.resolved_gamma - (0.1 / 0.15) ** 0.5) < 1e-12
+    assert g.optimizer == "sgd" and g.eta == 0.15 and g.norm_p == 2  # SGD: eta = --lr
+    assert abs(g.resolved_gamma - 1.0) < 1e-12  # the paper's IWSLT SGD setting: eta*gamma^2 = 0.15
     assert [b.to_list() for b in g.scale_bounds] == [["bias", 0, None], ["norm", None, 100], ["re:fc1", 0.1, 2]]
     assert g.step_params == "scaled"
     for bad, msg in [("bias", "gradinit-scale-bounds"), ("[('norms', 0, 1)]", "expected one of"),
@@ -246,7 +246,7 @@ def test_config_translation_and_groups():
 
 
 @pytest.mark.parametrize("extra", [[], ["--cpu", "--gradinit-constraint-grad", "finite_difference",
-                                          "--gradinit-adam-state", "per_branch"], ["--fp16"]])
+                                          "--gradinit-adam-state", "shared"], ["--fp16"]])
 def test_global_settings_resolve_from_the_command_line(extra):
     """The task's copies of global settings must follow them (a bool-typed copy once read as True)."""
     argv = ["data-bin-not-read", "--task", "translation_gradinit", *[a for a in TINY_MODEL if a != "--cpu"],
@@ -256,9 +256,39 @@ def test_global_settings_resolve_from_the_command_line(extra):
     assert cfg_value(cfg.task, "gradinit_seed") == 5
     assert cfg_value(cfg.task, "gradinit_train_max_tokens") == 400
     gcfg = gradinit_config_from_task(cfg.task)
-    assert gcfg.eta == 3e-4 and gcfg.fd_eps == 1e-4
+    assert gcfg.eta == 6e-4 and gcfg.fd_eps == 1e-4  # Adam: eta = 2 x --lr
     assert gcfg.constraint_grad == ("finite_difference" if "finite_difference" in extra else "exact")
-    assert gcfg.adam_state == ("per_branch" if "per_branch" in extra else "shared")
+    assert gcfg.adam_state == ("shared" if "shared" in extra else "per_branch")
+
+
+def _resolved(argv):
+    from fairseq_gradinit.fairseq_plugin.option_values import derived_options, gradinit_batch_tokens
+
+    ns = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+    task_cfg = convert_namespace_to_omegaconf(ns).task
+    return gradinit_config_from_task(task_cfg), gradinit_batch_tokens(task_cfg), derived_options(task_cfg)
+
+
+def test_plain_usage_line_resolves_to_the_authors_configuration():
+    """--gradinit-iters 780 and fairseq's own flags give the configuration measured to work (the authors'
+    IWSLT launch script), and the paper's SGD setting with --optimizer sgd --lr 0.15."""
+    base = ["data-bin-not-read", "--task", "translation", *[a for a in TINY_MODEL if a not in ("--cpu",)]]
+    base = [a for a in base]
+    i = base.index("--max-tokens")
+    base[i + 1] = "4096"
+    g, tokens, derived = _resolved(base + ["--lr", "5e-4", "--gradinit-iters", "780"])
+    assert (g.optimizer, g.eta, g.resolved_gamma, g.lr, g.betas, g.iters) == ("adam", 1e-3, 1e3, 2.5e-3, (0.9, 0.98), 780)
+    assert g.adam_state == "per_branch" and g.step_params == "all" and g.sgd_step == "grad"
+    assert [b.to_list() for b in g.scale_bounds] == [["bias", 0, None], ["norm", None, 100]]
+    assert tokens == 6144 and set(derived) == {"optimizer", "eta", "gamma", "max_tokens"}  # S = one 4096-token batch
+    # explicit values win, and '[]' turns the group bounds off
+    g, tokens, derived = _resolved(base + ["--lr", "5e-4", "--gradinit-iters", "780", "--gradinit-eta", "5e-4",
+                                           "--gradinit-max-tokens", "6000", "--gradinit-scale-bounds", "[]"])
+    assert (g.eta, g.resolved_gamma, g.scale_bounds, tokens) == (5e-4, 2e3, (), 6000) and derived == ["optimizer", "gamma"]
+    sgd = [a for a in base if a not in ("--adam-betas", "(0.9, 0.98)")]
+    sgd[sgd.index("--optimizer") + 1] = "sgd"
+    g, _, _ = _resolved(sgd + ["--momentum", "0.9", "--lr", "0.15", "--gradinit-iters", "780"])
+    assert (g.optimizer, g.eta, g.norm_p) == ("sgd", 0.15, 2) and abs(g.resolved_gamma - 1.0) < 1e-12
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16/bf16 training in fairseq needs CUDA")

@@ -135,72 +135,73 @@ def config_to_dict(cfg) -> dict:
     return d
 
 
+def option(default=dataclasses.MISSING, *, help: str, default_text: str = "", result: bool = True,
+           choices: Optional[tuple] = None, python_only: bool = False, **kwargs):
+    """A field of a config dataclass that is also a user-facing option: ``help`` is its one
+    description (command-line help, fairseq fields and the vision API are derived from it),
+    ``result`` says whether it changes the learned scales (the fingerprint compares those),
+    ``choices`` lists its allowed strings, ``python_only`` keeps it off the command line, and
+    ``default_text`` describes a default that is derived (e.g. from another option)."""
+    metadata = {"help": help, "default_text": default_text, "result": result, "choices": choices,
+                "python_only": python_only}
+    return field(default=default, metadata=metadata, **kwargs)
+
+
 @dataclass
 class GradInitConfig:
-    """Options of :func:`fairseq_gradinit.core.gradinit`.
+    """Options of :func:`fairseq_gradinit.core.gradinit`; each field's ``help`` describes it.
 
-    Defaults are the paper's IWSLT14 recipe for Adam; for SGD on CIFAR use
-    ``optimizer="sgd", eta=0.1, gamma=1.0``.
+    Defaults are the authors' IWSLT14 recipe for Adam; for SGD on CIFAR use
+    ``optimizer="sgd", eta=0.1, gamma=1.0``. Command-line tools and the vision API derive
+    their options from these fields (:mod:`fairseq_gradinit.core.options`).
     """
 
-    #: Optimizer the model will be trained with ("adam" or "sgd"). Sets A[g] and the norm p
-    #: (Adam: A[g] = sign(g), p = 1; SGD: p = 2).
-    optimizer: str = "adam"
-    #: eta, the learning rate of the model's first training step that GradInit optimizes for.
-    eta: float = 1e-3
-    #: gamma, the bound on ||g||_p. ``None`` derives it from the rule of thumb
-    #: (eta * gamma = 0.1 for Adam, eta * gamma**2 = 0.1 for SGD).
-    gamma: Optional[float] = None
-    #: tau, learning rate of the Adam optimizer that updates the scales.
-    lr: float = 2.5e-3
-    #: Adam betas of the scale optimizer.
-    betas: Tuple[float, float] = (0.9, 0.98)
-    #: Adam epsilon of the scale optimizer.
-    eps: float = 1e-8
-    #: Number of iterations. ``None``: one pass over ``batches``.
-    iters: Optional[int] = 780
-    #: Lower bound of every scale (the paper's alpha_min).
-    min_scale: float = 0.01
-    #: Optional upper bound of every scale.
-    max_scale: Optional[float] = None
-    #: Fraction of S~ drawn from S when GradInit forms the pairs itself (the paper uses 0.5).
-    overlap: float = 0.5
-    #: Moment estimates of the scales' Adam: "shared" (one Adam over all iterations, Algorithm 1 read
-    #: literally) or "per_branch" (constraint and objective iterations each keep their own moments and
-    #: step counts, as the authors' fairseq code does for the Transformer results).
-    adam_state: str = "shared"
-    #: Clip the norm of the scale gradient to this value (``None``: no clipping).
-    scale_grad_clip: Optional[float] = None
-    #: SGD step form A[g]: "grad" uses A[g] = g (Eq. 2 and the authors' code); "normalized" uses
-    #: A[g] = gamma * g / ||g||_2 (the text of Sec. 3.1). Ignored for Adam.
-    sgd_step: str = "grad"
-    #: After a constraint iteration, keep the second-order graph of the next first pass over S, so
-    #: that a following constraint iteration costs one pass over S instead of two. The price: the
-    #: first objective iteration after a run of constraint iterations carries that graph (dropped
-    #: before the S~ pass). ``False``: objective iterations never build a second-order graph.
-    reuse_graph: bool = True
-    #: How constraint iterations get d||g||_p/d alpha, a Hessian-vector product: "exact" by double
-    #: backward (Algorithm 1), or "finite_difference": (g(theta + eps v) - g(theta)) / eps from one
-    #: more first-order pass over S (about half the cost; no second-order graph, so fused attention
-    #: kernels stay on), with v = d||g||_p/dg and eps = fd_eps * ||theta||_2 / ||v||_2.
-    constraint_grad: str = "exact"
-    #: Relative step of the finite difference (see ``constraint_grad``).
-    fd_eps: float = 1e-4
-    #: Abort with an error after this many consecutive iterations with a non-finite loss/gradient.
-    max_consecutive_skips: int = 10
-    #: Log progress every this many iterations (through ``logging``).
-    log_interval: int = 50
-    #: Per-group bounds of the scales: a sequence of :class:`ScaleBound` (or ``(select, min, max)``
-    #: tuples), first match wins. E.g. the authors' Transformer setting
-    #: ``[("bias", 0, None), ("norm", None, 100)]``. Empty: ``min_scale``/``max_scale`` for all.
-    scale_bounds: Sequence[ScaleBound] = ()
-    #: Which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: "all" trainable tensors
-    #: (as the real first step and the authors' code; tensors without a scale keep W_i), or only
-    #: the "scaled" ones (the earlier default, which leaves all-zero tensors out).
-    step_params: str = "all"
-    #: Selects which tensors get a scale: ``fn(name, param) -> bool``. ``None``: every trainable
-    #: parameter that is not all zeros. Shared (tied) tensors always get exactly one scale.
-    param_filter: Optional[Callable[[str, torch.nn.Parameter], bool]] = field(default=None, repr=False)
+    optimizer: str = option("adam", choices=OPTIMIZERS, help=(
+        "optimizer the model will be trained with, whose first step GradInit prepares: adam (A[g] = sign g, "
+        "l1 norm) or sgd (A[g] = g, l2 norm)"))
+    eta: float = option(1e-3, help="eta, the learning rate of the first training step that GradInit optimizes for")
+    gamma: Optional[float] = option(None, help="gamma, the bound on ||g||_p", default_text=(
+        "derived from eta by the paper's rule of thumb eta*gamma = 0.1 (Adam) or eta*gamma^2 = 0.1 (SGD)"))
+    lr: float = option(2.5e-3, help="tau, the learning rate of the Adam optimizer that updates the scales")
+    betas: Tuple[float, float] = option((0.9, 0.98), help="Adam betas of the scale optimizer, e.g. '(0.9, 0.98)'")
+    eps: float = option(1e-8, help="Adam epsilon of the scale optimizer")
+    iters: Optional[int] = option(780, help="number of GradInit iterations",
+                                  default_text="780; None: one pass over the batches")
+    min_scale: float = option(0.01, help="lower bound of every scale (the paper's alpha_min)")
+    max_scale: Optional[float] = option(None, help="upper bound of every scale (None: unbounded)")
+    overlap: float = option(0.5, help="fraction of S~ drawn from S (the paper uses 0.5)")
+    adam_state: str = option("shared", choices=ADAM_STATES, help=(
+        "moment estimates of the scales' Adam: shared (one Adam over all iterations, Algorithm 1 read "
+        "literally) or per_branch (constraint and objective iterations keep their own moments and step "
+        "counts, as the authors' fairseq code does)"))
+    scale_grad_clip: Optional[float] = option(None, help="clip the norm of the scale gradient to this value "
+                                                         "(None: no clipping)")
+    sgd_step: str = option("grad", choices=SGD_STEPS, help=(
+        "SGD step form A[g]: grad (A[g] = g, Eq. 2 and the authors' code) or normalized "
+        "(A[g] = gamma*g/||g||_2, the text of Sec. 3.1); ignored for Adam"))
+    reuse_graph: bool = option(True, result=False, help=(
+        "after a constraint iteration, keep the second-order graph of the next first pass over S, so that a "
+        "following constraint iteration costs one pass instead of two (the price: the first objective "
+        "iteration after a run of constraint iterations carries that graph); the scales are the same"))
+    constraint_grad: str = option("exact", choices=CONSTRAINT_GRADS, help=(
+        "how constraint iterations get d||g||_p/d alpha: exact (double backward, Algorithm 1) or "
+        "finite_difference ((g(theta + eps v) - g(theta)) / eps from one more first-order pass over S: about "
+        "half the cost, no second-order graph, approximate; eps = fd_eps * ||theta|| / ||v||)"))
+    fd_eps: float = option(1e-4, help="relative step of constraint_grad finite_difference")
+    max_consecutive_skips: int = option(10, result=False, help=(
+        "stop with an error after this many consecutive iterations with a non-finite loss or gradient"))
+    log_interval: int = option(50, result=False, help="log progress every this many iterations")
+    scale_bounds: Sequence[ScaleBound] = option((), help=(
+        "per-group bounds of the scales, first match wins: (select, min, max) with select 'bias', 'norm' "
+        "(normalization weights), 're:<regex>' on the name (or, from Python, a callable), None keeping the "
+        "global bound; e.g. the authors' Transformer setting [('bias', 0, None), ('norm', None, 100)]"))
+    step_params: str = option("all", choices=STEP_PARAMS, help=(
+        "which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: all trainable tensors (as the "
+        "real first step and the authors' code; tensors without a scale keep W_i) or only the scaled ones"))
+    param_filter: Optional[Callable[[str, torch.nn.Parameter], bool]] = option(None, python_only=True, repr=False,
+                                                                               help=(
+        "selects the tensors that get a scale: fn(name, param) -> bool; None: every trainable parameter that "
+        "is not all zeros (tied tensors always get exactly one scale)"))
 
     def __post_init__(self):
         self.validate()

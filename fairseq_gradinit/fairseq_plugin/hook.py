@@ -8,6 +8,7 @@ criterion with a fresh model), so they never run it; nor does a run that resumes
 checkpoint. Batches come from the task's own training iterator and the loss from the user's
 criterion, so the same code serves translation, language modeling and the other tasks.
 """
+import json
 import logging
 import os
 import signal
@@ -23,7 +24,8 @@ from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
 from .option_values import (
-    GradInitStop, batch_setting_error, gradinit_config_from_task, gradinit_enabled, gradinit_option_error,
+    GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
+    gradinit_enabled, gradinit_option_error,
     read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error,
 )
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
@@ -168,13 +170,17 @@ class GradInitTaskMixin:
         orig_dtype = next(model.parameters()).dtype
         if orig_dtype != torch.float32:
             raise ValueError(f"GradInit expects the freshly built fp32 model, got {orig_dtype}")
-        max_tokens = cfg.gradinit_max_tokens or cfg_value(cfg, "gradinit_train_max_tokens")
+        max_tokens = gradinit_batch_tokens(cfg)
         if not max_tokens:
             raise ValueError("set --gradinit-max-tokens (or --max-tokens) for GradInit's batches")
         logger.info(
             "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%g tau=%g, %d tokens per "
             "iteration (S and S~ share %.0f%%), rank %d/%d", gcfg.iters, device, gcfg.optimizer,
             gcfg.eta, gcfg.resolved_gamma, gcfg.lr, max_tokens, 100 * gcfg.overlap, rank, world)
+        derived = derived_options(cfg)
+        settings = {k: v for k, v in gcfg.to_dict().items() if k != "param_filter"}
+        logger.info("gradinit: settings (%s derived from the training command): %s",
+                    ", ".join(derived) or "none", json.dumps(settings, default=str))
 
         if rank == 0:
             for tmp in remove_stale_temp_files(save_dir, GRADINIT_JSON):
@@ -206,7 +212,7 @@ class GradInitTaskMixin:
                 summary = self._log_summary(result.scales)
                 if rank == 0:
                     out = result.to_dict()
-                    out.update(summary=summary, max_tokens=max_tokens, device=str(device),
+                    out.update(summary=summary, max_tokens=max_tokens, derived=derived, device=str(device),
                                wall_time=time.time() - start, fingerprint=current)
                     atomic_write_json(path, out)
                     logger.info("gradinit: wrote %s", path)

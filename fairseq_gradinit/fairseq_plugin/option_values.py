@@ -1,60 +1,62 @@
 """The ``--gradinit-*`` options as a core :class:`GradInitConfig`, and their errors worded as argparse
 words its own ('argument --flag: ...'), checked when the command line is parsed."""
-import ast
 import json
 import math
 import os
 import re
 from typing import Optional
 
-from ..core import GradInitConfig, ScaleBound
+from ..core import GradInitConfig
+from ..core.config import is_positive
+from ..core.options import parse_scale_bounds, values_from  # noqa: F401  (parse_scale_bounds: re-exported)
 from .cfg import cfg_value
+from .options import ENGINE_OPTIONS, ETA_PER_LR, LOSS_CHANGE_BOUND
 
 
 def gradinit_config_from_task(cfg) -> GradInitConfig:
-    """Translate the task's ``--gradinit-*`` options into a core :class:`GradInitConfig`."""
-    opt = cfg.gradinit_optimizer
-    if opt is None:
+    """Translate the task's ``--gradinit-*`` options into a core :class:`GradInitConfig`, deriving
+    what the plugin derives from the training command (see :data:`~.options.FAIRSEQ_DEFAULTS`)."""
+    values = values_from(cfg, ENGINE_OPTIONS, prefix="gradinit_")
+    if values["optimizer"] is None:
         train_opt = cfg_value(cfg, "gradinit_train_optimizer")
-        opt = "sgd" if train_opt in ("sgd", "nag") else "adam"
-    eta = cfg.gradinit_eta
-    if eta is None:
+        values["optimizer"] = "sgd" if train_opt in ("sgd", "nag") else "adam"
+    opt = str(values["optimizer"])
+    if values["eta"] is None:
         lr = cfg_value(cfg, "gradinit_train_lr")
         if lr is None:
             raise ValueError("--gradinit-eta is not set and the training --lr is unknown; pass --gradinit-eta")
-        eta = float(lr[0] if isinstance(lr, (list, tuple)) or hasattr(lr, "__getitem__") else lr)
-    try:
-        betas = tuple(float(b) for b in ast.literal_eval(cfg.gradinit_betas))
-    except (ValueError, SyntaxError, TypeError):
-        raise ValueError(f"--gradinit-betas {cfg.gradinit_betas!r} is invalid: expected e.g. '(0.9, 0.98)'")
-    return GradInitConfig(
-        optimizer=str(opt), eta=eta, gamma=cfg.gradinit_gamma, lr=cfg.gradinit_lr, betas=betas,
-        iters=int(cfg.gradinit_iters), min_scale=cfg.gradinit_min_scale, max_scale=cfg.gradinit_max_scale,
-        overlap=cfg.gradinit_overlap, scale_grad_clip=cfg.gradinit_scale_grad_clip,
-        sgd_step=str(cfg.gradinit_sgd_step), adam_state=str(cfg.gradinit_adam_state),
-        scale_bounds=parse_scale_bounds(cfg.gradinit_scale_bounds), step_params=str(cfg.gradinit_step_params),
-        log_interval=int(cfg.gradinit_log_interval),
-        constraint_grad=str(cfg.gradinit_constraint_grad), fd_eps=float(cfg.gradinit_fd_eps),
-    )
+        lr = float(lr[0] if isinstance(lr, (list, tuple)) or hasattr(lr, "__getitem__") else lr)
+        values["eta"] = ETA_PER_LR[opt] * lr
+    if values["gamma"] is None and is_positive(values["eta"]):
+        bound = LOSS_CHANGE_BOUND[opt]
+        values["gamma"] = bound / values["eta"] if opt == "adam" else math.sqrt(bound / values["eta"])
+    return GradInitConfig(**values)
 
 
-def parse_scale_bounds(text: Optional[str]) -> tuple:
-    """``--gradinit-scale-bounds`` as (select, min, max) tuples (validated by GradInitConfig)."""
-    if not text:
-        return ()
+def derived_options(cfg) -> list:
+    """The options whose value :func:`gradinit_config_from_task` / :func:`gradinit_batch_tokens`
+    derive from the training command because they were not given (``optimizer``, ``eta``,
+    ``gamma``, ``max_tokens``)."""
+    names = [n for n in ("optimizer", "eta", "gamma") if getattr(cfg, "gradinit_" + n, None) is None]
+    if not cfg_value(cfg, "gradinit_max_tokens"):
+        names.append("max_tokens")
+    return names
+
+
+def gradinit_batch_tokens(cfg) -> Optional[int]:
+    """Tokens drawn per GradInit iteration: ``--gradinit-max-tokens``, else (2 - overlap) x
+    ``--max-tokens`` (S, 1/(2 - overlap) of the draw, is then one training batch); None if neither is set."""
+    explicit = cfg_value(cfg, "gradinit_max_tokens")
+    if explicit:
+        return int(explicit)
+    train = cfg_value(cfg, "gradinit_train_max_tokens")
+    if not train:
+        return None
     try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        value = None
-    if isinstance(value, tuple) and value and isinstance(value[0], str):
-        value = [value]  # a single bound
-    if not isinstance(value, (list, tuple)):
-        raise ValueError(f"--gradinit-scale-bounds {text!r} is invalid: expected a list of (select, min, max), "
-                         "e.g. \"[('bias', 0, None), ('norm', None, 100)]\"")
-    try:
-        return tuple(ScaleBound.coerce(b) for b in value)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"--gradinit-scale-bounds {text!r} is invalid: {e}") from None
+        overlap = float(cfg_value(cfg, "gradinit_overlap", 0.5))
+    except (TypeError, ValueError):
+        overlap = 0.5
+    return int(round((2.0 - min(max(overlap, 0.0), 1.0)) * int(train)))
 
 
 class GradInitStop(SystemExit):

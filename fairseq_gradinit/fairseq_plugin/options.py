@@ -1,77 +1,73 @@
-"""The ``--gradinit-*`` options of the fairseq plugin (fields of every served task's config)."""
+"""The ``--gradinit-*`` options of the fairseq plugin (fields of every served task's config).
+
+The options of the engine are not declared here: their fields are generated from
+:class:`~fairseq_gradinit.core.GradInitConfig` (help, choices, types), with the plugin's own
+defaults in :data:`FAIRSEQ_DEFAULTS`. Declared here are only the options that exist for fairseq
+alone (batches in tokens, init files) and the global settings the task reads.
+"""
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
+from ..core.config import option
+from ..core.options import Default, OptionSpec, options_of
+
+#: The authors' IWSLT setting of the per-group bounds: biases may reach 0, LayerNorm weights capped at 100.
+AUTHORS_SCALE_BOUNDS = (("bias", 0, None), ("norm", None, 100))
+#: Bound on the first step's first-order loss decrease that derives gamma when it is not given:
+#: eta*gamma for Adam (the authors' IWSLT launch script: eta 1e-3, gamma 1e3), eta*gamma^2 for SGD
+#: (the paper's IWSLT SGD setting: eta 0.15, gamma 1).
+LOSS_CHANGE_BOUND = {"adam": 1.0, "sgd": 0.15}
+#: eta / --lr when --gradinit-eta is not given: the authors' launch script optimizes Adam's first
+#: step for eta 1e-3 at lr 5e-4; the paper's SGD runs use eta = lr.
+ETA_PER_LR = {"adam": 2.0, "sgd": 1.0}
+
+#: Where the plugin's defaults differ from the engine's: the authors' IWSLT configuration, with eta,
+#: gamma and the optimizer derived from the training command.
+FAIRSEQ_DEFAULTS = {
+    "optimizer": Default(None, "follow --optimizer: sgd for sgd/nag, else adam"),
+    "eta": Default(None, "2 x --lr for Adam (the authors' 1e-3 at lr 5e-4), --lr for SGD (the paper)"),
+    "gamma": Default(None, "1/eta for Adam (the authors' 1e3 at eta 1e-3), sqrt(0.15/eta) for SGD (the paper's "
+                           "1 at eta 0.15): a bound of 1 (Adam) or 0.15 (SGD) on the first step's first-order "
+                           "loss decrease"),
+    "iters": Default(0, "0, GradInit off; the paper runs 780"),
+    "adam_state": Default("per_branch", "per_branch, as the authors' fairseq code"),
+    "scale_bounds": Default(AUTHORS_SCALE_BOUNDS, "the authors' \"[('bias', 0, None), ('norm', None, 100)]\"; "
+                                                  "'[]' for the global bounds only"),
+    "log_interval": Default(20, "20"),
+}
+#: The engine's options as the plugin offers them (prefix ``gradinit_``), with its defaults.
+ENGINE_OPTIONS = tuple(options_of(defaults=FAIRSEQ_DEFAULTS, python_only=False))
+
+
+def _field(spec: OptionSpec):
+    """The fairseq dataclass field (type and default) of an engine option."""
+    if spec.kind == "choice" or spec.kind == "bool":
+        choices = list(spec.choices) if spec.kind == "choice" else ["true", "false"]
+        typ = ChoiceEnum(choices)
+        default = spec.default if spec.kind == "choice" else spec.to_text(spec.default)
+    elif spec.kind in ("pair", "bounds"):
+        typ, default = str, spec.to_text(spec.default)
+    else:
+        typ, default = {"float": float, "int": int}[spec.kind], spec.default
+    if spec.optional:
+        typ = Optional[typ]
+    return typ, field(default=default, metadata={"help": spec.help, "result": spec.result})
+
 
 @dataclass
-class GradInitOptions(FairseqDataclass):
-    """The ``--gradinit-*`` options, added to the dataclass of every fairseq task the plugin serves."""
+class PluginOptions(FairseqDataclass):
+    """The ``--gradinit-*`` options that exist only for fairseq, and the global settings the task needs."""
 
-    gradinit_iters: int = field(
-        default=0, metadata={"help": "GradInit iterations before training (0 = GradInit off; paper: 780)"}
-    )
-    gradinit_optimizer: Optional[ChoiceEnum(["adam", "sgd"])] = field(
-        default=None,
-        metadata={"help": "optimizer GradInit prepares the first step of: adam (A[g]=sign g, l1 norm) or "
-                          "sgd (A[g]=g, l2 norm); default: follow --optimizer (adam if it is not sgd/nag)"},
-    )
-    gradinit_eta: Optional[float] = field(
-        default=None, metadata={"help": "eta, learning rate of the first step GradInit optimizes "
-                                        "(default: the training --lr)"}
-    )
-    gradinit_gamma: Optional[float] = field(
-        default=None, metadata={"help": "gamma, bound on the gradient norm (default: rule of thumb "
-                                        "eta*gamma=0.1 for Adam, eta*gamma^2=0.1 for SGD)"}
-    )
-    gradinit_lr: float = field(default=2.5e-3, metadata={"help": "tau, learning rate of the scales' Adam"})
-    gradinit_betas: str = field(default="(0.9, 0.98)", metadata={"help": "betas of the scales' Adam"})
-    gradinit_min_scale: float = field(default=0.01, metadata={"help": "lower bound of every scale"})
-    gradinit_max_scale: Optional[float] = field(default=None, metadata={"help": "upper bound of every scale"})
-    gradinit_scale_bounds: Optional[str] = field(
-        default=None, metadata={"help": "per-group scale bounds, first match wins: a Python list of (select, min, "
-                                        "max) with select 'bias', 'norm' (normalization weights) or 're:<regex>' "
-                                        "on the name, None keeping the global bound; the authors' IWSLT setting: "
-                                        "\"[('bias', 0, None), ('norm', None, 100)]\""}
-    )
-    gradinit_step_params: ChoiceEnum(["all", "scaled"]) = field(
-        default="all", metadata={"help": "tensors in g, ||g|| and the simulated step: all trainable ones (as the "
-                                         "real first step) or only those with a scale (all-zero tensors left out)"}
-    )
-    gradinit_max_tokens: Optional[int] = field(
-        default=None, metadata={"help": "tokens drawn per GradInit iteration, split into S and S~ "
-                                        "(each 1/(2-overlap) of it; default: --max-tokens)"}
-    )
-    gradinit_overlap: float = field(
-        default=0.5, metadata={"help": "fraction of S~ shared with S (paper: 0.5)"}
-    )
-    gradinit_sgd_step: ChoiceEnum(["grad", "normalized"]) = field(
-        default="grad", metadata={"help": "SGD step form: grad (A[g]=g, Eq. 2 and the authors' code) or "
-                                          "normalized (A[g]=gamma*g/||g||_2, the paper's text)"}
-    )
-    gradinit_adam_state: ChoiceEnum(["shared", "per_branch"]) = field(
-        default="shared", metadata={"help": "moments of the scales' Adam: shared by all iterations, or per_branch "
-                                            "(constraint and objective iterations keep their own, as the "
-                                            "authors' fairseq code does)"}
-    )
-    gradinit_scale_grad_clip: Optional[float] = field(
-        default=None, metadata={"help": "clip the norm of the scale gradient (default: no clipping)"}
-    )
-    gradinit_constraint_grad: ChoiceEnum(["exact", "finite_difference"]) = field(
-        default="exact", metadata={"help": "gradient of ||g|| in constraint iterations: exact (double "
-                                           "backward, Algorithm 1) or finite_difference (one more first-order "
-                                           "pass over S; about half the cost, approximate)"}
-    )
-    gradinit_fd_eps: float = field(
-        default=1e-4, metadata={"help": "relative step of --gradinit-constraint-grad finite_difference"}
-    )
-    gradinit_init_file: Optional[str] = field(
-        default=None, metadata={"help": "apply the scales of a saved gradinit.json instead of computing "
-                                        "them (same architecture and --seed give the same weights)"}
-    )
-    gradinit_log_interval: int = field(default=20, metadata={"help": "log GradInit progress every N iterations"})
+    gradinit_max_tokens: Optional[int] = option(None, help=(
+        "tokens drawn per GradInit iteration, split into S and S~, each 1/(2-overlap) of it (default: "
+        "(2 - overlap) x --max-tokens, so that S is one training batch; the authors drew 6000 at --max-tokens 4096)"))
+    gradinit_init_file: Optional[str] = option(None, result=False, help=(
+        "apply the scales of a saved gradinit.json instead of computing them (same architecture and --seed "
+        "give the same weights)"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
     # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.
@@ -94,3 +90,38 @@ class GradInitOptions(FairseqDataclass):
     gradinit_ddp_backend: Any = II("distributed_training.ddp_backend")
     gradinit_pipeline_model_parallel: Any = II("distributed_training.pipeline_model_parallel")
     gradinit_model_parallel_size: Any = II("common.model_parallel_size")
+
+
+def options_dataclass(specs=ENGINE_OPTIONS, name: str = "GradInitOptions"):
+    """A fairseq dataclass with a ``gradinit_<name>`` field per engine option and the plugin's own."""
+    cls = dataclasses.make_dataclass(name, [("gradinit_" + s.name, *_field(s)) for s in specs], bases=(PluginOptions,))
+    cls.__module__ = __name__
+    cls.__doc__ = ("The ``--gradinit-*`` options, added to the dataclass of every fairseq task the plugin serves: "
+                   "the engine's options (generated from GradInitConfig) and the plugin's own.")
+    return cls
+
+
+#: Every ``--gradinit-*`` option: the engine's (generated) and the plugin's own.
+GradInitOptions = options_dataclass()
+
+
+def plugin_result_options() -> tuple:
+    """The plugin's own options that change the learned scales (``gradinit_*`` field names)."""
+    return tuple(f.name for f in dataclasses.fields(PluginOptions)
+                 if f.metadata.get("help") and f.metadata.get("result", True))
+
+
+def option_table() -> str:
+    """Every ``--gradinit-*`` option of the plugin as a Markdown table (the README's, generated)."""
+    from ..core.options import markdown_table
+
+    engine = markdown_table(ENGINE_OPTIONS)
+    rows = []
+    for f in dataclasses.fields(PluginOptions):
+        if not f.metadata.get("help"):
+            continue
+        text, _, default = f.metadata["help"].partition(" (default: ")
+        flag = "--" + f.name.replace("_", "-")
+        default = default[:-1] if default else ("none" if f.default is None else str(f.default))
+        rows.append(f"| `{flag}` | {default} | {text.replace('|', chr(92) + '|')} |")
+    return engine + "\n".join(rows) + "\n"

@@ -23,16 +23,15 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .. import __version__
 from .cfg import cfg_value
-from .option_values import gradinit_config_from_task
-from .options import GradInitOptions
+from ..core.options import result_options
+from .option_values import gradinit_batch_tokens, gradinit_config_from_task
+from .options import plugin_result_options
 
 #: Fingerprint keys that must agree for a saved result to be reused as if computed now.
 COMPARED_KEYS = ("model", "criterion", "seed", "data", "world_size", "gradinit")
 #: Keys whose disagreement makes ``--gradinit-init-file`` scales apply to different weights or data.
 INIT_FILE_KEYS = ("model", "seed", "data")
 
-# --gradinit-* options that do not change the result.
-_NOT_DETERMINING = {"gradinit_init_file", "gradinit_log_interval"}
 # Task options that decide which sentences GradInit sees and how they are batched.
 _DATA_TASK_KEYS = (
     "source_lang", "target_lang", "train_subset", "dataset_impl", "left_pad_source", "left_pad_target",
@@ -167,23 +166,19 @@ def data_fingerprint(task_cfg) -> Dict[str, Any]:
 
 
 def gradinit_settings(task_cfg) -> Dict[str, Any]:
-    """The ``--gradinit-*`` options that change the result, and the resolved GradInit config
-    (``eta`` from ``--lr``, ``optimizer`` from ``--optimizer``, ``gamma`` from the rule of thumb,
-    tokens per iteration from ``--max-tokens``)."""
-    options = {}
-    for f in GradInitOptions.__dataclass_fields__.values():
-        if f.name.startswith("gradinit_") and f.metadata.get("help") and f.name not in _NOT_DETERMINING:
-            options[f.name] = _plain(cfg_value(task_cfg, f.name))
+    """What of the ``--gradinit-*`` options changes the result, resolved (``eta`` from ``--lr``,
+    ``optimizer`` from ``--optimizer``, ``gamma`` from eta, tokens per iteration from
+    ``--max-tokens``), so that a default and the same value given explicitly agree. Which options
+    change the result is declared with them (``result`` of :func:`~fairseq_gradinit.core.config.option`)."""
     try:
-        resolved = gradinit_config_from_task(task_cfg).to_dict()
-        resolved.pop("log_interval", None)
+        config = gradinit_config_from_task(task_cfg).to_dict()
+        resolved = {k: config[k] for k in result_options()}
+        resolved["resolved_gamma"] = config["resolved_gamma"]
     except ValueError as e:  # e.g. GradInit off and --lr 0: nothing to resolve
         resolved = {"invalid": str(e)}
-    return {
-        "options": options,
-        "resolved": _plain(resolved),
-        "max_tokens": _plain(cfg_value(task_cfg, "gradinit_max_tokens") or cfg_value(task_cfg, "gradinit_train_max_tokens")),
-    }
+    plugin = {name: _plain(cfg_value(task_cfg, name)) for name in plugin_result_options()
+              if name != "gradinit_max_tokens"}
+    return {"resolved": _plain(resolved), "plugin": plugin, "max_tokens": _plain(gradinit_batch_tokens(task_cfg))}
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import GradInitConfig, GradInitResult, MetaInitConfig, MetaInitResult, unwrap_model
+from ..core.options import Default, options_of
 from ..core import gradinit as core_gradinit
 from ..core import metainit as core_metainit
 
@@ -146,32 +147,33 @@ def _batches(loader: Iterable[Any], dev: torch.device) -> Iterable[Any]:
     return DeviceLoader(loader, dev)
 
 
+#: Where the vision API's defaults differ from the engine's: the paper's CIFAR-10 recipe (SGD at
+#: learning rate 0.1, gamma 1 from eta*gamma^2 = 0.1, A[g] = gamma g/||g||_2 as the authors' CIFAR
+#: scripts, Adam with default betas on the scales, the scale gradient clipped at 1).
+VISION_DEFAULTS = {
+    "optimizer": Default("sgd", "sgd"),
+    "eta": Default(0.1, "0.1"),
+    "lr": Default(1e-2, "1e-2; the paper searches 1e-3 .. 1e-1"),
+    "iters": Default(None, "None, one pass over the loader (len(loader) - 1 iterations); a larger number cycles "
+                           "a re-iterable loader"),
+    "betas": Default((0.9, 0.999), "(0.9, 0.999)"),
+    "scale_grad_clip": Default(1.0, "1.0"),
+    "sgd_step": Default("normalized", "normalized"),
+}
+#: The keyword options of :func:`gradinit` besides its own arguments (all of GradInitConfig's).
+GRADINIT_OPTIONS = {s.name: s for s in options_of(GradInitConfig, defaults=VISION_DEFAULTS)}
+
+
 def gradinit(
     model: nn.Module,
     loader: Iterable[Any],
     *,
-    optimizer: str = "sgd",
-    eta: float = 0.1,
-    gamma: Optional[float] = None,
-    lr: float = 1e-2,
-    iters: Optional[int] = None,
-    min_scale: float = 0.01,
-    max_scale: Optional[float] = None,
-    overlap: float = 0.5,
-    betas: Tuple[float, float] = (0.9, 0.999),
-    eps: float = 1e-8,
-    scale_grad_clip: Optional[float] = 1.0,
-    sgd_step: str = "normalized",
-    adam_state: str = "shared",
-    scale_bounds: Sequence[Any] = (),
-    step_params: str = "all",
     loss_fn: Optional[LossFn] = None,
     device: Device = None,
     progress: bool = True,
-    param_filter: Optional[Callable[[str, nn.Parameter], bool]] = None,
     process_group=None,
     callback: Optional[Callable[[Any], None]] = None,
-    log_interval: int = 50,
+    **options: Any,
 ) -> GradInitResult:
     """Initialize ``model`` with GradInit on the batches of ``loader`` (in place).
 
@@ -186,44 +188,26 @@ def gradinit(
         loader: an iterable of batches, e.g. a ``DataLoader`` of ``(input, target)``. Consecutive
             batches b_t, b_{t+1} form S = b_t and S~ = last ``overlap`` part of b_t + first part of
             b_{t+1}, so S and S~ both have the loader's batch size.
-        optimizer: the optimizer the model will be trained with, "sgd" or "adam".
-        eta: its (first-step) learning rate.
-        gamma: bound on the gradient norm; ``None`` uses the rule of thumb.
-        lr: tau, the learning rate of the Adam optimizer on the scales (the paper searches
-            1e-3 .. 1e-1).
-        iters: number of iterations; ``None`` is one pass over ``loader`` (len(loader) - 1
-            iterations); a larger number cycles a re-iterable loader.
-        min_scale, max_scale: bounds of every scale.
-        overlap: ``|S ∩ S~| / |S|``.
-        betas, eps: Adam hyperparameters of the scale optimizer.
-        scale_grad_clip: clip the norm of the scale gradient (``None``: off).
-        sgd_step: "normalized" (A[g] = gamma g / ||g||_2) or "grad" (A[g] = g) for SGD.
-        adam_state: "shared" (one Adam on the scales) or "per_branch" (constraint and objective
-            iterations keep their own moment estimates).
-        scale_bounds: per-group bounds, e.g. ``[("bias", 0, None), ("norm", None, 100)]`` (see
-            :class:`~fairseq_gradinit.core.ScaleBound`; first match wins).
-        step_params: "all" trainable tensors enter g, ||g|| and the simulated step (tensors
-            without a scale keep their weights), or only the "scaled" ones.
         loss_fn: ``loss_fn(model, batch) -> mean loss``; default: cross-entropy on
             ``(input, target)`` batches.
         device: where batches go; default the model's device (the model is not moved).
         progress: show a tqdm progress bar.
-        param_filter: ``fn(name, param) -> bool`` selecting the tensors that get a scale
-            (default: every trainable, non-zero tensor).
         process_group: data-parallel group (each rank passes its own shard of the data).
         callback: called with each :class:`~fairseq_gradinit.core.IterationRecord`.
-        log_interval: log a progress line every this many iterations.
+        **options: the fields of :class:`~fairseq_gradinit.core.GradInitConfig` (listed below
+            with this function's defaults).
 
     Returns:
         :class:`~fairseq_gradinit.core.GradInitResult` with ``scales`` (name -> float),
         ``history`` and ``wall_time``.
     """
-    config = GradInitConfig(
-        optimizer=optimizer, eta=eta, gamma=gamma, lr=lr, betas=tuple(betas), eps=eps, iters=iters,
-        min_scale=min_scale, max_scale=max_scale, overlap=overlap, scale_grad_clip=scale_grad_clip,
-        sgd_step=sgd_step, adam_state=adam_state, log_interval=log_interval, param_filter=param_filter,
-        scale_bounds=scale_bounds, step_params=step_params,
-    )
+    unknown = sorted(set(options) - set(GRADINIT_OPTIONS))
+    if unknown:
+        raise TypeError(f"gradinit() got unexpected keyword argument(s) {unknown}; its options are "
+                        f"{', '.join(GRADINIT_OPTIONS)} (see help(gradinit))")
+    values = {name: options.get(name, spec.default) for name, spec in GRADINIT_OPTIONS.items()}
+    config = GradInitConfig(**values)
+    iters, overlap = config.iters, config.overlap
     check_precision(model)
     dev = _resolve_device(model, device)
     if iters is None and not _one_shot(loader):
@@ -305,3 +289,24 @@ def _with_progress(desc: str, total: Optional[int], progress: bool, callback: Op
     finally:
         if bar is not None:
             bar.close()
+
+
+def _document_options() -> None:
+    """List the options in :func:`gradinit`'s docstring and signature (derived from GradInitConfig)."""
+    import inspect
+    import textwrap
+
+    lines = ["", "    Options (``**options``):"]
+    for spec in GRADINIT_OPTIONS.values():
+        text = spec.help if "(default:" in spec.help else f"{spec.help} (default: {spec.default!r})"
+        lines += textwrap.wrap(f"{spec.name}: {text}", width=100, initial_indent="        ",
+                               subsequent_indent="            ", break_on_hyphens=False)
+    gradinit.__doc__ = (gradinit.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
+    sig = inspect.signature(gradinit)
+    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=s.default)
+               for n, s in GRADINIT_OPTIONS.items()]
+    gradinit.__signature__ = sig.replace(parameters=params)
+
+
+_document_options()
