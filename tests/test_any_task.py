@@ -95,6 +95,17 @@ def test_language_model_gradinit_then_resume(lm_data, tmp_path, caplog, arch, po
     assert saved["fingerprint"]["data"]["tokens_per_sample"] == 32
     assert "decoder.layers.1.fc2.weight" in saved["scales"]
 
+    # Loading the checkpoint for inference (fairseq-eval-lm) never runs GradInit.
+    from fairseq_cli import eval_lm
+
+    caplog.clear()
+    args = options.parse_args_and_arch(options.get_eval_lm_parser(), input_args=[
+        str(lm_data), "--path", str(save / "checkpoint_last.pt"), "--cpu", "--max-tokens", "256",
+        "--tokens-per-sample", "32", "--gen-subset", "valid"])
+    eval_lm.main(convert_namespace_to_omegaconf(args))
+    assert "Perplexity" in caplog.text
+    assert "gradinit iter" not in caplog.text and "gradinit:" not in caplog.text
+
 
 @pytest.mark.parametrize("criterion", [["--criterion", "cross_entropy"],
                                        ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]])
