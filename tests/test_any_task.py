@@ -212,6 +212,25 @@ def test_tasks_registered_later_are_served():
     assert "gradinit_iters" in getattr(served, "__dataclass").__dataclass_fields__
 
 
+def test_admin_profiling_on_a_tiny_batch_warns(mt_data, tmp_path, caplog):
+    from fairseq import tasks, utils
+
+    from fairseq_gradinit.fairseq_plugin.wskip import admin_profile_if_requested
+
+    argv = [str(mt_data), "--task", "translation",
+            *["transformer_wskip_iwslt_de_en" if a == "transformer_iwslt_de_en" else a for a in TINY_MT],
+            "--criterion", "cross_entropy", "--wskip-init", "admin", "--max-tokens", "16",
+            "--save-dir", str(tmp_path / "ck")]
+    cfg = convert_namespace_to_omegaconf(parse(argv))
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    caplog.set_level("INFO")
+    assert admin_profile_if_requested(model, task)
+    assert "Admin profiling used one batch of only" in caplog.text
+    assert (tmp_path / "ck" / "wskip_admin.json").is_file()
+
+
 # The study runner and its presets are left out: they move to a package of their own later.
 ADAPTER_EXCLUDED = {"study", "study_presets"}
 
