@@ -127,6 +127,35 @@ def test_masked_lm_task(lm_data, tmp_path, caplog):
     assert any(k.startswith("encoder.sentence_encoder.layers.0.") for k in saved["scales"])
 
 
+@pytest.fixture(scope="module")
+def sp_data(tmp_path_factory):
+    """sentence_prediction data: input0/ is a tiny LM data-bin, label/ an even/odd word count label."""
+    from fairseq_cli import preprocess
+
+    root = tmp_path_factory.mktemp("spdata")
+    lm = make_tiny_lm_bin(root, {"train": 120, "valid": 20}, 400)
+    (root / "data").mkdir()
+    lm.rename(root / "data" / "input0")
+    argv = ["--only-source", "--destdir", str(root / "data" / "label"), "--workers", "1"]
+    for split, pref in (("train", "--trainpref"), ("valid", "--validpref")):
+        lines = (root / f"{split}.txt").read_text(encoding="utf-8").splitlines()
+        (root / f"{split}.lab").write_text("".join("even\n" if len(line.split()) % 2 == 0 else "odd\n" for line in lines))
+        argv += [pref, str(root / f"{split}.lab")]
+    preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    return root / "data"
+
+
+def test_sentence_prediction_task(sp_data, tmp_path, caplog):
+    save = tmp_path / "ck"
+    argv = [str(sp_data), "--task", "sentence_prediction", "--num-classes", "2", "--arch", "roberta",
+            "--encoder-layers", "1", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+            "--encoder-attention-heads", "2", "--max-positions", "64", "--criterion", "sentence_prediction",
+            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "256", "--cpu", "--no-epoch-checkpoints",
+            "--num-workers", "0", "--seed", "3", "--no-progress-bar", "--save-dir", str(save), "--gradinit-iters", "2"]
+    saved = train_then_resume(argv, save, caplog)
+    assert any("classification_heads" in k for k in saved["scales"])
+
+
 def test_two_ranks_identical_lm_scales(lm_data, tmp_path):
     port = free_port()
     driver = Path(__file__).with_name("fairseq_dist_driver.py")
