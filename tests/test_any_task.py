@@ -139,7 +139,8 @@ def sp_data(tmp_path_factory):
     argv = ["--only-source", "--destdir", str(root / "data" / "label"), "--workers", "1"]
     for split, pref in (("train", "--trainpref"), ("valid", "--validpref")):
         lines = (root / f"{split}.txt").read_text(encoding="utf-8").splitlines()
-        (root / f"{split}.lab").write_text("".join("even\n" if len(line.split()) % 2 == 0 else "odd\n" for line in lines))
+        labels = ["even" if len(line.split()) % 2 == 0 else "odd" for line in lines]
+        (root / f"{split}.lab").write_text("\n".join(labels) + "\n")
         argv += [pref, str(root / f"{split}.lab")]
     preprocess.main(options.get_preprocessing_parser().parse_args(argv))
     return root / "data"
