@@ -95,6 +95,17 @@ def test_language_model_gradinit_then_resume(lm_data, tmp_path, caplog, arch, po
     assert saved["fingerprint"]["data"]["tokens_per_sample"] == 32
     assert "decoder.layers.1.fc2.weight" in saved["scales"]
 
+    # Loading the checkpoint for inference (fairseq-eval-lm) never runs GradInit.
+    from fairseq_cli import eval_lm
+
+    caplog.clear()
+    args = options.parse_args_and_arch(options.get_eval_lm_parser(), input_args=[
+        str(lm_data), "--path", str(save / "checkpoint_last.pt"), "--cpu", "--max-tokens", "256",
+        "--tokens-per-sample", "32", "--gen-subset", "valid"])
+    eval_lm.main(convert_namespace_to_omegaconf(args))
+    assert "Perplexity" in caplog.text
+    assert "gradinit iter" not in caplog.text and "gradinit:" not in caplog.text
+
 
 @pytest.mark.parametrize("criterion", [["--criterion", "cross_entropy"],
                                        ["--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1"]])
@@ -114,6 +125,36 @@ def test_masked_lm_task(lm_data, tmp_path, caplog):
             "--no-progress-bar", "--save-dir", str(save), "--gradinit-iters", "2"]
     saved = train_then_resume(argv, save, caplog)
     assert any(k.startswith("encoder.sentence_encoder.layers.0.") for k in saved["scales"])
+
+
+@pytest.fixture(scope="module")
+def sp_data(tmp_path_factory):
+    """sentence_prediction data: input0/ is a tiny LM data-bin, label/ an even/odd word count label."""
+    from fairseq_cli import preprocess
+
+    root = tmp_path_factory.mktemp("spdata")
+    lm = make_tiny_lm_bin(root, {"train": 120, "valid": 20}, 400)
+    (root / "data").mkdir()
+    lm.rename(root / "data" / "input0")
+    argv = ["--only-source", "--destdir", str(root / "data" / "label"), "--workers", "1"]
+    for split, pref in (("train", "--trainpref"), ("valid", "--validpref")):
+        lines = (root / f"{split}.txt").read_text(encoding="utf-8").splitlines()
+        labels = ["even" if len(line.split()) % 2 == 0 else "odd" for line in lines]
+        (root / f"{split}.lab").write_text("\n".join(labels) + "\n")
+        argv += [pref, str(root / f"{split}.lab")]
+    preprocess.main(options.get_preprocessing_parser().parse_args(argv))
+    return root / "data"
+
+
+def test_sentence_prediction_task(sp_data, tmp_path, caplog):
+    save = tmp_path / "ck"
+    argv = [str(sp_data), "--task", "sentence_prediction", "--num-classes", "2", "--arch", "roberta",
+            "--encoder-layers", "1", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+            "--encoder-attention-heads", "2", "--max-positions", "64", "--criterion", "sentence_prediction",
+            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "256", "--cpu", "--no-epoch-checkpoints",
+            "--num-workers", "0", "--seed", "3", "--no-progress-bar", "--save-dir", str(save), "--gradinit-iters", "2"]
+    saved = train_then_resume(argv, save, caplog)
+    assert any("classification_heads" in k for k in saved["scales"])
 
 
 def test_two_ranks_identical_lm_scales(lm_data, tmp_path):
@@ -199,6 +240,25 @@ def test_tasks_registered_later_are_served():
     served = TASK_REGISTRY["gradinit_test_late_task"]
     assert issubclass(served, GradInitTestLateTask) and issubclass(served, GradInitTaskMixin)
     assert "gradinit_iters" in getattr(served, "__dataclass").__dataclass_fields__
+
+
+def test_admin_profiling_on_a_tiny_batch_warns(mt_data, tmp_path, caplog):
+    from fairseq import tasks, utils
+
+    from fairseq_gradinit.fairseq_plugin.wskip import admin_profile_if_requested
+
+    argv = [str(mt_data), "--task", "translation",
+            *["transformer_wskip_iwslt_de_en" if a == "transformer_iwslt_de_en" else a for a in TINY_MT],
+            "--criterion", "cross_entropy", "--wskip-init", "admin", "--max-tokens", "16",
+            "--save-dir", str(tmp_path / "ck")]
+    cfg = convert_namespace_to_omegaconf(parse(argv))
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    caplog.set_level("INFO")
+    assert admin_profile_if_requested(model, task)
+    assert "Admin profiling used one batch of only" in caplog.text
+    assert (tmp_path / "ck" / "wskip_admin.json").is_file()
 
 
 # The study runner and its presets are left out: they move to a package of their own later.

@@ -296,6 +296,10 @@ def admin_profile(model: nn.Module, sample: dict, *, device: Optional[torch.devi
     return values
 
 
+#: Below this many target tokens, Admin's one-batch variance estimates are noisy (a warning says so).
+ADMIN_MIN_TOKENS = 256
+
+
 def first_training_batch(task, model, options: AdminBatchOptions) -> dict:
     """The first batch of epoch 1 of fairseq's training iterator with fairseq-train's batching, unsharded."""
     if not options.max_tokens and not options.batch_size:
@@ -324,6 +328,10 @@ def admin_profile_if_requested(model: nn.Module, task) -> Optional[Dict[str, flo
         torch.cuda.empty_cache()
     logger.info("wskip: Admin profiling on %d sentences (%d target tokens) on %s", sample["nsentences"],
                 sample["ntokens"], device)
+    if int(sample["ntokens"]) < ADMIN_MIN_TOKENS:
+        logger.warning("wskip: WARNING: Admin profiling used one batch of only %d sentences (%d target tokens); "
+                       "omega comes from that batch's output variances, which are noisy below %d tokens: raise "
+                       "--max-tokens (or --batch-size)", sample["nsentences"], sample["ntokens"], ADMIN_MIN_TOKENS)
     for name, value in values.items():
         logger.info("  %-40s %.6f", name, value)
     rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
