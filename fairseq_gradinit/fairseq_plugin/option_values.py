@@ -18,8 +18,7 @@ def gradinit_config_from_task(cfg) -> GradInitConfig:
     what the plugin derives from the training command (see :data:`~.options.FAIRSEQ_DEFAULTS`)."""
     values = values_from(cfg, ENGINE_OPTIONS, prefix="gradinit_")
     if values["optimizer"] is None:
-        train_opt = cfg_value(cfg, "gradinit_train_optimizer")
-        values["optimizer"] = "sgd" if train_opt in ("sgd", "nag") else "adam"
+        values["optimizer"] = "sgd" if training_optimizer(cfg) in ("sgd", "nag") else "adam"
     opt = str(values["optimizer"])
     if values["eta"] is None:
         lr = cfg_value(cfg, "gradinit_train_lr")
@@ -31,6 +30,20 @@ def gradinit_config_from_task(cfg) -> GradInitConfig:
         bound = LOSS_CHANGE_BOUND[opt]
         values["gamma"] = bound / values["eta"] if opt == "adam" else math.sqrt(bound / values["eta"])
     return GradInitConfig(**values)
+
+
+def training_optimizer(cfg) -> Optional[str]:
+    """The name of the run's ``--optimizer``, or None where the config does not tell."""
+    name = cfg_value(cfg, "gradinit_train_optimizer")
+    if name is None and hasattr(cfg, "_get_root"):
+        # fairseq keeps optimizers declared with add_args (sgd, nag) as an argparse Namespace in the
+        # config, where the ${oc.select:optimizer._name} interpolation finds nothing: read the node.
+        try:
+            node = cfg._get_root().get("optimizer", None)
+        except Exception:  # a task config built outside fairseq-train has no such root
+            node = None
+        name = getattr(node, "_name", None) or (node.get("_name", None) if hasattr(node, "get") else None)
+    return None if name is None else str(name)
 
 
 def derived_options(cfg) -> list:
