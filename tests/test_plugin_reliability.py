@@ -34,7 +34,7 @@ def test_fingerprint_from_args_matches_the_config_fairseq_train_uses(tiny_data, 
     assert from_args["seed"] == 3 and from_args["world_size"] == 1
     assert from_args["model"]["arch"] == "transformer_iwslt_de_en" and from_args["model"]["encoder_layers"] == 2
     assert "lr" not in from_args["model"] and "save_dir" not in from_args["model"]
-    assert from_args["gradinit"]["resolved"]["eta"] == 1e-3
+    assert from_args["gradinit"]["resolved"]["eta"] == 2e-3  # Adam: eta = 2 x --lr (1e-3)
     files = from_args["data"]["dirs"][0]
     assert {"dict.de.txt", "dict.en.txt", "train.de-en.de.idx", "train.de-en.en.idx"} <= set(files)
     assert "sha256" in files["dict.de.txt"] and "sha256" not in files["train.de-en.de.bin"]
