@@ -71,6 +71,17 @@ def training_batches(fm: FairseqModel, *, num_batches: int, seed: int, max_token
     return [collate(dataset, batches[i], fm.device) for i in chosen]
 
 
+#: The version whose GradInit batches come from the task's own training iterator.
+BATCHES_CHANGED_IN = (0, 3, 0)
+
+
+def _version_tuple(version: str) -> tuple:
+    try:
+        return tuple(int(x) for x in str(version).split(".")[:3])
+    except ValueError:
+        return (0,)
+
+
 def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1e-4, rtol_norm: float = 1e-3) -> dict:
     """Recompute GradInit's iteration 1 (L(S) and ||g||_p on its first S batch at the unscaled weights)
     and compare with ``saved["history"][0]``. ||g|| is given over the scaled tensors and over every
@@ -82,6 +93,11 @@ def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1
         return {"done": False, "reason": "the gradinit.json has no first-iteration record"}
     if int(saved.get("world_size", 1)) != 1:
         return {"done": False, "reason": "GradInit ran on several ranks (the record averages their shards)"}
+    written_by = (saved.get("fingerprint") or {}).get("version")
+    if written_by is not None and _version_tuple(written_by) < BATCHES_CHANGED_IN:
+        return {"done": False, "reason": f"written by fairseq_gradinit {written_by}: GradInit drew its batches "
+                                         "differently before 0.3.0 (now from the task's own training iterator), "
+                                         "so its first S batch cannot be drawn again"}
     if not isinstance(fm.task, GradInitTaskMixin) or not saved.get("max_tokens"):
         return {"done": False, "reason": "needs a task served by the plugin and max_tokens in the gradinit.json"}
     pair = next(fm.task.gradinit_pairs(fm.model, int(saved["max_tokens"]), float(conf.get("overlap", 0.5)),
