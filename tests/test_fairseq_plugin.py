@@ -109,6 +109,9 @@ def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_
     assert (save_a / "gradinit.json").stat().st_mode & 0o777 == 0o666 & ~umask  # as open() would create it
     assert info["config"]["optimizer"] == "adam" and info["config"]["eta"] == 1e-3
     assert abs(info["config"]["resolved_gamma"] - 1000.0) < 1e-9  # the plugin's eta*gamma = 1 for Adam
+    # the resolved settings and what was derived from the training command are recorded
+    assert info["max_tokens"] == 600 and set(info["derived"]) == {"optimizer", "gamma", "max_tokens"}  # 1.5 x 400
+    assert info["config"]["adam_state"] == "per_branch" and info["config"]["scale_bounds"][0] == ["bias", 0, None]
     assert set(info["summary"]) and all(s["min"] >= 0.01 for s in info["summary"].values())
     assert any(abs(v - 1.0) > 1e-4 for v in info["scales"].values())
     # Shared input/output embeddings: one scale.
