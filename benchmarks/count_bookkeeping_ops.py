@@ -59,8 +59,8 @@ def count(name: str, bn: bool, args) -> dict:
 
     def bookkeeping(grads):
         engine.scaled.write(engine.alpha)
-        gnorm = engine._norm(grads)
-        direction = engine._step_direction(grads, gnorm)
+        gnorm = engine.grad_norm(grads)
+        direction = engine.step_direction(grads, gnorm)
         engine.scaled.write(engine.alpha, direction=direction, eta=1e-3)
         return engine.scaled.alpha_grad(stand_in)
 

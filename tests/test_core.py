@@ -23,7 +23,8 @@ from fairseq_gradinit.core import (
     math_attention,
     overlapping_pairs,
 )
-from fairseq_gradinit.core.engine import _foreach_norm, _grads
+from fairseq_gradinit.core.engine import foreach_norm
+from fairseq_gradinit.core.runtime import gradients
 from fairseq_gradinit.core.scales import ScaledParameters
 
 # --------------------------------------------------------------------------------------------
@@ -153,13 +154,13 @@ def test_scale_gradients_match_finite_differences(optimizer, sgd_step, branch, c
     with gradinit_mode(model):
         # -- the engine's analytic gradient, exactly as GradInit.step computes it
         sc.write(engine.alpha)
-        grads = _grads(ce_loss(model, s), sc.params)
-        gnorm = engine._norm(grads)
+        grads = gradients(ce_loss(model, s), sc.params)
+        gnorm = engine.grad_norm(grads)
         if branch == "constraint":
             analytic = engine._constraint_grad(s, grads, gnorm)
             direction = None
         else:
-            direction = [d.detach().clone() for d in engine._step_direction([x.clone() for x in grads], gnorm)]
+            direction = [d.detach().clone() for d in engine.step_direction([x.clone() for x in grads], gnorm)]
             analytic, _ = engine._objective_grad(s_tilde, direction)
         analytic = analytic.double()
         if optimizer == "adam" and branch == "objective":
@@ -183,7 +184,7 @@ def test_scale_gradients_match_finite_differences(optimizer, sgd_step, branch, c
                 if branch == "objective":
                     with torch.no_grad():
                         return ce_loss(model, s_tilde).item() / eta
-                gr = _grads(ce_loss(model, s), sc.params)
+                gr = gradients(ce_loss(model, s), sc.params)
             if p_norm == 1:
                 return sum(x.abs().sum() for x in gr).item()
             return math.sqrt(sum((x ** 2).sum() for x in gr).item())
@@ -218,8 +219,8 @@ def test_constraint_branch_reduces_grad_norm_below_gamma(optimizer, constraint_g
     batches = make_batches(6)
     cfg = GradInitConfig(optimizer=optimizer, eta=0.01, iters=1, lr=0.05, constraint_grad=constraint_grad)
     g0 = GradInit(copy.deepcopy(model), ce_loss, cfg)
-    grads = _grads(ce_loss(g0.model, batches[0]), g0.scaled.params)
-    gamma = g0._norm(grads).item() / 4
+    grads = gradients(ce_loss(g0.model, batches[0]), g0.scaled.params)
+    gamma = g0.grad_norm(grads).item() / 4
     res = gradinit(model, batches, ce_loss, cfg, gamma=gamma, iters=60)
     branches = [r.branch for r in res.history]
     assert branches[0] == "constraint"
@@ -244,7 +245,7 @@ def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch)
     model = make_mlp(dims=(6, 16, 16, 3), weight_scale=3.0)
     pairs = make_pairs(30)
     gnorm0 = GradInit(copy.deepcopy(model), ce_loss, cfg)
-    gamma = gnorm0._norm(_grads(ce_loss(gnorm0.model, pairs[0][0]), gnorm0.scaled.params)).item() / 2
+    gamma = gnorm0.grad_norm(gradients(ce_loss(gnorm0.model, pairs[0][0]), gnorm0.scaled.params)).item() / 2
 
     second_order = []
     orig_grad = torch.autograd.grad
@@ -288,8 +289,8 @@ def _constraint_grads_both_ways(model, batch, loss_fn, optimizer, fd_eps):
     with gradinit_mode(model):
         engine = GradInit(model, loss_fn, cfg)
         params = engine.scaled.params
-        grads = _grads(loss_fn(model, batch), params)
-        gnorm = engine._norm(grads)
+        grads = gradients(loss_fn(model, batch), params)
+        gnorm = engine.grad_norm(grads)
         exact = engine._constraint_grad(batch, grads, gnorm).double()
         fd = engine._constraint_grad_fd(batch, grads, gnorm).double()
         engine.finalize()
@@ -969,7 +970,7 @@ def test_mixed_dtypes_use_per_tensor_bookkeeping():
 def test_per_tensor_norms_accumulate_in_float32(dtype, p):
     g = torch.Generator().manual_seed(0)
     ts = [(torch.randn(300, 40, generator=g) * 1e3).to(dtype), torch.randn(7, generator=g).to(dtype)]
-    got = _foreach_norm(ts, p)
+    got = foreach_norm(ts, p)
     out_dtype = torch.float64 if dtype == torch.float64 else torch.float32
     assert got.dtype == out_dtype and torch.isfinite(got).all()  # fp16 |g|_1 here exceeds 65504
     want = torch.stack([torch.linalg.vector_norm(t.double(), p) for t in ts]).to(out_dtype)

@@ -23,12 +23,10 @@ from .config import GradInitConfig
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .distributed import DataParallelGroup
 from .optim import ScaleAdam
+from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import ScaledParameters
 
 logger = logging.getLogger(__name__)
-
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
-
 
 @dataclass
 class IterationRecord:
@@ -88,12 +86,7 @@ class GradInitResult:
         }
 
 
-def _grads(loss: torch.Tensor, params: Sequence[torch.Tensor], create_graph: bool = False) -> List[torch.Tensor]:
-    grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
-    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
-
-
-def _foreach_norm(tensors: Sequence[torch.Tensor], p: int) -> torch.Tensor:
+def foreach_norm(tensors: Sequence[torch.Tensor], p: int) -> torch.Tensor:
     """The p-norm of every tensor, accumulated in at least float32, stacked as float32 (float64
     if any tensor is float64)."""
     dtypes = {t.dtype for t in tensors}
@@ -106,18 +99,6 @@ def _foreach_norm(tensors: Sequence[torch.Tensor], p: int) -> torch.Tensor:
             pass
     return torch.stack([torch.linalg.vector_norm(t, p, dtype=torch.promote_types(t.dtype, torch.float32))
                         for t in tensors]).float()
-
-
-def _check_loss(loss: Any) -> torch.Tensor:
-    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
-        raise ValueError(
-            "loss_fn(model, batch) must return a scalar tensor (the mean loss of the batch), "
-            f"got {type(loss).__name__}{'' if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}"
-        )
-    if not loss.requires_grad:
-        raise ValueError("the loss returned by loss_fn does not require grad: is the forward pass "
-                         "run under torch.no_grad() or are all parameters frozen?")
-    return loss
 
 
 class GradInit:
@@ -151,11 +132,11 @@ class GradInit:
         self._last_branch = ""
 
     # -- the two branches ---------------------------------------------------------------------
-    def _norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
-        norms = _foreach_norm(grads, self.cfg.norm_p)
+    def grad_norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
+        norms = foreach_norm(grads, self.cfg.norm_p)
         return norms.sum() if self.cfg.norm_p == 1 else norms.pow(2).sum().sqrt()
 
-    def _step_direction(self, grads: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
+    def step_direction(self, grads: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
         """A[g], computed in place in ``grads``."""
         if self.cfg.optimizer == "adam":
             torch._foreach_sign_(grads)
@@ -181,13 +162,13 @@ class GradInit:
         # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>.
         with math_attention():
             if g_local is None:
-                loss = _check_loss(self.loss_fn(self.model, s))
+                loss = check_loss(self.loss_fn(self.model, s))
                 g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
                 del loss
             surrogate = sum((gi * vi).sum() for gi, vi in zip(g_local, v) if gi is not None)
             if not isinstance(surrogate, torch.Tensor) or not surrogate.requires_grad:
                 return torch.zeros_like(self.alpha)
-            h = _grads(surrogate, params)
+            h = gradients(surrogate, params)
         del g_local, surrogate
         return self.scaled.alpha_grad(h)
 
@@ -204,16 +185,16 @@ class GradInit:
             eps = self.cfg.fd_eps * sq(params).sqrt() / sq(v).sqrt().clamp(min=1e-30)
         self.scaled.write(self.alpha, direction=v, eta=-eps.to(params[0].dtype))
         del v
-        loss = _check_loss(self.loss_fn(self.model, s))
-        h = _grads(loss, params)
+        loss = check_loss(self.loss_fn(self.model, s))
+        h = gradients(loss, params)
         del loss
         return ((self.scaled.alpha_grad(h, torch.float64) - base) / eps).to(self.alpha.dtype)
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
         """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
         self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
-        loss = _check_loss(self.loss_fn(self.model, s_tilde))
-        h = _grads(loss, self.scaled.params)
+        loss = check_loss(self.loss_fn(self.model, s_tilde))
+        h = gradients(loss, self.scaled.params)
         return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
 
     # -- bookkeeping ----------------------------------------------------------------------
@@ -245,7 +226,7 @@ class GradInit:
                 "GradInitConfig.lr or eta, or set max_scale."
             )
 
-    def _log(self, it: int, total: Optional[int]) -> None:
+    def log_progress(self, it: int, total: Optional[int]) -> None:
         self._flush_pending()
         rec = self.history[-1]
         a = self.alpha.detach()[self.scaled.scaled]
@@ -274,17 +255,17 @@ class GradInit:
         speculate = self.cfg.reuse_graph and self._last_branch == "constraint" and not fd
         g_local = None
         with math_attention() if speculate else contextlib.nullcontext():
-            loss = _check_loss(self.loss_fn(self.model, s))
+            loss = check_loss(self.loss_fn(self.model, s))
             if speculate:
                 g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
                 grads = [torch.zeros_like(p) if g is None else g.detach().clone() for p, g in zip(params, g_local)]
             else:
-                grads = _grads(loss, params)
+                grads = gradients(loss, params)
         loss_s = loss.detach().to(self.alpha.dtype).reshape(1)
         del loss
         self.dist.mean_(grads)
         self.dist.mean_([loss_s])
-        gnorm = self._norm(grads)
+        gnorm = self.grad_norm(grads)
         finite = torch.isfinite(loss_s[0]) & torch.isfinite(gnorm)
         # The only host sync of the iteration: the branch depends on it. It also collects the
         # previous iteration's deferred S~ statistics.
@@ -317,7 +298,7 @@ class GradInit:
         else:
             rec.branch = self._last_branch = "objective"
             del g_local
-            direction = self._step_direction(grads, gnorm)
+            direction = self.step_direction(grads, gnorm)
             alpha_grad, loss_t = self._objective_grad(s_tilde, direction)
             del direction, grads
             loss_t = loss_t.reshape(1)
@@ -394,72 +375,6 @@ def gradinit(
     logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %.1fs",
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped, wall)
     return result
-
-
-def resolve_config(cls, config, overrides: dict):
-    """``config`` (validated again), a copy with ``overrides``, or ``cls(**overrides)``."""
-    if config is None:
-        return cls(**overrides)
-    if overrides:
-        return dataclasses.replace(config, **overrides)
-    config.validate()
-    return config
-
-
-def check_inputs(model: Any, loss_fn: Any) -> None:
-    if not isinstance(model, nn.Module):
-        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not callable(loss_fn):
-        raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
-
-
-def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
-                   callback: Optional[Callable[[Any], None]], name: str) -> int:
-    """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
-
-    ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
-    ``_log``, ``scaled`` and ``alpha``. On success the model holds alpha*W of the last update; if
-    anything raises, or every iteration was skipped (``FloatingPointError``), it holds W, the
-    weights it was given. Returns the number of completed iterations.
-    """
-    completed = reported = 0
-
-    def report():
-        nonlocal reported
-        if callback is not None:
-            for rec in engine.history[reported:engine.settled]:
-                callback(rec)
-        reported = engine.settled
-
-    try:
-        if total != 0:
-            for item in stream:
-                engine.step(item)
-                completed += 1
-                report()
-                if completed == 1 or completed % log_interval == 0:
-                    engine._log(completed, total)
-                if total is not None and completed >= total:
-                    break
-        if total is not None and completed < total:
-            warnings.warn(f"{name}: the batches ran out after {completed} of {total} iterations",
-                          RuntimeWarning, stacklevel=3)
-        engine.finalize()
-        report()
-        if engine.history and all(r.branch == "skipped" for r in engine.history):
-            n = len(engine.history)
-            raise FloatingPointError(
-                f"{name}: all {n} iteration{'s were' if n > 1 else ' was'} skipped ({engine.history[-1].reason}); "
-                "no scale was learned and the model is left as it was given. Check the data and the loss "
-                "for NaN/Inf (e.g. run one batch through the model), or lower the learning rates.")
-    except BaseException:
-        # A half-finished run must not leave the model partly scaled: alpha = 1 gives back W exactly.
-        with torch.no_grad():
-            engine.scaled.write(torch.ones_like(engine.alpha))
-        raise
-    if engine.history and completed % log_interval != 0 and completed != 1:
-        engine._log(completed, total)
-    return completed
 
 
 def _pair_stream(batches: Iterable[Any], config: GradInitConfig) -> Iterator[BatchPair]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import logging
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F

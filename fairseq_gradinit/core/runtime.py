@@ -1,0 +1,98 @@
+"""What the scale-learning engines share (GradInit and MetaInit): the loss contract, gradients,
+config resolution and the iteration driver that leaves the model as it was given on failure."""
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from typing import Any, Callable, Iterator, List, Optional, Sequence
+
+import torch
+from torch import nn
+
+#: ``loss_fn(model, batch) -> scalar loss tensor``.
+LossFn = Callable[[nn.Module, Any], torch.Tensor]
+
+
+def gradients(loss: torch.Tensor, params: Sequence[torch.Tensor], create_graph: bool = False) -> List[torch.Tensor]:
+    """d loss / d params, zeros for parameters the loss does not use."""
+    grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
+    return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
+
+
+def check_loss(loss: Any) -> torch.Tensor:
+    """``loss`` if it is a scalar tensor that requires grad, else a ``ValueError`` saying what is wrong."""
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        raise ValueError(
+            "loss_fn(model, batch) must return a scalar tensor (the mean loss of the batch), "
+            f"got {type(loss).__name__}{'' if not isinstance(loss, torch.Tensor) else tuple(loss.shape)}"
+        )
+    if not loss.requires_grad:
+        raise ValueError("the loss returned by loss_fn does not require grad: is the forward pass "
+                         "run under torch.no_grad() or are all parameters frozen?")
+    return loss
+
+
+def resolve_config(cls, config, overrides: dict):
+    """``config`` (validated again), a copy with ``overrides``, or ``cls(**overrides)``."""
+    if config is None:
+        return cls(**overrides)
+    if overrides:
+        return dataclasses.replace(config, **overrides)
+    config.validate()
+    return config
+
+
+def check_inputs(model: Any, loss_fn: Any) -> None:
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
+
+
+def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
+                   callback: Optional[Callable[[Any], None]], name: str) -> int:
+    """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
+
+    ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
+    ``log_progress``, ``scaled`` and ``alpha``. On success the model holds alpha*W of the last update; if
+    anything raises, or every iteration was skipped (``FloatingPointError``), it holds W, the
+    weights it was given. Returns the number of completed iterations.
+    """
+    completed = reported = 0
+
+    def report():
+        nonlocal reported
+        if callback is not None:
+            for rec in engine.history[reported:engine.settled]:
+                callback(rec)
+        reported = engine.settled
+
+    try:
+        if total != 0:
+            for item in stream:
+                engine.step(item)
+                completed += 1
+                report()
+                if completed == 1 or completed % log_interval == 0:
+                    engine.log_progress(completed, total)
+                if total is not None and completed >= total:
+                    break
+        if total is not None and completed < total:
+            warnings.warn(f"{name}: the batches ran out after {completed} of {total} iterations",
+                          RuntimeWarning, stacklevel=3)
+        engine.finalize()
+        report()
+        if engine.history and all(r.branch == "skipped" for r in engine.history):
+            n = len(engine.history)
+            raise FloatingPointError(
+                f"{name}: all {n} iteration{'s were' if n > 1 else ' was'} skipped ({engine.history[-1].reason}); "
+                "no scale was learned and the model is left as it was given. Check the data and the loss "
+                "for NaN/Inf (e.g. run one batch through the model), or lower the learning rates.")
+    except BaseException:
+        # A half-finished run must not leave the model partly scaled: alpha = 1 gives back W exactly.
+        with torch.no_grad():
+            engine.scaled.write(torch.ones_like(engine.alpha))
+        raise
+    if engine.history and completed % log_interval != 0 and completed != 1:
+        engine.log_progress(completed, total)
+    return completed
