@@ -975,3 +975,88 @@ def test_per_tensor_norms_accumulate_in_float32(dtype, p):
     assert got.dtype == out_dtype and torch.isfinite(got).all()  # fp16 |g|_1 here exceeds 65504
     want = torch.stack([torch.linalg.vector_norm(t.double(), p) for t in ts]).to(out_dtype)
     assert torch.allclose(got, want, rtol=1e-5 if dtype != torch.float64 else 1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# fixed tensors: scaled, but out of g, ||g|| and the simulated step (multipliers kept as buffers)
+# --------------------------------------------------------------------------------------------
+class ScaledInput(nn.Module):
+    """An MLP whose input is multiplied by ``m``, a 0-d tensor that training would not update."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = make_mlp(dims=(6, 16, 3), weight_scale=2.0)
+        self.m = nn.Parameter(torch.tensor(1.7, dtype=torch.float64))
+
+    def forward(self, x):
+        return self.mlp(self.m * x)
+
+
+def _is_m(name, p):
+    return name == "m"
+
+
+def test_fixed_tensors_get_a_scale_but_stay_out_of_g_and_the_step():
+    model = ScaledInput()
+    seen = []
+
+    def loss_fn(m, batch):
+        seen.append(float(m.m.detach()))
+        return ce_loss(m, batch)
+
+    pairs = make_pairs(1)
+    res = gradinit(model, pairs, loss_fn, GradInitConfig(optimizer="adam", eta=0.01, gamma=1e9, lr=0.05, iters=1,
+                                                         fixed_params=_is_m))
+    assert "m" in res.scales and res.history[0].branch == "objective"
+    # ||g||_1 of the first iteration is over every tensor but m
+    fresh = ScaledInput()
+    grads = torch.autograd.grad(ce_loss(fresh, pairs[0].s), list(fresh.parameters()))
+    expected = sum(g.abs().sum() for (n, _), g in zip(fresh.named_parameters(), grads) if n != "m")
+    assert abs(res.history[0].grad_norm - float(expected)) < 1e-9 * float(expected)
+    # the simulated step moved the MLP's weights, not m: the S~ pass saw m at its initial value (alpha = 1)
+    assert seen[0] == seen[1] == 1.7
+    # without fixed_params, m moves in the simulated step (by eta*sign(g))
+    seen.clear()
+    gradinit(ScaledInput(), pairs, loss_fn, GradInitConfig(optimizer="adam", eta=0.01, gamma=1e9, lr=0.05, iters=1))
+    assert abs(abs(seen[1] - seen[0]) - 0.01) < 1e-12
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_fixed_tensor_scale_gradients_are_exact(optimizer):
+    """With a fixed tensor, the objective's scale gradient matches a finite difference of
+    L(S~; alpha W - eta A[g]) / eta (A held constant, m not stepped), and the constraint's
+    finite-difference gradient matches the double backward."""
+    model = ScaledInput()
+    s, s_tilde = make_batches(2)
+    eta = 0.05
+    cfg = GradInitConfig(optimizer=optimizer, eta=eta, gamma=1e-9, lr=1e-3, fixed_params=_is_m,
+                         constraint_grad="finite_difference", fd_eps=1e-6)
+    with gradinit_mode(model):
+        engine = GradInit(model, ce_loss, cfg)
+        params = engine.scaled.params
+        g_all = gradients(ce_loss(model, s), params)
+        grads = engine.scaled.without_fixed(g_all)
+        gnorm = engine.grad_norm(grads)
+        exact = engine._constraint_grad(s, grads, gnorm).double()
+        fd = engine._constraint_grad_fd(s, grads, gnorm, g_all).double()
+        assert (fd - exact).norm() < 1e-4 * exact.norm()
+        direction = [d.detach().clone() for d in engine.step_direction([g.clone() for g in grads], gnorm)]
+        assert engine.scaled.fixed == [n == "m" for n in engine.scaled.names]
+        assert float(direction[engine.scaled.names.index("m")].abs().sum()) == 0.0
+        analytic, _ = engine._objective_grad(s_tilde, direction)
+        W = [w.clone() for w in engine.scaled.W]
+
+        def objective(alpha):
+            with torch.no_grad():
+                for p, w, a, d in zip(params, W, alpha, direction):
+                    p.copy_(a * w - eta * d)
+                return float(ce_loss(model, s_tilde)) / eta
+
+        h = 1e-6
+        for i, name in enumerate(engine.scaled.names):
+            up, down = torch.ones(len(params), dtype=torch.float64), torch.ones(len(params), dtype=torch.float64)
+            up[i] += h
+            down[i] -= h
+            numeric = (objective(up) - objective(down)) / (2 * h)
+            assert abs(numeric - float(analytic[i])) < 1e-5 * max(1.0, abs(numeric)), name
+        engine.finalize()

@@ -120,16 +120,20 @@ def validate_scale_fields(cfg, *, eps_field: str = "eps", lr_hint: str = "") -> 
         invalid(cfg, "max_consecutive_skips", "an integer >= 1")
     if not isinstance(cfg.log_interval, int) or cfg.log_interval < 1:
         invalid(cfg, "log_interval", "an integer >= 1")
-    if cfg.param_filter is not None and not callable(cfg.param_filter):
-        invalid(cfg, "param_filter", "None or a callable (name, param) -> bool")
+    for name in ("param_filter", "fixed_params"):
+        if getattr(cfg, name, None) is not None and not callable(getattr(cfg, name)):
+            invalid(cfg, name, "None or a callable (name, param) -> bool")
 
 
 def config_to_dict(cfg) -> dict:
     """Fields of a config dataclass as JSON-ready values (``param_filter`` by name)."""
-    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name != "param_filter"}
+    callables = ("param_filter", "fixed_params")
+    d = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in callables}
     d["betas"] = list(cfg.betas)
-    d["param_filter"] = None if cfg.param_filter is None else getattr(
-        cfg.param_filter, "__name__", repr(cfg.param_filter))
+    for name in callables:
+        if hasattr(cfg, name):
+            fn = getattr(cfg, name)
+            d[name] = None if fn is None else getattr(fn, "__name__", repr(fn))
     if "scale_bounds" in d:
         d["scale_bounds"] = [b.to_list() for b in cfg.scale_bounds]
     return d
@@ -198,6 +202,11 @@ class GradInitConfig:
     step_params: str = option("all", choices=STEP_PARAMS, help=(
         "which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: all trainable tensors (as the "
         "real first step and the authors' code; tensors without a scale keep W_i) or only the scaled ones"))
+    fixed_params: Optional[Callable[[str, torch.nn.Parameter], bool]] = option(None, python_only=True, repr=False,
+                                                                               help=(
+        "selects tensors that get a scale but that training does not update (e.g. a multiplier that is a "
+        "buffer during training): fn(name, param) -> bool; their gradient stays out of g, ||g|| and the "
+        "simulated step, as in the real first step; None: none"))
     param_filter: Optional[Callable[[str, torch.nn.Parameter], bool]] = option(None, python_only=True, repr=False,
                                                                                help=(
         "selects the tensors that get a scale: fn(name, param) -> bool; None: every trainable parameter that "

@@ -113,7 +113,8 @@ class GradInit:
         self.dist = DataParallelGroup(process_group)
         self.scaled = ScaledParameters(
             self.model, config.param_filter, include_unscaled=config.step_params == "all",
-            bounds=config.scale_bounds, min_scale=config.min_scale, max_scale=config.max_scale)
+            bounds=config.scale_bounds, min_scale=config.min_scale, max_scale=config.max_scale,
+            fixed=config.fixed_params)
         if self.dist.active:
             # Every rank must start from rank 0's weights (fairseq's legacy_ddp does not broadcast),
             # also those without a scale, so that all ranks end identical.
@@ -172,12 +173,14 @@ class GradInit:
         del g_local, surrogate
         return self.scaled.alpha_grad(h)
 
-    def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor) -> torch.Tensor:
+    def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
+                            g_all: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
         """d||gbar||_p / d alpha = <H v, W_i> with H v from a forward difference of the gradient on
-        S. Each rank returns (<g_r(theta + eps v), W_i> - <gbar, W_i>) / eps; their mean is the
-        difference quotient of the averaged gradient."""
+        S. Each rank returns (<g_r(theta + eps v), W_i> - <g_all, W_i>) / eps; their mean is the
+        difference quotient of the averaged gradient. ``g_all`` is gbar with the fixed tensors'
+        gradients too (their scales also move gbar; default: gbar)."""
         # float64 products: the difference of the two is ~eps times smaller than either.
-        base = self.scaled.alpha_grad(gbar, torch.float64)
+        base = self.scaled.alpha_grad(gbar if g_all is None else g_all, torch.float64)
         v = self._norm_grad(gbar, gnorm)
         params = self.scaled.params
         with torch.no_grad():
@@ -265,6 +268,7 @@ class GradInit:
         del loss
         self.dist.mean_(grads)
         self.dist.mean_([loss_s])
+        g_all, grads = grads, self.scaled.without_fixed(grads)
         gnorm = self.grad_norm(grads)
         finite = torch.isfinite(loss_s[0]) & torch.isfinite(gnorm)
         # The only host sync of the iteration: the branch depends on it. It also collects the
@@ -287,17 +291,17 @@ class GradInit:
         if gnorm_v > self.gamma:
             rec.branch = self._last_branch = "constraint"
             if fd:
-                alpha_grad = self._constraint_grad_fd(s, grads, gnorm)
+                alpha_grad = self._constraint_grad_fd(s, grads, gnorm, g_all)
             else:
                 alpha_grad = self._constraint_grad(s, grads, gnorm, g_local)
-            del grads, g_local
+            del grads, g_local, g_all
             self.dist.mean_([alpha_grad])
             ok = torch.ones((), dtype=torch.bool, device=self.alpha.device)
             new_alpha, ok = self.adam_constraint.step(self.alpha, alpha_grad, ok)
             self._pending = (rec, torch.zeros((), dtype=self.alpha.dtype, device=self.alpha.device), ok)
         else:
             rec.branch = self._last_branch = "objective"
-            del g_local
+            del g_local, g_all
             direction = self.step_direction(grads, gnorm)
             alpha_grad, loss_t = self._objective_grad(s_tilde, direction)
             del direction, grads

@@ -93,11 +93,12 @@ class ScaledParameters:
     other trainable tensors are kept too with a scale fixed at 1 (their gradient enters g, ||g||
     and the simulated step, as in the real first step); ``scaled`` marks the learned ones.
     ``min_scales``/``max_scales`` hold each tensor's bounds (see :func:`resolve_scale_bounds`).
+    ``fixed`` selects tensors that get a scale but that training does not update (``fixed`` marks them).
     """
 
     def __init__(self, model: nn.Module, param_filter: Optional[ParamFilter] = None, *,
                  include_unscaled: bool = False, bounds: Sequence = (), min_scale: float = 0.01,
-                 max_scale: Optional[float] = None):
+                 max_scale: Optional[float] = None, fixed: Optional[ParamFilter] = None):
         filt = param_filter or default_param_filter
         params: Dict[int, nn.Parameter] = {}
         names: Dict[int, List[str]] = {}
@@ -111,16 +112,20 @@ class ScaledParameters:
         self.params: List[nn.Parameter] = []
         self.aliases: Dict[str, List[str]] = {}
         scaled: List[bool] = []
+        #: per tensor: scaled but not updated by training (out of g, ||g|| and the simulated step)
+        self.fixed: List[bool] = []
         for key, p in params.items():
             first = names[key][0]
             if not p.requires_grad:
                 continue
             learn = bool(filt(first, p))
-            if not learn and not include_unscaled:
+            is_fixed = bool(fixed is not None and fixed(first, p))
+            if not learn and (is_fixed or not include_unscaled):
                 continue
             self.names.append(first)
             self.params.append(p)
             scaled.append(learn)
+            self.fixed.append(is_fixed)
             if len(names[key]) > 1:
                 self.aliases[first] = names[key][1:]
         if not any(scaled):
@@ -206,6 +211,12 @@ class ScaledParameters:
             out.append(d if self._flat is not None else d.to(dev))  # one buffer: already on dev
         out = torch.stack(out)
         return out if self._all_scaled else out * self.scaled
+
+    def without_fixed(self, grads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """``grads`` with zeros for the fixed tensors (what enters g, ||g|| and the step)."""
+        if not any(self.fixed):
+            return list(grads)
+        return [torch.zeros_like(g) if f else g for g, f in zip(grads, self.fixed)]
 
     @property
     def _all_scaled(self) -> bool:
