@@ -8,6 +8,7 @@ criterion with a fresh model), so they never run it; nor does a run that resumes
 checkpoint. Batches come from the task's own training iterator and the loss from the user's
 criterion, so the same code serves translation, language modeling and the other tasks.
 """
+import dataclasses
 import json
 import logging
 import os
@@ -31,6 +32,10 @@ from .option_values import (
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .restore import restore_source
 from .signals import sigterm_raises_interrupt
+from .tied import (
+    apply_multiplier_scales, effective_use_scales, install_multipliers, is_multiplier, multiplier_names,
+    multipliers_as_parameters,
+)
 from .training import collate, training_batch_indices, training_dataset
 from .wskip import admin_profile_if_requested
 
@@ -108,6 +113,12 @@ class GradInitTaskMixin:
             # output embedding), and the fingerprint must equal the one of the command line.
             self._gradinit_model_args = model_arguments(cfg)
         model = super().build_model(cfg, *args, **kwargs)
+        if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
+            # Also when loading a checkpoint: its state holds the multipliers.
+            installed = install_multipliers(model)
+            if not from_checkpoint:
+                logger.info("gradinit: per-use scales of tied embeddings: multipliers %s",
+                            ", ".join(installed) or "none (the model ties no embedding matrix)")
         # Remember a freshly built training model; GradInit runs once the criterion exists.
         self._gradinit_model = None if from_checkpoint else model
         return model
@@ -203,7 +214,11 @@ class GradInitTaskMixin:
         with sigterm_raises_interrupt():
             try:
                 try:
-                    result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg)
+                    multipliers = multiplier_names(model)
+                    if multipliers:
+                        gcfg = dataclasses.replace(gcfg, fixed_params=is_multiplier)
+                    with multipliers_as_parameters(model, multipliers):
+                        result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg)
                 finally:
                     model.to(orig_device)
                     if use_cuda:
@@ -212,7 +227,8 @@ class GradInitTaskMixin:
                 summary = self._log_summary(result.scales)
                 if rank == 0:
                     out = result.to_dict()
-                    out.update(summary=summary, max_tokens=max_tokens, derived=derived, device=str(device),
+                    out.update(summary=summary, uses=effective_use_scales(model, result.scales),
+                               max_tokens=max_tokens, derived=derived, device=str(device),
                                wall_time=time.time() - start, fingerprint=current)
                     atomic_write_json(path, out)
                     logger.info("gradinit: wrote %s", path)
@@ -239,8 +255,12 @@ class GradInitTaskMixin:
         except ValueError as e:
             raise GradInitStop(str(e)) from None
         scales = saved["scales"]
+        multipliers = [n for n in scales if is_multiplier(n)]
+        if multipliers and not multiplier_names(model):
+            raise GradInitStop(f"{source} {path}: it holds per-use scales of tied embeddings ({', '.join(multipliers)}); "
+                               "pass --gradinit-tied-embeddings per-use to apply it")
         names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-        known = set(names)
+        known = set(names) | set(multiplier_names(model))
         missing = [n for n in scales if n not in known]
         if missing:
             raise GradInitStop(
@@ -254,7 +274,7 @@ class GradInitTaskMixin:
                     "gradinit: WARNING: %s %s was computed for a different model, seed or data than this run (%s). "
                     "Its scales fit the initial weights of that run; applying them anyway.", source, path,
                     "; ".join(diff))
-        apply_scales(model, scales)
+        apply_scales(model, apply_multiplier_scales(model, scales))
         logger.info("gradinit: applied %d scales from %s", len(scales), path)
         self._log_summary(scales)
         return None

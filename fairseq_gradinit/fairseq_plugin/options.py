@@ -65,6 +65,11 @@ class PluginOptions(FairseqDataclass):
     gradinit_max_tokens: Optional[int] = option(None, help=(
         "tokens drawn per GradInit iteration, split into S and S~, each 1/(2-overlap) of it (default: "
         "(2 - overlap) x --max-tokens, so that S is one training batch; the authors drew 6000 at --max-tokens 4096)"))
+    gradinit_tied_embeddings: ChoiceEnum(["shared", "per-use"]) = option("shared", choices=("shared", "per-use"), help=(
+        "scales of an embedding matrix used in several places (--share-all-embeddings: encoder input, decoder "
+        "input, output projection; --share-decoder-input-output-embed: decoder input, output projection): one "
+        "scale for all uses (shared), or one per use (per-use: the weight stays tied, each input use gets a "
+        "multiplier saved in the checkpoint)"))
     gradinit_init_file: Optional[str] = option(None, result=False, help=(
         "apply the scales of a saved gradinit.json instead of computing them (same architecture and --seed "
         "give the same weights)"))
