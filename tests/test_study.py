@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("fairseq")
 
 from fairseq_gradinit.fairseq_plugin import study  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.init_file import COMPUTE_ONLY_FLAGS  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.study import Arm, Job, StudyConfig  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.study_presets import PRESETS, describe_presets  # noqa: E402
 
@@ -87,6 +88,11 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
                           arms=tuple(preset.arms), base=preset.base, files=files, max_update=preset.max_update)
         plans, groups = study.plan_study(cfg)
         assert [p.arm.name for p in plans] == [a.name for a in preset.arms]
+        for plan in plans:  # an arm applies its group's scales without the settings that computed them
+            if plan.group is not None:
+                cmd = study.arm_command(cfg, plan, groups)
+                assert not any(t.split("=")[0] in COMPUTE_ONLY_FLAGS for t in cmd), (plan.arm.name, cmd)
+                assert cmd[cmd.index("--gradinit-init-file") + 1] == str(groups[plan.group].scales_file)
         if preset.name == "evidence":
             by_arm = {p.arm.name: p.group for p in plans}
             assert by_arm["g98"] == by_arm["g999"] and by_arm["g98"] is not None

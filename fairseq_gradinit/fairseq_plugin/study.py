@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import curves as curve_logs
+from .init_file import COMPUTE_ONLY_FLAGS
 
 logger = logging.getLogger(__name__)
 
@@ -338,7 +339,9 @@ def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup
 def arm_command(cfg: StudyConfig, plan: ArmPlan, groups: Mapping[str, GradInitGroup]) -> List[str]:
     argv = list(plan.argv)
     if plan.group is not None:
-        argv += ["--gradinit-init-file", str(groups[plan.group].scales_file)]
+        # The group's phase computed the scales with these settings; the arm only applies them.
+        argv = merge_args(argv, ["--gradinit-init-file", str(groups[plan.group].scales_file)],
+                          drop=COMPUTE_ONLY_FLAGS)
     return [cfg.python, "-m", "fairseq_cli.train", *argv, "--user-dir", str(PACKAGE_DIR),
             "--save-dir", str(plan.save_dir)]
 

@@ -10,9 +10,7 @@ checkpoint.
 
 import ast
 import contextlib
-import json
 import logging
-import math
 import os
 import re
 import signal
@@ -34,6 +32,7 @@ from ..core import BatchPair, GradInitConfig, ScaleBound, apply_scales, gradinit
 from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
+from .init_file import combination_error, compute_only_defaults, read_init_file, read_usable_init_file
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .wskip import admin_profile_if_requested
 
@@ -126,6 +125,9 @@ class TranslationGradInitConfig(TranslationConfig):
     gradinit_ddp_backend: Any = II("distributed_training.ddp_backend")
     gradinit_pipeline_model_parallel: Any = II("distributed_training.pipeline_model_parallel")
     gradinit_model_parallel_size: Any = II("common.model_parallel_size")
+
+
+_COMPUTE_ONLY_DEFAULTS = compute_only_defaults(TranslationGradInitConfig)
 
 
 def gradinit_config_from_task(cfg) -> GradInitConfig:
@@ -259,27 +261,6 @@ def _as_argument_error(message: str, eta_from_lr: bool) -> str:
     return message
 
 
-def read_init_file(path: str) -> dict:
-    """The saved GradInit result at ``path``; ``ValueError`` ('--gradinit-init-file ...') if it
-    is missing, not JSON or has no finite scales."""
-    if not os.path.isfile(path):
-        raise ValueError(f"--gradinit-init-file {path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--gradinit-init-file {path}: not a JSON file ({e})") from None
-    scales = saved.get("scales") if isinstance(saved, dict) else None
-    if not isinstance(scales, dict) or not scales:
-        raise ValueError(f"--gradinit-init-file {path}: has no 'scales' (expected the gradinit.json that a "
-                         "--gradinit-iters run writes into its --save-dir)")
-    bad = [k for k, v in scales.items()
-           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
-    if bad:
-        raise ValueError(f"--gradinit-init-file {path}: scales that are not finite numbers: {bad[:5]}")
-    return saved
-
-
 def gradinit_option_error(cfg) -> Optional[str]:
     """The first invalid ``--gradinit-*`` value of ``cfg`` as 'argument --flag: ...', or None.
 
@@ -299,10 +280,10 @@ def gradinit_option_error(cfg) -> Optional[str]:
     try:
         gradinit_config_from_task(view)
         if cfg.gradinit_init_file:
-            read_init_file(cfg.gradinit_init_file)
+            read_usable_init_file(cfg.gradinit_init_file)
     except ValueError as e:
         return _as_argument_error(str(e), eta_from_lr)
-    return None
+    return combination_error(cfg, defaults=_COMPUTE_ONLY_DEFAULTS)
 
 
 def unsupported_setup_error(cfg) -> Optional[str]:
@@ -558,7 +539,7 @@ class TranslationGradInitTask(TranslationTask):
     def _apply_saved(self, model, path: str, current: Optional[dict], keys, source: str):
         """Apply the scales saved at ``path`` after checking they name this model's tensors."""
         try:
-            saved = read_init_file(path)
+            saved = read_usable_init_file(path) if source == "--gradinit-init-file" else read_init_file(path)
         except ValueError as e:
             raise GradInitStop(str(e)) from None
         scales = saved["scales"]
