@@ -34,7 +34,7 @@ from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
 from .init_file import combination_error, compute_only_defaults, read_init_file, read_usable_init_file
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
-from .wskip import admin_profile_if_requested
+from .wskip import admin_profile_if_requested, pre_ln_argument_error
 
 logger = logging.getLogger(__name__)
 
@@ -309,6 +309,8 @@ def namespace_error(ns) -> Optional[str]:
     ``fairseq-train`` namespace (what the parser refuses)."""
     if not hasattr(ns, "gradinit_iters"):
         return None
+    if pre_ln_argument_error(ns):
+        return pre_ln_argument_error(ns)
     view = _View(ns, gradinit_train_lr=getattr(ns, "lr", None), gradinit_train_optimizer=getattr(ns, "optimizer", None),
                  gradinit_train_max_tokens=getattr(ns, "max_tokens", None),
                  gradinit_ddp_backend=getattr(ns, "ddp_backend", None),
