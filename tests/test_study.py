@@ -276,3 +276,22 @@ def test_device_setup_dry_run(tmp_path):
     (tmp_path / "bitarray-3.12.3-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"")
     wrong = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path)], capture_output=True, text=True)
     assert wrong.returncode == 1 and "not a cp312 wheel" in wrong.stderr
+
+
+def test_study_json_of_a_failed_gradinit_phase_names_no_missing_files(tmp_path):
+    """Issue 18 item 11: a failed phase is not 'computed_now' and names no scales file that does not
+    exist; its log path is the one the failure moved it to; a computed group names its scales."""
+    failed_log = tmp_path / "failed-gi-k" / "gradinit.log.part"
+    failed_log.parent.mkdir()
+    failed_log.write_text("boom\n")
+    group = study.GradInitGroup(key="k", fingerprint={}, arms=["a"], phase_argv=[], dir=tmp_path / "gi-k")
+    job = Job(name="gi-k", kind="phase", cmd=["x"], log=failed_log, status="failed", reason="exit status 1")
+    entry = study.group_entry(group, job, 0.0)
+    assert entry["computed_now"] is False and entry["scales"] is None
+    assert Path(entry["phase"]["log"]).is_file()
+    assert entry["error"] == f"no scales: the GradInit phase failed (exit status 1); see {failed_log}"
+    group.dir.mkdir()
+    group.scales_file.write_text("{}")
+    job.status, job.reason = "done", ""
+    entry = study.group_entry(group, job, 0.0)
+    assert entry["computed_now"] is True and entry["scales"] == str(group.scales_file) and "error" not in entry

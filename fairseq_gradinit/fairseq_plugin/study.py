@@ -611,6 +611,18 @@ def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
     return finish
 
 
+def group_entry(group: GradInitGroup, phase: Optional[Job], t0: float) -> dict:
+    """``study.json``'s entry of a GradInit group: its scales file only if it exists, whether this
+    study computed it, and the phase's outcome (a failed phase's log is where the failure moved it)."""
+    entry = {"arms": group.arms, "scales": str(group.scales_file) if group.scales_file.is_file() else None,
+             "computed_now": phase is not None and phase.status == "done",
+             "phase": phase.summary(t0) if phase is not None else None}
+    if entry["scales"] is None:
+        entry["error"] = (f"no scales: the GradInit phase {phase.status}" + (f" ({phase.reason})" if phase.reason else "")
+                          + f"; see {phase.log}" if phase is not None else "no scales and no phase ran")
+    return entry
+
+
 def run_study(cfg: StudyConfig) -> dict:
     """Plan, run (GradInit phases, arms, BLEU) and write the results; returns ``study.json``'s content."""
     out = Path(cfg.out)
@@ -682,9 +694,7 @@ def run_study(cfg: StudyConfig) -> dict:
         "settings": {"parallel": cfg.parallel, "time_budget_s": cfg.time_budget_s, "finish_margin_s": cfg.finish_margin_s,
                      "max_update": cfg.max_update, "valid_every": cfg.valid_every, "save_every": cfg.save_every,
                      "cpu": cfg.cpu},
-        "gradinit_groups": {f"gi-{k}": {"arms": g.arms, "scales": str(g.scales_file),
-                                        "computed_now": f"gi-{k}" in phase_names,
-                                        "phase": next((j.summary(t0) for j in jobs if j.name == f"gi-{k}"), None)}
+        "gradinit_groups": {f"gi-{k}": group_entry(g, next((j for j in jobs if j.name == f"gi-{k}"), None), t0)
                             for k, g in groups.items()},
         "arms": arms_out,
         "files": written,
