@@ -2,6 +2,7 @@
 GradInit groups, the budgeted scheduler, and one end-to-end run on a tiny model on the CPU."""
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -295,3 +296,36 @@ def test_study_json_of_a_failed_gradinit_phase_names_no_missing_files(tmp_path):
     job.status, job.reason = "done", ""
     entry = study.group_entry(group, job, 0.0)
     assert entry["computed_now"] is True and entry["scales"] == str(group.scales_file) and "error" not in entry
+
+
+FAKE_BLEU = '''import json, sys
+out = sys.argv[sys.argv.index("--output-json") + 1]
+if "/b/" in out:
+    sys.exit("decoding failed")
+json.dump({"bleu": 1.5, "argv": sys.argv}, open(out, "w"))
+'''
+
+
+def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_path):
+    """Issue 15 item 4: fairseq-generate gets --max-len-a 1.2 --max-len-b 10 unless --bleu-args
+    overrides one, and every arm's bleu.json holds a score or why it has none."""
+    script = tmp_path / "fake_bleu.py"
+    script.write_text(FAKE_BLEU)
+    plans = []
+    for name, ckpts in (("a", [2, 4]), ("b", [2, 4]), ("c", [])):
+        save = tmp_path / name
+        save.mkdir()
+        for u in ckpts:
+            (save / f"checkpoint_1_{u}.pt").write_bytes(b"")
+        plans.append(study.ArmPlan(arm=Arm(name, ()), argv=[], data=str(tmp_path), save_dir=save))
+    cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=tuple(p.arm for p in plans), bleu_script=script,
+                      bleu_args=("--max-len-b", "5"))
+    result = study.run_bleu(cfg, plans, dict(os.environ))
+    a = json.loads((tmp_path / "a" / "bleu.json").read_text())
+    assert a["bleu"] == 1.5 and result["arms"]["a"]["bleu"] == 1.5
+    gen = a["argv"][a["argv"].index("--") + 1:]
+    assert gen == ["--max-len-a", "1.2", "--max-len-b", "5"]
+    b = json.loads((tmp_path / "b" / "bleu.json").read_text())
+    assert b["bleu"] is None and b["reason"].startswith("BLEU step failed") and result["arms"]["b"]["reason"] == b["reason"]
+    c = json.loads((tmp_path / "c" / "bleu.json").read_text())
+    assert c["bleu"] is None and "no checkpoint" in c["reason"]

@@ -55,6 +55,7 @@ REPO_ROOT = PACKAGE_DIR.parent
 DEFAULT_BLEU_SCRIPT = REPO_ROOT / "scripts" / "evaluate_bleu.py"
 
 #: Options the runner sets itself for every arm.
+BLEU_LENGTH_LIMITS = ("--max-len-a", "1.2", "--max-len-b", "10")  # fairseq-generate, as the authors decode
 RESERVED_OPTIONS = ("--save-dir", "--stop-time-hours", "--user-dir")
 _ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_]\w*)\}")
@@ -711,10 +712,22 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
     ckpts = {p.arm.name: checkpoint_updates(p.save_dir) for p in trained}
     without = sorted(n for n, c in ckpts.items() if not c)
     update = common_update(ckpts)
+    # The authors' length limits: untrained arms otherwise decode every sentence to fairseq's maximum.
+    gen_args = merge_args(BLEU_LENGTH_LIMITS, list(cfg.bleu_args))
     result = {"update": update, "beam": 5, "subset": cfg.bleu_subset, "reference": cfg.bleu_ref or "T- lines",
-              "arms": {}, "no_checkpoint": without}
+              "generate_args": gen_args, "arms": {}, "no_checkpoint": without}
+
+    def no_score(p: ArmPlan, reason: str) -> None:
+        (p.save_dir / "bleu.json").write_text(json.dumps({"bleu": None, "reason": reason}, indent=1) + "\n")
+
+    for p in trained:
+        if p.arm.name in without:
+            no_score(p, "no checkpoint was saved (the arm ended before --save-every updates)")
     if update is None:
         result["error"] = "no checkpoint update common to all arms; lower --save-every"
+        for p in trained:
+            if p.arm.name not in without:
+                no_score(p, result["error"])
         (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n")
         return result
     if not Path(cfg.bleu_script).is_file():
@@ -731,8 +744,7 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
             cmd.append("--cpu")
         if cfg.bleu_ref:
             cmd += ["--ref", str(cfg.bleu_ref)]
-        if cfg.bleu_args:
-            cmd += ["--", *cfg.bleu_args]
+        cmd += ["--", *gen_args]
         jobs.append(Job(name=p.arm.name, kind="bleu", cmd=cmd, log=p.save_dir / "bleu.log"))
     t0 = time.time()
     run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=REPO_ROOT,
@@ -743,6 +755,10 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
         if job.status == "done" and out_json.is_file():
             scored = json.loads(out_json.read_text())
             entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "bleu_string")})
+        else:
+            entry["reason"] = (f"BLEU step {job.status}" + (f" ({job.reason})" if job.reason else "")
+                               + f"; see {job.log}")
+            no_score(next(p for p in trained if p.arm.name == job.name), entry["reason"])
         result["arms"][job.name] = entry
     (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result
@@ -821,7 +837,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bleu", action="store_true", help="skip BLEU")
     p.add_argument("--bleu-ref", help="raw reference file of the BLEU subset (else fairseq's T- lines)")
     p.add_argument("--bleu-subset", default="test", help="binarized split BLEU translates (default: test)")
-    p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50'")
+    p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50' "
+                   "(default length limits: --max-len-a 1.2 --max-len-b 10)")
     p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step (running translations are killed)")
     p.add_argument("--gradinit-cache", type=Path, help="folder of computed GradInit groups (default OUT/gradinit); "
                                                        "share it between studies to reuse scales")
