@@ -257,6 +257,20 @@ def test_interrupted_study_leaves_no_temporary_cache_folder(tiny_bin, tmp_path, 
     assert (cfg.cache_dir / names[0] / "gradinit.log.part").read_text() == "# started\n"
 
 
+
+def test_ctrl_c_ends_the_study_with_one_line_and_status_130(tiny_bin, tmp_path, monkeypatch, capsys):
+    """Issue 18 item 11: Ctrl-C prints no traceback."""
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "run_jobs", interrupted)
+    code = study.main([str(tiny_bin), "--out", str(tmp_path / "out"), "--cpu", "--arm", "x=--seed 2",
+                       "--base-args", " ".join(f"'{t}'" if " " in t else t for t in TINY_BASE)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert "study: interrupted (Ctrl-C); its jobs were stopped and no study.json was written" in err
+    assert not (tmp_path / "out" / "study.json").exists()
+
 def test_device_setup_dry_run(tmp_path):
     """scripts/device_setup.sh --dry-run: names the pip command for a complete cp312 wheel set and
     refuses a set that lacks a package or holds a wheel for another Python."""

@@ -939,6 +939,10 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)  # noqa: T201
         return 2
+    except KeyboardInterrupt:
+        print(f"study: interrupted (Ctrl-C); its jobs were stopped and no study.json was written. Rerun with a new "
+              f"--out (finished GradInit phases stay cached in {cfg.cache_dir})", file=sys.stderr)  # noqa: T201
+        return 130
     print(summary_table(result))  # noqa: T201
     failed = [n for n, a in result["arms"].items() if a.get("trained") and a["run"]["status"] in ("failed", "skipped")]
     return 1 if failed else 0
