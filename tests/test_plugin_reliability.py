@@ -137,6 +137,50 @@ def test_bad_init_file_refused_at_parsing(init_files, case, expected, capsys):
     assert f"error: argument --gradinit-init-file: {path}: {expected}" in err, err[-600:]
 
 
+@pytest.mark.parametrize("extra, named", [
+    (["--gradinit-iters", "780"], "--gradinit-iters 780"),
+    (["--gradinit-eta", "1e-3", "--gradinit-adam-state", "shared"],
+     "--gradinit-eta 0.001, --gradinit-adam-state shared"),
+    (["--gradinit-scale-bounds", "[('bias', 0, None)]"], "--gradinit-scale-bounds [('bias', 0, None)]"),
+])
+def test_init_file_with_compute_settings_is_refused(tmp_path, extra, named, capsys):
+    """Issue 18 item 3: an init file replaces the computation, so settings of the computation are
+    refused with it instead of being ignored."""
+    path = tmp_path / "gradinit.json"
+    path.write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
+    base = ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
+            "--gradinit-init-file", str(path)]
+    with pytest.raises(SystemExit) as exc:
+        _parse(base + extra)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert f"error: argument --gradinit-init-file: not allowed with {named}: " in err, err[-600:]
+    assert "drop --gradinit-init-file to compute new scales" in err
+    # Settings that do not change the computation, or defaults given again, are accepted.
+    _parse(base + ["--gradinit-iters", "0", "--gradinit-log-interval", "5", "--gradinit-lr", "2.5e-3"])
+
+
+@pytest.mark.parametrize("scales, expected", [
+    ({"encoder.layers.0.fc1.weight": -0.5, "decoder.layers.0.fc2.weight": 1.0},
+     "1 negative scales, e.g. ['encoder.layers.0.fc1.weight']"),
+    ({"encoder.layers.0.fc1.weight": 0.0, "encoder.layers.0.fc1.bias": 0.0},
+     "1 scales of 0 on tensors that are not biases, e.g. ['encoder.layers.0.fc1.weight']"),
+])
+def test_init_file_with_nonpositive_scales_is_refused(tmp_path, scales, expected, capsys):
+    path = tmp_path / "gradinit.json"
+    path.write_text(json.dumps({"scales": scales}))
+    base = ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
+            "--gradinit-init-file", str(path)]
+    with pytest.raises(SystemExit) as exc:
+        _parse(base)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert f"error: argument --gradinit-init-file: {path}: {expected}" in err, err[-600:]
+    # Biases at 0 are what the authors' bounds ('bias', 0, None) can produce: accepted.
+    path.write_text(json.dumps({"scales": {"encoder.layers.0.fc1.weight": 0.3, "encoder.layers.0.fc1.bias": 0.0}}))
+    _parse(base)
+
+
 def test_cli_refusal_is_one_line_without_traceback(tiny_data, tmp_path):
     """The real fairseq-train command: exit status 2 and argparse's one-line error."""
     cmd = [sys.executable, "-m", "fairseq_cli.train", str(tiny_data), "--user-dir", "fairseq_gradinit", *TINY_MODEL,

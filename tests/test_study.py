@@ -2,6 +2,7 @@
 GradInit groups, the budgeted scheduler, and one end-to-end run on a tiny model on the CPU."""
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ import pytest
 pytest.importorskip("fairseq")
 
 from fairseq_gradinit.fairseq_plugin import study  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.init_file import compute_only_flags  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.study import Arm, Job, StudyConfig  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.study_presets import PRESETS, describe_presets  # noqa: E402
 
@@ -89,6 +91,11 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
                           arms=tuple(preset.arms), base=preset.base, files=files, max_update=preset.max_update)
         plans, groups = study.plan_study(cfg)
         assert [p.arm.name for p in plans] == [a.name for a in preset.arms]
+        for plan in plans:  # an arm applies its group's scales without the settings that computed them
+            if plan.group is not None:
+                cmd = study.arm_command(cfg, plan, groups)
+                assert not any(t.split("=")[0] in compute_only_flags() for t in cmd), (plan.arm.name, cmd)
+                assert cmd[cmd.index("--gradinit-init-file") + 1] == str(groups[plan.group].scales_file)
         if preset.name == "evidence":
             by_arm = {p.arm.name: p.group for p in plans}
             assert by_arm["g98"] == by_arm["g999"] and by_arm["g98"] is not None
@@ -265,6 +272,20 @@ def test_interrupted_study_leaves_no_temporary_cache_folder(tiny_bin, tmp_path, 
     assert (cfg.cache_dir / names[0] / "gradinit.log.part").read_text() == "# started\n"
 
 
+
+def test_ctrl_c_ends_the_study_with_one_line_and_status_130(tiny_bin, tmp_path, monkeypatch, capsys):
+    """Issue 18 item 11: Ctrl-C prints no traceback."""
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(study, "run_jobs", interrupted)
+    code = study.main([str(tiny_bin), "--out", str(tmp_path / "out"), "--cpu", "--arm", "x=--seed 2",
+                       "--base-args", " ".join(f"'{t}'" if " " in t else t for t in TINY_BASE)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert "study: interrupted (Ctrl-C); its jobs were stopped and no study.json was written" in err
+    assert not (tmp_path / "out" / "study.json").exists()
+
 def test_device_setup_dry_run(tmp_path):
     """scripts/device_setup.sh --dry-run: names the pip command for a complete cp312 wheel set and
     refuses a set that lacks a package or holds a wheel for another Python."""
@@ -285,3 +306,55 @@ def test_device_setup_dry_run(tmp_path):
     (tmp_path / "bitarray-3.12.3-cp311-cp311-manylinux_2_17_x86_64.whl").write_bytes(b"")
     wrong = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path)], capture_output=True, text=True)
     assert wrong.returncode == 1 and "not a cp312 wheel" in wrong.stderr
+
+
+def test_study_json_of_a_failed_gradinit_phase_names_no_missing_files(tmp_path):
+    """Issue 18 item 11: a failed phase is not 'computed_now' and names no scales file that does not
+    exist; its log path is the one the failure moved it to; a computed group names its scales."""
+    failed_log = tmp_path / "failed-gi-k" / "gradinit.log.part"
+    failed_log.parent.mkdir()
+    failed_log.write_text("boom\n")
+    group = study.GradInitGroup(key="k", fingerprint={}, arms=["a"], phase_argv=[], dir=tmp_path / "gi-k")
+    job = Job(name="gi-k", kind="phase", cmd=["x"], log=failed_log, status="failed", reason="exit status 1")
+    entry = study.group_entry(group, job, 0.0)
+    assert entry["computed_now"] is False and entry["scales"] is None
+    assert Path(entry["phase"]["log"]).is_file()
+    assert entry["error"] == f"no scales: the GradInit phase failed (exit status 1); see {failed_log}"
+    group.dir.mkdir()
+    group.scales_file.write_text("{}")
+    job.status, job.reason = "done", ""
+    entry = study.group_entry(group, job, 0.0)
+    assert entry["computed_now"] is True and entry["scales"] == str(group.scales_file) and "error" not in entry
+
+
+FAKE_BLEU = '''import json, sys
+out = sys.argv[sys.argv.index("--output-json") + 1]
+if "/b/" in out:
+    sys.exit("decoding failed")
+json.dump({"bleu": 1.5, "argv": sys.argv}, open(out, "w"))
+'''
+
+
+def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_path):
+    """Issue 15 item 4: fairseq-generate gets --max-len-a 1.2 --max-len-b 10 unless --bleu-args
+    overrides one, and every arm's bleu.json holds a score or why it has none."""
+    script = tmp_path / "fake_bleu.py"
+    script.write_text(FAKE_BLEU)
+    plans = []
+    for name, ckpts in (("a", [2, 4]), ("b", [2, 4]), ("c", [])):
+        save = tmp_path / name
+        save.mkdir()
+        for u in ckpts:
+            (save / f"checkpoint_1_{u}.pt").write_bytes(b"")
+        plans.append(study.ArmPlan(arm=Arm(name, ()), argv=[], data=str(tmp_path), save_dir=save))
+    cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=tuple(p.arm for p in plans), bleu_script=script,
+                      bleu_args=("--max-len-b", "5"))
+    result = study.run_bleu(cfg, plans, dict(os.environ))
+    a = json.loads((tmp_path / "a" / "bleu.json").read_text())
+    assert a["bleu"] == 1.5 and result["arms"]["a"]["bleu"] == 1.5
+    gen = a["argv"][a["argv"].index("--") + 1:]
+    assert gen == ["--max-len-a", "1.2", "--max-len-b", "5"]
+    b = json.loads((tmp_path / "b" / "bleu.json").read_text())
+    assert b["bleu"] is None and b["reason"].startswith("BLEU step failed") and result["arms"]["b"]["reason"] == b["reason"]
+    c = json.loads((tmp_path / "c" / "bleu.json").read_text())
+    assert c["bleu"] is None and "no checkpoint" in c["reason"]

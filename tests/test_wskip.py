@@ -16,7 +16,7 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 from fairseq_gradinit.core.admin import AdminProfile, closed_form_omega  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.groups import transformer_group  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.wskip import ADMIN_JSON, admin_profile  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.wskip import ADMIN_JSON, WSkipTransformerModel, admin_profile  # noqa: E402
 
 # The tiny corpus, model options and fairseq-train helpers of the plugin tests.
 from fairseq_helpers import free_port, run_ranks  # noqa: E402
@@ -70,9 +70,28 @@ def test_architectures_match_fairseq_and_pre_ln_is_rejected(tiny_data):
         assert a.pop("wskip_init") == "ones"
         a.pop("arch"), b.pop("arch")
         assert a == b
-    for flag in ("--encoder-normalize-before", "--decoder-normalize-before"):
-        with pytest.raises(ValueError, match=f"Post-LN.*{flag}"):
-            _model(tiny_data, flag)
+    # Configs not parsed from a command line are refused when the model is built.
+    from fairseq import tasks
+
+    for side in ("encoder", "decoder"):
+        args = options.parse_args_and_arch(parser(), input_args=_argv(tiny_data))
+        setattr(args, f"{side}_normalize_before", True)
+        task = tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+        with pytest.raises(ValueError, match=f"Post-LN.*--{side}-normalize-before"):
+            WSkipTransformerModel.build_model(args, task)
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_pre_ln_is_an_argument_error_when_parsed(tiny_data, side, capsys):
+    """Issue 18 item 10: the refusal is argparse's (usage, one 'error:' line, exit status 2)."""
+    with pytest.raises(SystemExit) as exc:
+        options.parse_args_and_arch(options.get_training_parser(), input_args=[
+            str(tiny_data), "--task", "translation_gradinit", "--arch", "transformer_wskip_iwslt_de_en",
+            f"--{side}-normalize-before"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err and err.count("error:") == 1
+    assert (f"error: argument --{side}-normalize-before: not allowed with --arch transformer_wskip_iwslt_de_en: "
+            "transformer_wskip is Admin's w_skip variant of the Post-LN Transformer") in err, err[-600:]
 
 
 def test_omega_placement_and_ones_is_plain_post_ln(tiny_data):

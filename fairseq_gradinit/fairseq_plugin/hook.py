@@ -26,7 +26,7 @@ from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
-    gradinit_enabled, gradinit_option_error,
+    gradinit_enabled, gradinit_option_error, read_usable_init_file,
     read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error,
 )
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
@@ -251,7 +251,7 @@ class GradInitTaskMixin:
     def _apply_saved(self, model, path: str, current: Optional[dict], keys, source: str):
         """Apply the scales saved at ``path`` after checking they name this model's tensors."""
         try:
-            saved = read_init_file(path)
+            saved = read_usable_init_file(path) if source == "--gradinit-init-file" else read_init_file(path)
         except ValueError as e:
             raise GradInitStop(str(e)) from None
         scales = saved["scales"]

@@ -1,8 +1,6 @@
 """The ``--gradinit-*`` options as a core :class:`GradInitConfig`, and their errors worded as argparse
 words its own ('argument --flag: ...'), checked when the command line is parsed."""
-import json
 import math
-import os
 import re
 from typing import Optional
 
@@ -10,7 +8,11 @@ from ..core import GradInitConfig
 from ..core.config import is_positive
 from ..core.options import parse_scale_bounds, values_from  # noqa: F401  (parse_scale_bounds: re-exported)
 from .cfg import cfg_value
-from .options import ENGINE_OPTIONS, ETA_PER_LR, LOSS_CHANGE_BOUND
+from .init_file import (  # noqa: F401  (read_init_file: re-exported)
+    combination_error, compute_only_defaults, read_init_file, read_usable_init_file,
+)
+from .options import ENGINE_OPTIONS, ETA_PER_LR, LOSS_CHANGE_BOUND, GradInitOptions
+from .wskip import pre_ln_argument_error
 
 
 def gradinit_config_from_task(cfg) -> GradInitConfig:
@@ -115,27 +117,6 @@ def _as_argument_error(message: str, eta_from_lr: bool) -> str:
     return message
 
 
-def read_init_file(path: str) -> dict:
-    """The saved GradInit result at ``path``; ``ValueError`` ('--gradinit-init-file ...') if it
-    is missing, not JSON or has no finite scales."""
-    if not os.path.isfile(path):
-        raise ValueError(f"--gradinit-init-file {path}: no such file")
-    try:
-        with open(path, encoding="utf-8") as f:
-            saved = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--gradinit-init-file {path}: not a JSON file ({e})") from None
-    scales = saved.get("scales") if isinstance(saved, dict) else None
-    if not isinstance(scales, dict) or not scales:
-        raise ValueError(f"--gradinit-init-file {path}: has no 'scales' (expected the gradinit.json that a "
-                         "--gradinit-iters run writes into its --save-dir)")
-    bad = [k for k, v in scales.items()
-           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
-    if bad:
-        raise ValueError(f"--gradinit-init-file {path}: scales that are not finite numbers: {bad[:5]}")
-    return saved
-
-
 def gradinit_option_error(cfg) -> Optional[str]:
     """The first invalid ``--gradinit-*`` value of ``cfg`` as 'argument --flag: ...', or None.
 
@@ -155,10 +136,10 @@ def gradinit_option_error(cfg) -> Optional[str]:
     try:
         gradinit_config_from_task(view)
         if cfg.gradinit_init_file:
-            read_init_file(cfg.gradinit_init_file)
+            read_usable_init_file(cfg.gradinit_init_file)
     except ValueError as e:
         return _as_argument_error(str(e), eta_from_lr)
-    return None
+    return combination_error(cfg, defaults=compute_only_defaults(GradInitOptions))
 
 
 def unsupported_setup_error(cfg) -> Optional[str]:
@@ -184,6 +165,9 @@ def namespace_error(ns) -> Optional[str]:
     ``fairseq-train`` namespace (what the parser refuses)."""
     if not hasattr(ns, "gradinit_iters"):
         return None
+    pre_ln = pre_ln_argument_error(ns)
+    if pre_ln:
+        return pre_ln
     view = _View(ns, gradinit_train_lr=getattr(ns, "lr", None), gradinit_train_optimizer=getattr(ns, "optimizer", None),
                  gradinit_train_max_tokens=getattr(ns, "max_tokens", None),
                  gradinit_train_batch_size=getattr(ns, "batch_size", None),

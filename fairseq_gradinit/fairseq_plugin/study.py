@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .. import curves as curve_logs
+from .init_file import compute_only_flags
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ REPO_ROOT = PACKAGE_DIR.parent
 DEFAULT_BLEU_SCRIPT = REPO_ROOT / "scripts" / "evaluate_bleu.py"
 
 #: Options the runner sets itself for every arm.
+BLEU_LENGTH_LIMITS = ("--max-len-a", "1.2", "--max-len-b", "10")  # fairseq-generate, as the authors decode
 RESERVED_OPTIONS = ("--save-dir", "--stop-time-hours", "--user-dir")
 _ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_]\w*)\}")
@@ -338,7 +340,9 @@ def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup
 def arm_command(cfg: StudyConfig, plan: ArmPlan, groups: Mapping[str, GradInitGroup]) -> List[str]:
     argv = list(plan.argv)
     if plan.group is not None:
-        argv += ["--gradinit-init-file", str(groups[plan.group].scales_file)]
+        # The group's phase computed the scales with these settings; the arm only applies them.
+        argv = merge_args(argv, ["--gradinit-init-file", str(groups[plan.group].scales_file)],
+                          drop=compute_only_flags())
     return [cfg.python, "-m", "fairseq_cli.train", *argv, "--user-dir", str(PACKAGE_DIR),
             "--save-dir", str(plan.save_dir)]
 
@@ -608,6 +612,18 @@ def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
     return finish
 
 
+def group_entry(group: GradInitGroup, phase: Optional[Job], t0: float) -> dict:
+    """``study.json``'s entry of a GradInit group: its scales file only if it exists, whether this
+    study computed it, and the phase's outcome (a failed phase's log is where the failure moved it)."""
+    entry = {"arms": group.arms, "scales": str(group.scales_file) if group.scales_file.is_file() else None,
+             "computed_now": phase is not None and phase.status == "done",
+             "phase": phase.summary(t0) if phase is not None else None}
+    if entry["scales"] is None:
+        entry["error"] = (f"no scales: the GradInit phase {phase.status}" + (f" ({phase.reason})" if phase.reason else "")
+                          + f"; see {phase.log}" if phase is not None else "no scales and no phase ran")
+    return entry
+
+
 def run_study(cfg: StudyConfig) -> dict:
     """Plan, run (GradInit phases, arms, BLEU) and write the results; returns ``study.json``'s content."""
     out = Path(cfg.out)
@@ -679,9 +695,7 @@ def run_study(cfg: StudyConfig) -> dict:
         "settings": {"parallel": cfg.parallel, "time_budget_s": cfg.time_budget_s, "finish_margin_s": cfg.finish_margin_s,
                      "max_update": cfg.max_update, "valid_every": cfg.valid_every, "save_every": cfg.save_every,
                      "cpu": cfg.cpu},
-        "gradinit_groups": {f"gi-{k}": {"arms": g.arms, "scales": str(g.scales_file),
-                                        "computed_now": f"gi-{k}" in phase_names,
-                                        "phase": next((j.summary(t0) for j in jobs if j.name == f"gi-{k}"), None)}
+        "gradinit_groups": {f"gi-{k}": group_entry(g, next((j for j in jobs if j.name == f"gi-{k}"), None), t0)
                             for k, g in groups.items()},
         "arms": arms_out,
         "files": written,
@@ -698,10 +712,22 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
     ckpts = {p.arm.name: checkpoint_updates(p.save_dir) for p in trained}
     without = sorted(n for n, c in ckpts.items() if not c)
     update = common_update(ckpts)
+    # The authors' length limits: untrained arms otherwise decode every sentence to fairseq's maximum.
+    gen_args = merge_args(BLEU_LENGTH_LIMITS, list(cfg.bleu_args))
     result = {"update": update, "beam": 5, "subset": cfg.bleu_subset, "reference": cfg.bleu_ref or "T- lines",
-              "arms": {}, "no_checkpoint": without}
+              "generate_args": gen_args, "arms": {}, "no_checkpoint": without}
+
+    def no_score(p: ArmPlan, reason: str) -> None:
+        (p.save_dir / "bleu.json").write_text(json.dumps({"bleu": None, "reason": reason}, indent=1) + "\n")
+
+    for p in trained:
+        if p.arm.name in without:
+            no_score(p, "no checkpoint was saved (the arm ended before --save-every updates)")
     if update is None:
         result["error"] = "no checkpoint update common to all arms; lower --save-every"
+        for p in trained:
+            if p.arm.name not in without:
+                no_score(p, result["error"])
         (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n")
         return result
     if not Path(cfg.bleu_script).is_file():
@@ -718,8 +744,7 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
             cmd.append("--cpu")
         if cfg.bleu_ref:
             cmd += ["--ref", str(cfg.bleu_ref)]
-        if cfg.bleu_args:
-            cmd += ["--", *cfg.bleu_args]
+        cmd += ["--", *gen_args]
         jobs.append(Job(name=p.arm.name, kind="bleu", cmd=cmd, log=p.save_dir / "bleu.log"))
     t0 = time.time()
     run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=REPO_ROOT,
@@ -730,6 +755,10 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
         if job.status == "done" and out_json.is_file():
             scored = json.loads(out_json.read_text())
             entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "bleu_string")})
+        else:
+            entry["reason"] = (f"BLEU step {job.status}" + (f" ({job.reason})" if job.reason else "")
+                               + f"; see {job.log}")
+            no_score(next(p for p in trained if p.arm.name == job.name), entry["reason"])
         result["arms"][job.name] = entry
     (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result
@@ -808,7 +837,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bleu", action="store_true", help="skip BLEU")
     p.add_argument("--bleu-ref", help="raw reference file of the BLEU subset (else fairseq's T- lines)")
     p.add_argument("--bleu-subset", default="test", help="binarized split BLEU translates (default: test)")
-    p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50'")
+    p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50' "
+                   "(default length limits: --max-len-a 1.2 --max-len-b 10)")
     p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step (running translations are killed)")
     p.add_argument("--gradinit-cache", type=Path, help="folder of computed GradInit groups (default OUT/gradinit); "
                                                        "share it between studies to reuse scales")
@@ -909,6 +939,10 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)  # noqa: T201
         return 2
+    except KeyboardInterrupt:
+        print(f"study: interrupted (Ctrl-C); its jobs were stopped and no study.json was written. Rerun with a new "
+              f"--out (finished GradInit phases stay cached in {cfg.cache_dir})", file=sys.stderr)  # noqa: T201
+        return 130
     print(summary_table(result))  # noqa: T201
     failed = [n for n, a in result["arms"].items() if a.get("trained") and a["run"]["status"] in ("failed", "skipped")]
     return 1 if failed else 0

@@ -68,6 +68,20 @@ def _require_post_ln(normalize_before: bool, side: str) -> None:
             f"transformer_* architecture for Pre-LN")
 
 
+def pre_ln_argument_error(ns) -> Optional[str]:
+    """'argument --SIDE-normalize-before: ...' when a parsed command line asks for a Pre-LN
+    transformer_wskip (refused when parsed, exit status 2), or None."""
+    arch = str(getattr(ns, "arch", "") or "")
+    if not arch.startswith("transformer_wskip"):
+        return None
+    for side in ("encoder", "decoder"):
+        if getattr(ns, f"{side}_normalize_before", False) is True:
+            return (f"argument --{side}-normalize-before: not allowed with --arch {arch}: transformer_wskip is "
+                    "Admin's w_skip variant of the Post-LN Transformer (Pre-LN is not supported); drop the flag, "
+                    "or use a transformer_* architecture for Pre-LN")
+    return None
+
+
 class _OmegaResidual:
     """``residual_connection`` with ω: fairseq's layers call it once per residual, in order."""
 

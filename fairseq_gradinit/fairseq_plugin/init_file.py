@@ -1,0 +1,98 @@
+"""``--gradinit-init-file``: reading a saved ``gradinit.json`` and checking that applying it makes sense.
+
+An init file replaces the computation, so settings that only say how scales are computed would be
+ignored; they are refused together with it rather than silently dropped. Its scales must be usable:
+a negative scale flips a tensor's sign and is refused always; a zero scale is refused for every
+tensor except biases (named ``*.bias``), which the authors' bounds ``('bias', 0, None)`` let GradInit
+drive to exactly 0 and which then start at zero as fairseq's own biases do.
+"""
+
+import dataclasses
+import enum
+import json
+import math
+import os
+from typing import Mapping, Optional
+
+def compute_only_options() -> tuple:
+    """``--gradinit-*`` settings (field names) that only affect how scales are computed, unused with an
+    init file: the engine's options that change the result, and the GradInit batch size. Derived from
+    the options' declaration (``result``), so a new option is covered without a list to update."""
+    from .options import ENGINE_OPTIONS
+
+    return tuple("gradinit_" + s.name for s in ENGINE_OPTIONS if s.result) + ("gradinit_max_tokens",)
+
+
+def compute_only_flags() -> tuple:
+    """:func:`compute_only_options` as command-line flags."""
+    return tuple("--" + n.replace("_", "-") for n in compute_only_options())
+
+
+def compute_only_defaults(config_class) -> dict:
+    """The defaults of :func:`compute_only_options` in the dataclass ``config_class``."""
+    names = compute_only_options()
+    return {f.name: f.default for f in dataclasses.fields(config_class) if f.name in names}
+
+
+def combination_error(cfg, *, defaults: Mapping[str, object]) -> Optional[str]:
+    """'argument --gradinit-init-file: not allowed with ...' when ``cfg`` sets an init file and
+    changes a compute-only setting from its default in ``defaults``; None otherwise."""
+    if not getattr(cfg, "gradinit_init_file", None):
+        return None
+    changed = []
+    for name, default in defaults.items():
+        value = getattr(cfg, name, default)
+        if isinstance(value, enum.Enum):  # fairseq's ChoiceEnum members in configs built by hydra
+            value = value.value
+        if value != default and (name != "gradinit_iters" or (isinstance(value, int) and value > 0)):
+            changed.append(f"--{name.replace('_', '-')} {value}")
+    if not changed:
+        return None
+    return (f"argument --gradinit-init-file: not allowed with {', '.join(changed)}: the file's scales are applied "
+            "and GradInit does not run, so these settings would be ignored. Drop them to apply the file, or drop "
+            "--gradinit-init-file to compute new scales")
+
+
+def read_init_file(path: str) -> dict:
+    """The saved GradInit result at ``path``; ``ValueError`` ('--gradinit-init-file ...') if it
+    is missing, not JSON or has no finite scales."""
+    if not os.path.isfile(path):
+        raise ValueError(f"--gradinit-init-file {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--gradinit-init-file {path}: not a JSON file ({e})") from None
+    scales = saved.get("scales") if isinstance(saved, dict) else None
+    if not isinstance(scales, dict) or not scales:
+        raise ValueError(f"--gradinit-init-file {path}: has no 'scales' (expected the gradinit.json that a "
+                         "--gradinit-iters run writes into its --save-dir)")
+    bad = [k for k, v in scales.items()
+           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"--gradinit-init-file {path}: scales that are not finite numbers: {bad[:5]}")
+    return saved
+
+
+def nonpositive_scales_error(scales: Mapping[str, float]) -> Optional[str]:
+    """Why ``scales`` cannot be applied (negative scales, or zero scales of tensors that are not
+    biases, named), or None."""
+    negative = [k for k, v in scales.items() if v < 0]
+    if negative:
+        return (f"{len(negative)} negative scales, e.g. {negative[:5]}: a GradInit scale is >= 0 "
+                "(a negative one flips the tensor's sign); this file was not written by GradInit or was edited")
+    zero = [k for k, v in scales.items() if v == 0 and not k.endswith(".bias")]
+    if zero:
+        return (f"{len(zero)} scales of 0 on tensors that are not biases, e.g. {zero[:5]}: they would start the "
+                "model with those weights all zero (only biases may be scaled to 0); recompute the scales "
+                "with a minimum above 0 for these tensors")
+    return None
+
+
+def read_usable_init_file(path: str) -> dict:
+    """:func:`read_init_file` plus :func:`nonpositive_scales_error` (``ValueError``)."""
+    saved = read_init_file(path)
+    error = nonpositive_scales_error(saved["scales"])
+    if error:
+        raise ValueError(f"--gradinit-init-file {path}: {error}")
+    return saved
