@@ -1,9 +1,14 @@
 """``--optimizer radam``: same steps as torch's RAdam, resumable from its state_dict."""
 import copy
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+
+sys.path.insert(0, str(Path(__file__).parent))
+from test_fairseq_plugin import tiny_data  # noqa: E402,F401  (fixture)
 
 from fairseq_gradinit.fairseq_plugin.radam import FairseqRAdam, FairseqRAdamConfig, parse_betas
 
@@ -58,3 +63,30 @@ def test_parse_betas_errors():
         parse_betas("(0.9,)")
     with pytest.raises(ValueError, match="expected"):
         parse_betas("nonsense(")
+
+
+def test_fairseq_train_radam_and_resume(tiny_data, tmp_path):
+    """fairseq-train --optimizer radam runs 2 updates, then resumes from checkpoint_last to 4."""
+    import subprocess
+    import sys
+
+    from test_fairseq_plugin import REPO, TINY_MODEL, env_with_repo
+
+    save = tmp_path / "ck"
+
+    def train(n):
+        cmd = [sys.executable, "-m", "fairseq_cli.train", str(tiny_data), "--user-dir", str(REPO / "fairseq_gradinit"),
+               "--task", "translation_gradinit", *TINY_MODEL, "--optimizer", "radam", "--adam-betas", "(0.9, 0.98)",
+               "--weight-decay", "1e-4", "--lr", "1e-3", "--max-tokens", "500", "--max-update", str(n),
+               "--save-dir", str(save), "--cpu", "--num-workers", "0", "--no-epoch-checkpoints", "--seed", "1"]
+        return subprocess.run(cmd, cwd=tmp_path, env=env_with_repo(), capture_output=True, text=True, timeout=300)
+
+    r = train(2)
+    assert r.returncode == 0, r.stderr[-2000:]
+    state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    assert state["last_optimizer_state"]["state"]
+    assert state["optimizer_history"][-1]["optimizer_name"] == "FairseqRAdam"
+    r = train(4)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "loaded checkpoint" in (r.stdout + r.stderr).lower()
+    assert torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)["optimizer_history"][-1]["num_updates"] == 4

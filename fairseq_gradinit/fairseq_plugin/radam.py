@@ -5,7 +5,6 @@ the Admin authors' fairseq fork used them with ``--optimizer radam``. Unlike the
 which makes no update while the rectification term is undefined (rho_t <= 4), torch's RAdam takes an
 unrectified momentum step in those first updates; this wrapper keeps torch's behaviour.
 """
-from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass, field
