@@ -6,6 +6,7 @@ which makes no update while the rectification term is undefined (rho_t <= 4), to
 unrectified momentum step in those first updates; this wrapper keeps torch's behaviour.
 """
 
+import ast
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, List
@@ -31,10 +32,13 @@ def parse_betas(value: Any) -> tuple:
     """``"(0.9, 0.98)"`` or a sequence -> a pair of floats; a ValueError says what is expected."""
     if isinstance(value, str):
         try:
-            value = eval(value, {"__builtins__": {}})  # noqa: S307 - fairseq's own format for --adam-betas
-        except Exception as e:  # noqa: BLE001
+            value = ast.literal_eval(value)  # fairseq's own format for --adam-betas
+        except (ValueError, SyntaxError) as e:
             raise ValueError(f"--adam-betas {value!r}: expected a pair like '(0.9, 0.98)'") from e
-    betas = tuple(float(b) for b in value)
+    try:
+        betas = tuple(float(b) for b in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--adam-betas {value!r}: expected a pair like '(0.9, 0.98)'") from None
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"--adam-betas {value!r}: expected two numbers in [0, 1), like '(0.9, 0.98)'")
     return betas
