@@ -143,6 +143,16 @@ def test_per_use_end_to_end_resume_and_reload(tiny_data, tmp_path):
         a = loaded(**sample["net_input"])[0]
         b = fm.model(**sample["net_input"])[0]
     assert torch.equal(a, b)  # reloaded checkpoint == fresh model + init file == the GradInit function
+    # fairseq-generate (and so scripts/evaluate_bleu.py) loads with its own command line's task, where the
+    # flag has its default: the multipliers are installed from the checkpoint's state all the same
+    from fairseq import tasks
+
+    from fairseq_gradinit.fairseq_plugin.training import training_config
+
+    cli_task = tasks.setup_task(training_config([str(tiny_data), "--task", "translation_gradinit", *MODEL]).task)
+    generate_models, _ = checkpoint_utils.load_model_ensemble([str(save / "checkpoint_last.pt")], task=cli_task)
+    with torch.no_grad():
+        assert torch.equal(generate_models[0].eval()(**sample["net_input"])[0], a)
     mult = float(fm.model.encoder.embed_scale)
     assert abs(mult - 4.0 * info["scales"]["encoder.embed_scale"]) < 1e-5  # sqrt(16) x the use's scale
 

@@ -67,7 +67,7 @@ def test_architectures_match_fairseq_and_pre_ln_is_rejected(tiny_data):
                          ("transformer_wskip_wmt_en_de", "transformer_wmt_en_de")):
         a = vars(options.parse_args_and_arch(parser(), input_args=[str(tiny_data), "--arch", wskip]))
         b = vars(options.parse_args_and_arch(parser(), input_args=[str(tiny_data), "--arch", stock]))
-        assert a.pop("wskip_init") == "ones"
+        assert a.pop("wskip_init") == "ones" and a.pop("wskip_profile_seed") is None
         a.pop("arch"), b.pop("arch")
         assert a == b
     # Configs not parsed from a command line are refused when the model is built.
@@ -351,3 +351,30 @@ def test_two_gloo_ranks_end_with_identical_omega(tiny_data, tmp_path):
     for name in OMEGA_NAMES:
         assert torch.equal(r0[name], r1[name]), name
     assert any(float(v[0]) != 1.0 for v in omegas.values())
+
+
+def test_profile_seed_gives_every_seed_the_omega_of_seed_1111(tiny_data, tmp_path):
+    """--wskip-profile-seed S: omega is profiled on a twin built (and batched) as fairseq-train does with
+    seed S, as the Admin authors profile once with seed 1111 and reuse omega across seeds; the run's own
+    weights are those of its own --seed (the twin leaves the random state alone)."""
+    def run(name, *extra):
+        save = tmp_path / name
+        train_inprocess(_argv(tiny_data, "--lr", "0", "--max-update", "1", "--wskip-init", "admin",
+                              "--save-dir", str(save), *extra))
+        return json.loads((save / ADMIN_JSON).read_text()), checkpoint_state(save / "checkpoint_last.pt")
+
+    ref, _ = run("s1111", "--seed", "1111")
+    p1, _ = run("s1", "--seed", "1", "--wskip-profile-seed", "1111")
+    p2, state2 = run("s2", "--seed", "2", "--wskip-profile-seed", "1111")
+    own2, plain2 = run("s2-own", "--seed", "2")
+    assert p1["omega"] == p2["omega"] == ref["omega"] and p2["profile_seed"] == 1111
+    assert own2["omega"] != ref["omega"]
+    for k, v in plain2.items():
+        if torch.is_floating_point(v) and ".omega_" not in k:
+            assert torch.equal(v, state2[k]), k
+    for name, p in _omegas(state2).items():
+        assert torch.all(p == ref["omega"][name]), name
+    with pytest.raises(SystemExit) as exc:  # only with --wskip-init admin: an argument error
+        options.parse_args_and_arch(options.get_training_parser(),
+                                    input_args=_argv(tiny_data, "--wskip-profile-seed", "1111"))
+    assert exc.value.code == 2

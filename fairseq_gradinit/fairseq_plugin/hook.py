@@ -33,8 +33,8 @@ from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_
 from .restore import restore_source
 from .signals import sigterm_raises_interrupt
 from .tied import (
-    apply_multiplier_scales, effective_use_scales, install_multipliers, is_multiplier, multiplier_names,
-    multipliers_as_parameters,
+    apply_multiplier_scales, effective_use_scales, install_multipliers, install_multipliers_on_load, is_multiplier,
+    multiplier_names, multipliers_as_parameters,
 )
 from .training import collate, training_batch_indices, training_dataset
 from .wskip import admin_profile_if_requested
@@ -113,6 +113,7 @@ class GradInitTaskMixin:
             # output embedding), and the fingerprint must equal the one of the command line.
             self._gradinit_model_args = model_arguments(cfg)
         model = super().build_model(cfg, *args, **kwargs)
+        install_multipliers_on_load(model)
         if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
             # Also when loading a checkpoint: its state holds the multipliers.
             installed = install_multipliers(model)

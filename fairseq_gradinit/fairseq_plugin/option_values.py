@@ -12,7 +12,7 @@ from .init_file import (  # noqa: F401  (read_init_file: re-exported)
     combination_error, compute_only_defaults, read_init_file, read_usable_init_file,
 )
 from .options import ENGINE_OPTIONS, ETA_PER_LR, LOSS_CHANGE_BOUND, GradInitOptions
-from .wskip import pre_ln_argument_error
+from .wskip import wskip_argument_error
 
 
 def gradinit_config_from_task(cfg) -> GradInitConfig:
@@ -165,9 +165,9 @@ def namespace_error(ns) -> Optional[str]:
     ``fairseq-train`` namespace (what the parser refuses)."""
     if not hasattr(ns, "gradinit_iters"):
         return None
-    pre_ln = pre_ln_argument_error(ns)
-    if pre_ln:
-        return pre_ln
+    wskip_error = wskip_argument_error(ns)
+    if wskip_error:
+        return wskip_error
     view = _View(ns, gradinit_train_lr=getattr(ns, "lr", None), gradinit_train_optimizer=getattr(ns, "optimizer", None),
                  gradinit_train_max_tokens=getattr(ns, "max_tokens", None),
                  gradinit_train_batch_size=getattr(ns, "batch_size", None),

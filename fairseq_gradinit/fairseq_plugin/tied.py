@@ -60,6 +60,23 @@ def install_multipliers(model: nn.Module) -> List[str]:
     return names
 
 
+def install_multipliers_on_load(model: nn.Module) -> None:
+    """Make ``model.load_state_dict`` install the multipliers a state holds (a checkpoint of a
+    per-use run). fairseq-generate builds the model with its own command line's task, whose
+    ``--gradinit-tied-embeddings`` is the default, so the task's config alone cannot tell."""
+
+    def hook(module, state_dict, prefix, *args):
+        wanted = [owner for name, owner in _embedding_owners(module)
+                  if f"{prefix}{name + '.' if name else ''}{MULTIPLIER}" in state_dict
+                  and not isinstance(getattr(owner, MULTIPLIER), torch.Tensor)]
+        for owner in wanted:
+            current = getattr(owner, MULTIPLIER)
+            delattr(owner, MULTIPLIER)
+            owner.register_buffer(MULTIPLIER, torch.tensor(float(current), dtype=owner.embed_tokens.weight.dtype))
+
+    model.register_load_state_dict_pre_hook(hook)
+
+
 def multiplier_names(model: nn.Module) -> List[str]:
     """The per-use multipliers the model holds (installed by :func:`install_multipliers`)."""
     return [f"{name}.{MULTIPLIER}" if name else MULTIPLIER for name, owner in _embedding_owners(model)

@@ -30,6 +30,8 @@ defined on the Post-LN residual.
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -68,12 +70,16 @@ def _require_post_ln(normalize_before: bool, side: str) -> None:
             f"transformer_* architecture for Pre-LN")
 
 
-def pre_ln_argument_error(ns) -> Optional[str]:
-    """'argument --SIDE-normalize-before: ...' when a parsed command line asks for a Pre-LN
-    transformer_wskip (refused when parsed, exit status 2), or None."""
+def wskip_argument_error(ns) -> Optional[str]:
+    """'argument --FLAG: ...' when a parsed command line asks for a Pre-LN transformer_wskip or gives
+    --wskip-profile-seed without --wskip-init admin (refused when parsed, exit status 2), or None."""
     arch = str(getattr(ns, "arch", "") or "")
     if not arch.startswith("transformer_wskip"):
         return None
+    seed = getattr(ns, "wskip_profile_seed", None)
+    if seed is not None and getattr(ns, "wskip_init", "ones") != "admin":
+        return (f"argument --wskip-profile-seed: not allowed with --wskip-init {getattr(ns, 'wskip_init', 'ones')}: "
+                "it picks the model that Admin's profiling runs on; add --wskip-init admin or drop it")
     for side in ("encoder", "decoder"):
         if getattr(ns, f"{side}_normalize_before", False) is True:
             return (f"argument --{side}-normalize-before: not allowed with --arch {arch}: transformer_wskip is "
@@ -189,6 +195,10 @@ class WSkipTransformerModel(TransformerModel):
                             help="initialization of the residual scales omega: ones (plain Post-LN, the "
                                  "GradInit variant), admin (Admin's profiling on the first training batch) "
                                  "or admin-closed-form (the admin-torch package's rule)")
+        parser.add_argument("--wskip-profile-seed", type=int, default=None, metavar="SEED",
+                            help="--wskip-init admin: profile a twin model built and batched with this seed and "
+                                 "copy its omega (the Admin authors profile once with seed 1111 and reuse omega for "
+                                 "every seed); default: profile this run's own model with --seed")
 
     @classmethod
     def build_model(cls, args, task):
@@ -200,6 +210,12 @@ class WSkipTransformerModel(TransformerModel):
         model = super().build_model(args, task)
         model.wskip_init = init
         model.admin_batch_options = AdminBatchOptions.from_args(args)
+        profile_seed = getattr(args, "wskip_profile_seed", None)
+        if profile_seed is not None and init != "admin":
+            raise ValueError(f"--wskip-profile-seed {profile_seed} needs --wskip-init admin (got {init})")
+        model.admin_profile_seed = profile_seed
+        # what a twin for --wskip-profile-seed is built from (with the task the profile is given)
+        model.admin_build_args = copy.copy(args) if profile_seed is not None else None
         # Training must not start from the placeholder ω = 1 of an un-profiled admin model; loading
         # a checkpoint (resume, inference) or running the profile clears this.
         model.admin_pending = init == "admin"
@@ -334,10 +350,15 @@ def admin_profile_if_requested(model: nn.Module, task) -> Optional[Dict[str, flo
     if not isinstance(model, WSkipTransformerModel) or model.wskip_init != "admin":
         return None
     options = model.admin_batch_options
-    sample = first_training_batch(task, model, options)
     use_cuda = torch.cuda.is_available() and not options.cpu
     device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-    values = admin_profile(model, sample, device=device)
+    profile_seed = getattr(model, "admin_profile_seed", None)
+    if profile_seed is None:
+        sample = first_training_batch(task, model, options)
+        values = admin_profile(model, sample, device=device)
+    else:
+        values, sample = _profile_twin(model, task, profile_seed, device)
+        logger.info("wskip: omega profiled on a twin model built with seed %d (--wskip-profile-seed)", profile_seed)
     if use_cuda:
         torch.cuda.empty_cache()
     logger.info("wskip: Admin profiling on %d sentences (%d target tokens) on %s", sample["nsentences"],
@@ -352,8 +373,31 @@ def admin_profile_if_requested(model: nn.Module, task) -> Optional[Dict[str, flo
     if rank == 0 and options.save_dir:
         atomic_write_json(os.path.join(options.save_dir, ADMIN_JSON),
                           {"omega": values, "nsentences": int(sample["nsentences"]), "ntokens": int(sample["ntokens"]),
-                           "sample_ids": sample["id"].tolist(), "device": str(device)})
+                           "sample_ids": sample["id"].tolist(), "device": str(device), "profile_seed": profile_seed})
     return values
+
+
+def _profile_twin(model: nn.Module, task, seed: int, device: torch.device):
+    """Admin's ω from a twin of ``model`` built (and batched) as fairseq-train does with ``seed``,
+    copied into ``model``; the random-number state is left as it was."""
+    twin_args = copy.copy(model.admin_build_args)
+    twin_args.seed = seed
+    twin_args.wskip_profile_seed = None
+    # The profile's dropout masks come from the random state too: build and profile the twin in one
+    # forked state seeded as fairseq-train seeds a run, so that it equals the profile of a run with --seed.
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        utils.set_torch_seed(seed)
+        twin = type(model).build_model(twin_args, task)
+        options = dataclasses.replace(model.admin_batch_options, seed=seed)
+        sample = first_training_batch(task, twin, options)
+        values = admin_profile(twin, sample, device=device)
+    own = {**omega_parameters(model, "encoder"), **omega_parameters(model, "decoder")}
+    with torch.no_grad():
+        for name, value in values.items():
+            own[name].fill_(value)
+    model.admin_pending = False
+    del twin
+    return values, sample
 
 
 # --------------------------------------------------------------------------------------------
