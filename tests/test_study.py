@@ -112,6 +112,11 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
             assert by_arm["authors"] is None and by_arm["no-recipe"] is None
             assert len({by_arm[n] for n in computed}) == len(computed) == 7  # every setting its own phase
             ablate_groups = groups
+        if preset.name == "wskip":
+            by_arm = {p.arm.name: p.group for p in plans}
+            assert by_arm["giw-s1"] == by_arm["giw999-s1"] is not None and len(groups) == 1
+            admin = study.arm_command(cfg, next(p for p in plans if p.arm.name == "admin-s2"), groups)
+            assert admin[admin.index("--optimizer") + 1] == "radam" and "--wskip-profile-seed" in admin
         if preset.name == "confirm":
             by_arm = {p.arm.name: p.group for p in plans}
             assert by_arm["gi98-s2"] == by_arm["gi999-s2"] is not None and by_arm["gisgd-s1"] is not None

@@ -348,7 +348,52 @@ got, or split its arms over two calls with --arms.""",
 )
 
 
-PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM)}
+# -- issue 16's Admin comparison with the Admin authors' recipe -----------------------------------
+WSKIP_ARCH = ("--arch", "transformer_wskip_iwslt_de_en")
+#: The Admin authors' no-warmup recipe: RAdam, lr decayed linearly (warmup 1), weight decay 1e-4, attention
+#: and activation dropout 0.1, their fp16 loss-scale flags; omega profiled once with seed 1111.
+ADMIN_RECIPE = (
+    "--optimizer", "radam", "--lr-scheduler", "polynomial_decay", "--warmup-updates", "1",
+    "--total-num-update", "100000", "--end-learning-rate", "0", "--weight-decay", "1e-4",
+    "--attention-dropout", "0.1", "--activation-dropout", "0.1",
+    "--fp16-scale-window", "256", "--threshold-loss-scale", "0.03125",
+)
+ADMIN_INIT = ("--wskip-init", "admin", "--wskip-profile-seed", "1111")
+
+WSKIP = Preset(
+    name="wskip",
+    summary="issue 16 item 3: Admin's w_skip Transformer with the Admin authors' recipe (RAdam, linear decay, "
+            "omega profiled with seed 1111) against GradInit on the same model and recipe, no warmup "
+            "(d=512, fp16, 2500 updates, one GPU call)",
+    base=D512_BASE,
+    arms=(
+        Arm("admin-s1", WSKIP_ARCH + ADMIN_INIT + ADMIN_RECIPE, note="w_skip, Admin init (seed-1111 profile), seed 1"),
+        Arm("admin-s2", WSKIP_ARCH + ADMIN_INIT + ADMIN_RECIPE + ("--seed", "2"), note="the same, seed 2"),
+        Arm("admin999-s1", WSKIP_ARCH + ADMIN_INIT + ADMIN_RECIPE + BETAS_999, note="w_skip, Admin init, beta2 .999"),
+        Arm("giw-s1", WSKIP_ARCH + GI_PLAIN + ADMIN_RECIPE,
+            note="w_skip with omega = 1, GradInit from the plain usage line (its defaults), same recipe"),
+        Arm("giw999-s1", WSKIP_ARCH + GI_PLAIN + ADMIN_RECIPE + BETAS_999,
+            note="the same GradInit scales, beta2 .999 (the betas do not enter GradInit)"),
+        Arm("xw-s1", WSKIP_ARCH + ADMIN_RECIPE, note="w_skip with omega = 1, Xavier, same recipe (the control)"),
+    ),
+    max_update=2500,
+    calls=(StudyCall("A", ("admin-s1", "admin-s2", "admin999-s1", "giw-s1", "giw999-s1", "xw-s1"),
+                     note="one GradInit phase (giw-s1 and giw999-s1 share it); the four other arms train meanwhile"),),
+    doc="""\
+Base: the evidence's d=512 setting (preset 'evidence': --share-all-embeddings, dropout 0.3,
+label smoothing 0.1, lr 5e-4, 4096-token batches, fp16, seed 1). Every arm is Admin's
+transformer_wskip_iwslt_de_en trained with the Admin authors' no-warmup recipe: --optimizer radam
+(torch's RAdam; theirs skips the update while the variance rectification is undefined, torch's takes
+an unrectified momentum step, see docs/wskip.md), lr decayed linearly to 0 from update 1
+(polynomial_decay, warmup 1), weight decay 1e-4, attention/activation dropout 0.1,
+--fp16-scale-window 256 --threshold-loss-scale 0.03125. Admin arms profile omega on a twin model of
+seed 1111 (--wskip-profile-seed), as the Admin authors profile once and reuse omega across seeds;
+the GradInit arms start from omega = 1 and learn a scale for every tensor, omega included. One call
+on one H100: six arms, one 780-iteration GradInit phase (--time-budget 7 --bleu-budget 0.75).""",
+)
+
+
+PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP)}
 
 
 def get_preset(name: str) -> Preset:
