@@ -18,7 +18,8 @@ Everything after ``--`` is passed unchanged to fairseq-generate, e.g.::
 
 ``--ref FILE`` scores against a raw reference file (line i = sample id i) instead of the ``T-``
 lines, which come from the binarized data (SentencePiece-normalized, unknown words as
-``<<unk>>``). ``--from-output FILE`` scores a saved fairseq-generate output without running it.
+``<<unk>>``). The file is compared with the ``T-`` lines (letters and digits, lowercased) and
+refused when more than half of them differ (the target file of another split). ``--from-output FILE`` scores a saved fairseq-generate output without running it.
 
 ``--required-batch-size-multiple 1`` is added unless given after ``--``: with fairseq's default
 of 8 the last batch is dropped when its size is not a multiple of 8, so a few test sentences
@@ -33,6 +34,7 @@ fairseq 0.12.3 cannot load its checkpoints under torch >= 2.6 (``torch.load`` no
 from __future__ import annotations
 
 import argparse
+import html
 import json
 import os
 import re
@@ -41,6 +43,8 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -59,6 +63,10 @@ _FAIRSEQ_BLEU_RE = re.compile(r"^Generate (\S+) with beam=(\d+): (.*)$")
 
 class EvaluationError(RuntimeError):
     """A user-facing error (failed generation, unusable output)."""
+
+
+class ArgumentProblem(ValueError):
+    """A bad command-line value, reported as argparse reports its own (exit status 2)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,6 +125,37 @@ def parse_generate_output(lines: Iterable[str]) -> GenerateOutput:
 def read_reference_file(path: Path) -> List[str]:
     with open(path, encoding="utf-8") as f:
         return [line.rstrip("\r\n") for line in f]
+
+
+def comparable(text: str) -> str:
+    """``text`` reduced to what survives SentencePiece normalization and (de)tokenization: HTML
+    entities (Moses escapes) decoded, NFKC, lowercased, letters and digits only."""
+    return "".join(c for c in unicodedata.normalize("NFKC", html.unescape(text)).lower() if c.isalnum())
+
+
+def same_reference(file_line: str, t_line: str) -> bool:
+    """Whether a ``--ref`` line is the ``T-`` line's sentence; each ``<<unk>>`` stands for any text."""
+    pieces = [re.escape(comparable(p)) for p in t_line.split("<<unk>>")]
+    return re.fullmatch(".*".join(pieces), comparable(file_line)) is not None
+
+
+def reference_mismatch(parsed: GenerateOutput, reference_lines: Sequence[str]) -> Optional[str]:
+    """Why ``reference_lines`` (``--ref``) are not the references of the generated subset, or None.
+
+    Compares them with the ``T-`` lines that fairseq-generate printed: a reference file of
+    another split or language matches almost none of them.
+    """
+    pairs = [(i, t) for i, t in sorted(parsed.references.items())
+             if i < len(reference_lines) and comparable(t.replace("<<unk>>", ""))]
+    if not pairs:
+        return None
+    differ = [(i, t) for i, t in pairs if not same_reference(reference_lines[i], t)]
+    if 2 * len(differ) <= len(pairs):
+        return None
+    i, t = differ[0]
+    return (f"{len(differ)} of {len(pairs)} lines differ from the references in the binarized subset (e.g. "
+            f"sample {i}: the file has {reference_lines[i][:60]!r}, the subset {t[:60]!r}); pass the "
+            "plain-text target file of the split given as --gen-subset")
 
 
 def pair_up(
@@ -195,6 +234,55 @@ def format_summary(result: dict) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def resolve_user_dir(value: str) -> Path:
+    """The ``--user-dir`` folder: 'gradinit', or the path fairseq-train took (``fairseq_gradinit``,
+    relative to the current folder or not), means this repository's package."""
+    path = Path(value)
+    if value == "gradinit" or (path.name == "fairseq_gradinit" and not path.is_dir()):
+        return GRADINIT_USER_DIR
+    if not path.is_dir():
+        raise ArgumentProblem(f"argument --user-dir: {value} is not a directory: pass the --user-dir the model "
+                              "was trained with (fairseq_gradinit for this plugin)")
+    return path.resolve()
+
+
+def data_subsets(data: Path) -> List[str]:
+    """The binarized splits in ``data`` (from the names of its ``.idx``/``.bin`` files)."""
+    names = {f.name.split(".", 1)[0] for f in data.iterdir() if f.suffix in (".idx", ".bin")}
+    return sorted(names)
+
+
+def check_inputs(args) -> None:
+    """Refuse a data folder that is no data-bin, a split it lacks and a damaged checkpoint before
+    fairseq-generate loads anything (``ArgumentProblem``)."""
+    data = Path(args.data)
+    if not data.is_dir():
+        raise ArgumentProblem(f"argument data: {data} is not a directory")
+    if not any(data.glob("dict.*.txt")):
+        inner = [d for d in sorted(data.iterdir()) if d.is_dir() and any(d.glob("dict.*.txt"))]
+        hint = (f"its subfolder {inner[0]} is one: pass {inner[0]}" if inner else
+                "pass the folder fairseq-preprocess (or prepare_corpus.py's bin/) wrote")
+        raise ArgumentProblem(f"argument data: {data} holds no fairseq data-bin (no dict.*.txt); {hint}")
+    subsets = data_subsets(data)
+    if args.gen_subset not in subsets:
+        raise ArgumentProblem(f"argument --gen-subset: invalid choice {args.gen_subset!r}: {data} holds "
+                              f"{', '.join(subsets) or 'no binarized split'}")
+    path = Path(args.path)
+    if not path.is_file():
+        raise ArgumentProblem(f"argument --path: {path}: no such checkpoint file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if not magic:
+        raise ArgumentProblem(f"argument --path: {path} is empty: pick another checkpoint")
+    if magic == b"PK\x03\x04":  # torch.save's zip format: a cut-off file has no central directory
+        try:
+            with zipfile.ZipFile(path) as z:
+                z.namelist()
+        except (zipfile.BadZipFile, OSError) as e:
+            raise ArgumentProblem(f"argument --path: {path} is truncated or damaged ({e}): pick another "
+                                  "checkpoint, e.g. an earlier checkpoint_*.pt of the same run") from None
+
+
 def build_generate_command(args, extra: Sequence[str]) -> List[str]:
     cmd = [
         sys.executable, "-m", "fairseq_cli.generate", str(args.data),
@@ -208,8 +296,7 @@ def build_generate_command(args, extra: Sequence[str]) -> List[str]:
     if args.max_tokens is not None or args.batch_size is None:
         cmd += ["--max-tokens", str(args.max_tokens or 4096)]
     if args.user_dir:
-        user_dir = GRADINIT_USER_DIR if args.user_dir == "gradinit" else Path(args.user_dir)
-        cmd += ["--user-dir", str(user_dir)]
+        cmd += ["--user-dir", str(resolve_user_dir(args.user_dir))]
     if args.cpu:
         cmd.append("--cpu")
     if "--required-batch-size-multiple" not in extra:
@@ -264,8 +351,9 @@ def run_generate(
         save_output.parent.mkdir(parents=True, exist_ok=True)
         save_output.write_text(stdout, encoding="utf-8")
     if returncode != 0:
-        tail = "\n".join(lines[-20:] + err_lines[-20:])
-        raise EvaluationError(f"fairseq-generate failed (exit {returncode}); last output:\n{tail}")
+        # stderr (fairseq's traceback) was already shown above: name only its last line here.
+        last = next((l.strip() for l in reversed(err_lines) if l.strip()), "no error output")
+        raise EvaluationError(f"fairseq-generate failed (exit {returncode}): {last}")
     return lines, err_lines, wall
 
 
@@ -317,9 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens", type=int, default=None,
                    help="tokens per batch (4096 when neither this nor --batch-size is given)")
     p.add_argument("--user-dir", default=None,
-                   help="fairseq --user-dir; the value 'gradinit' means this repository's "
-                        "fairseq_gradinit package (needed for checkpoints of the "
-                        "translation_gradinit task)")
+                   help="fairseq --user-dir, as given to fairseq-train (fairseq_gradinit, from any "
+                        "folder, or 'gradinit' mean this repository's package; needed for checkpoints "
+                        "of the translation_gradinit task)")
     p.add_argument("--cpu", action="store_true", help="generate on CPU")
     p.add_argument("--ref", type=Path, default=None,
                    help="plain-text reference file (line i = sample id i) to score against "
@@ -347,7 +435,19 @@ def split_passthrough(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(own)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    try:
+        return evaluate(args, extra)
+    except ArgumentProblem as exc:
+        parser.error(str(exc))
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def evaluate(args, extra: Sequence[str]) -> int:
+    """Generate (or read the saved output), score, write the JSON; 0, or 1 after an error line."""
     try:
         if args.from_output is None and args.path is None:
             raise EvaluationError("--path CHECKPOINT is required (unless --from-output is given)")
@@ -357,10 +457,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                 lines = f.read().splitlines()
             err_lines, wall = [], None
         else:
-            if not args.path.is_file():
-                raise EvaluationError(f"checkpoint not found: {args.path}")
-            if not args.data.is_dir():
-                raise EvaluationError(f"data directory not found: {args.data}")
+            check_inputs(args)
             cmd = build_generate_command(args, extra)
             lines, err_lines, wall = run_generate(cmd, args.save_output)
 
@@ -371,6 +468,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             parsed.n_translated = logged.n_translated
         expected = subset_size(args.data, result_subset(args, parsed))
         ref_lines = read_reference_file(args.ref) if args.ref is not None else None
+        if ref_lines is not None:
+            mismatch = reference_mismatch(parsed, ref_lines)
+            if mismatch:
+                raise EvaluationError(f"--ref {args.ref}: {mismatch}")
         ids, hyps, refs = pair_up(parsed, ref_lines)
         if ref_lines is None and any("<<unk>>" in r for r in refs):
             print("warning: some T- references contain <<unk>>; pass --ref with the raw "
