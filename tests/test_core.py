@@ -23,7 +23,7 @@ from fairseq_gradinit.core import (
     math_attention,
     overlapping_pairs,
 )
-from fairseq_gradinit.core.engine import _foreach_norm, _grads
+from fairseq_gradinit.core.engine import _foreach_norm, param_grads
 from fairseq_gradinit.core.scales import ScaledParameters
 
 # --------------------------------------------------------------------------------------------
@@ -153,7 +153,7 @@ def test_scale_gradients_match_finite_differences(optimizer, sgd_step, branch, c
     with gradinit_mode(model):
         # -- the engine's analytic gradient, exactly as GradInit.step computes it
         sc.write(engine.alpha)
-        grads = _grads(ce_loss(model, s), sc.params)
+        grads = param_grads(ce_loss(model, s), sc.params)
         gnorm = engine._norm(grads)
         if branch == "constraint":
             analytic = engine._constraint_grad(s, grads, gnorm)
@@ -183,7 +183,7 @@ def test_scale_gradients_match_finite_differences(optimizer, sgd_step, branch, c
                 if branch == "objective":
                     with torch.no_grad():
                         return ce_loss(model, s_tilde).item() / eta
-                gr = _grads(ce_loss(model, s), sc.params)
+                gr = param_grads(ce_loss(model, s), sc.params)
             if p_norm == 1:
                 return sum(x.abs().sum() for x in gr).item()
             return math.sqrt(sum((x ** 2).sum() for x in gr).item())
@@ -218,7 +218,7 @@ def test_constraint_branch_reduces_grad_norm_below_gamma(optimizer, constraint_g
     batches = make_batches(6)
     cfg = GradInitConfig(optimizer=optimizer, eta=0.01, iters=1, lr=0.05, constraint_grad=constraint_grad)
     g0 = GradInit(copy.deepcopy(model), ce_loss, cfg)
-    grads = _grads(ce_loss(g0.model, batches[0]), g0.scaled.params)
+    grads = param_grads(ce_loss(g0.model, batches[0]), g0.scaled.params)
     gamma = g0._norm(grads).item() / 4
     res = gradinit(model, batches, ce_loss, cfg, gamma=gamma, iters=60)
     branches = [r.branch for r in res.history]
@@ -244,7 +244,7 @@ def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch)
     model = make_mlp(dims=(6, 16, 16, 3), weight_scale=3.0)
     pairs = make_pairs(30)
     gnorm0 = GradInit(copy.deepcopy(model), ce_loss, cfg)
-    gamma = gnorm0._norm(_grads(ce_loss(gnorm0.model, pairs[0][0]), gnorm0.scaled.params)).item() / 2
+    gamma = gnorm0._norm(param_grads(ce_loss(gnorm0.model, pairs[0][0]), gnorm0.scaled.params)).item() / 2
 
     second_order = []
     orig_grad = torch.autograd.grad
@@ -288,7 +288,7 @@ def _constraint_grads_both_ways(model, batch, loss_fn, optimizer, fd_eps):
     with gradinit_mode(model):
         engine = GradInit(model, loss_fn, cfg)
         params = engine.scaled.params
-        grads = _grads(loss_fn(model, batch), params)
+        grads = param_grads(loss_fn(model, batch), params)
         gnorm = engine._norm(grads)
         exact = engine._constraint_grad(batch, grads, gnorm).double()
         fd = engine._constraint_grad_fd(batch, grads, gnorm).double()

@@ -88,7 +88,7 @@ class GradInitResult:
         }
 
 
-def _grads(loss: torch.Tensor, params: Sequence[torch.Tensor], create_graph: bool = False) -> List[torch.Tensor]:
+def param_grads(loss: torch.Tensor, params: Sequence[torch.Tensor], create_graph: bool = False) -> List[torch.Tensor]:
     grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
     return [torch.zeros_like(p) if g is None else g for p, g in zip(params, grads)]
 
@@ -108,7 +108,7 @@ def _foreach_norm(tensors: Sequence[torch.Tensor], p: int) -> torch.Tensor:
                         for t in tensors]).float()
 
 
-def _check_loss(loss: Any) -> torch.Tensor:
+def check_loss(loss: Any) -> torch.Tensor:
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         raise ValueError(
             "loss_fn(model, batch) must return a scalar tensor (the mean loss of the batch), "
@@ -181,13 +181,13 @@ class GradInit:
         # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>.
         with math_attention():
             if g_local is None:
-                loss = _check_loss(self.loss_fn(self.model, s))
+                loss = check_loss(self.loss_fn(self.model, s))
                 g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
                 del loss
             surrogate = sum((gi * vi).sum() for gi, vi in zip(g_local, v) if gi is not None)
             if not isinstance(surrogate, torch.Tensor) or not surrogate.requires_grad:
                 return torch.zeros_like(self.alpha)
-            h = _grads(surrogate, params)
+            h = param_grads(surrogate, params)
         del g_local, surrogate
         return self.scaled.alpha_grad(h)
 
@@ -204,16 +204,16 @@ class GradInit:
             eps = self.cfg.fd_eps * sq(params).sqrt() / sq(v).sqrt().clamp(min=1e-30)
         self.scaled.write(self.alpha, direction=v, eta=-eps.to(params[0].dtype))
         del v
-        loss = _check_loss(self.loss_fn(self.model, s))
-        h = _grads(loss, params)
+        loss = check_loss(self.loss_fn(self.model, s))
+        h = param_grads(loss, params)
         del loss
         return ((self.scaled.alpha_grad(h, torch.float64) - base) / eps).to(self.alpha.dtype)
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
         """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
         self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
-        loss = _check_loss(self.loss_fn(self.model, s_tilde))
-        h = _grads(loss, self.scaled.params)
+        loss = check_loss(self.loss_fn(self.model, s_tilde))
+        h = param_grads(loss, self.scaled.params)
         return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
 
     # -- bookkeeping ----------------------------------------------------------------------
@@ -274,12 +274,12 @@ class GradInit:
         speculate = self.cfg.reuse_graph and self._last_branch == "constraint" and not fd
         g_local = None
         with math_attention() if speculate else contextlib.nullcontext():
-            loss = _check_loss(self.loss_fn(self.model, s))
+            loss = check_loss(self.loss_fn(self.model, s))
             if speculate:
                 g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
                 grads = [torch.zeros_like(p) if g is None else g.detach().clone() for p, g in zip(params, g_local)]
             else:
-                grads = _grads(loss, params)
+                grads = param_grads(loss, params)
         loss_s = loss.detach().to(self.alpha.dtype).reshape(1)
         del loss
         self.dist.mean_(grads)

@@ -32,7 +32,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .batching import cycle_iterable
 from .config import config_to_dict, invalid, is_positive, validate_scale_fields
 from .distributed import DataParallelGroup
-from .engine import LossFn, _check_loss, _grads, check_inputs, resolve_config, run_iterations
+from .engine import LossFn, check_loss, param_grads, check_inputs, resolve_config, run_iterations
 from .optim import ScaleAdam
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .scales import ScaledParameters
@@ -139,12 +139,12 @@ def gradient_quotient(loss: torch.Tensor, params: Sequence[torch.Tensor], eps: f
     ``grads`` may pass d loss / d params already computed with ``create_graph=True``.
     """
     if grads is None:
-        grads = _grads(loss, params, create_graph=True)
+        grads = param_grads(loss, params, create_graph=True)
     half_sq = sum((g * g).sum() for g in grads) / 2
     if not half_sq.requires_grad:  # the gradient does not depend on the parameters (linear loss)
         hv = [torch.zeros_like(p) for p in params]
     else:
-        hv = _grads(half_sq, params, create_graph=True)
+        hv = param_grads(half_sq, params, create_graph=True)
     total = sum(p.numel() for p in params)
     out = 0.0
     for g, h in zip(grads, hv):
@@ -224,7 +224,7 @@ class MetaInit:
         params = self.all_params
         scaled_ids = {id(p) for p in self.scaled.params}
         with math_attention():
-            loss = _check_loss(self.loss_fn(self.model, batch))
+            loss = check_loss(self.loss_fn(self.model, batch))
             grads = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
             # Tensors the loss does not reach take no part in the quotient.
             used = [(p, g) for p, g in zip(params, grads) if g is not None]
@@ -233,7 +233,7 @@ class MetaInit:
             gq = gradient_quotient(loss, [p for p, _ in used], cfg.eps, grads=[g for _, g in used])
             gnorm = torch.stack([g.detach().float().pow(2).sum() for _, g in used]).sum().sqrt()
             if isinstance(gq, torch.Tensor) and gq.requires_grad and any(id(p) in scaled_ids for p, _ in used):
-                h = _grads(gq, self.scaled.params)
+                h = param_grads(gq, self.scaled.params)
                 alpha_grad = self.scaled.alpha_grad(h)
             else:
                 alpha_grad = torch.zeros_like(self.alpha)

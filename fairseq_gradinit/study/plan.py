@@ -109,8 +109,10 @@ def study_defaults(cfg: StudyConfig) -> List[str]:
 
 
 def _parse_fairseq_args(argv: Sequence[str], *, arm: str):
-    """fairseq's own parse of a fairseq-train command line (the plugin is imported already)."""
+    """fairseq's own parse of a fairseq-train command line (with the plugin's tasks and models)."""
     from fairseq import options
+
+    from .. import fairseq_plugin  # noqa: F401  (registers the plugin's tasks, options and models)
 
     err = io.StringIO()
     try:
