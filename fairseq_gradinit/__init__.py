@@ -6,7 +6,7 @@ The fairseq task is registered when this package is loaded while fairseq is impo
 """
 import sys
 
-__version__ = "0.3.0"
+from .version import __version__  # noqa: F401
 
 # `sys.modules["fairseq"] = None` is the usual way to keep fairseq out: it is not "loaded".
 if sys.modules.get("fairseq") is not None:  # e.g. fairseq's --user-dir: register our task

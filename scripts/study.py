@@ -8,7 +8,7 @@ curves (CSV, PNG, Markdown) and BLEU at the largest common checkpoint are writte
     python scripts/study.py data-bin/debian-ui-de-en/bin --preset demo --cpu --out runs/demo
     python scripts/study.py DATA --out runs/x --arm 'a=--lr 1e-3 ...' --arm 'b=...' --dry-run
 
-The logic is fairseq_gradinit/fairseq_plugin/study.py (presets: study_presets.py); see
+The logic is the package fairseq_gradinit/study/ (presets: presets.py); see
 docs/no-warmup.md for the GPU screen of issue 10.
 """
 import sys
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from fairseq_gradinit.fairseq_plugin.study import main  # noqa: E402
+from fairseq_gradinit.study.cli import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main(bleu_script=REPO / "scripts" / "evaluate_bleu.py"))

@@ -1,4 +1,4 @@
-"""The study runner (scripts/study.py, fairseq_gradinit/fairseq_plugin/study.py): arm specs, presets,
+"""The study runner (scripts/study.py, fairseq_gradinit/study/): arm specs, presets,
 GradInit groups, the budgeted scheduler, and one end-to-end run on a tiny model on the CPU."""
 import csv
 import json
@@ -12,10 +12,17 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_gradinit.fairseq_plugin import study  # noqa: E402
+from fairseq_gradinit.study import arms as study_arms  # noqa: E402
+from fairseq_gradinit.study import cli as study_cli  # noqa: E402
+from fairseq_gradinit.study import plan as study_plan  # noqa: E402
+from fairseq_gradinit.study import results as study_results  # noqa: E402
+from fairseq_gradinit.study import runner as study_runner  # noqa: E402
+from fairseq_gradinit.study import scheduler as study_scheduler  # noqa: E402
+from fairseq_gradinit.study.arms import Arm  # noqa: E402
+from fairseq_gradinit.study.plan import StudyConfig  # noqa: E402
+from fairseq_gradinit.study.scheduler import Job  # noqa: E402
+from fairseq_gradinit.study.presets import PRESETS, describe_presets  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.init_file import compute_only_flags  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.study import Arm, Job, StudyConfig  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.study_presets import PRESETS, describe_presets  # noqa: E402
 
 from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
 
@@ -39,35 +46,35 @@ def tiny_bin(tmp_path_factory):
 # arm specs and argument merging
 # ------------------------------------------------------------------------------------------------
 def test_arm_spec_round_trip_drop_and_data():
-    arm = study.parse_arm_spec("sep@separate=!--share-all-embeddings --share-decoder-input-output-embed "
+    arm = study_arms.parse_arm_spec("sep@separate=!--share-all-embeddings --share-decoder-input-output-embed "
                                "--adam-betas '(0.9, 0.999)'")
     assert arm.name == "sep" and arm.data == "separate" and arm.drop == ("--share-all-embeddings",)
     assert arm.args == ("--share-decoder-input-output-embed", "--adam-betas", "(0.9, 0.999)")
-    assert study.parse_arm_spec(arm.spec()) == arm
-    assert study.parse_arm_spec("x=").args == ()
+    assert study_arms.parse_arm_spec(arm.spec()) == arm
+    assert study_arms.parse_arm_spec("x=").args == ()
     for bad in ("no-equals", "=--lr 1", "bad name=--lr 1"):
         with pytest.raises(ValueError):
-            study.parse_arm_spec(bad)
+            study_arms.parse_arm_spec(bad)
 
 
 def test_merge_args_overrides_and_drops_base_options():
     base = ["--lr", "5e-4", "--adam-betas", "(0.9, 0.98)", "--share-all-embeddings", "--fp16", "--seed", "-1"]
-    merged = study.merge_args(base, ["--adam-betas", "(0.9, 0.999)", "--lr=1e-3"], drop=["--fp16"])
+    merged = study_arms.merge_args(base, ["--adam-betas", "(0.9, 0.999)", "--lr=1e-3"], drop=["--fp16"])
     assert merged == ["--share-all-embeddings", "--seed", "-1", "--adam-betas", "(0.9, 0.999)", "--lr=1e-3"]
-    assert study.substitute_files(["--gradinit-init-file", "{g98}", "{'x': 1}"], {"g98": "/a/b.json"}, arm="a") == \
+    assert study_arms.substitute_files(["--gradinit-init-file", "{g98}", "{'x': 1}"], {"g98": "/a/b.json"}, arm="a") == \
         ["--gradinit-init-file", "/a/b.json", "{'x': 1}"]
     with pytest.raises(ValueError, match="--file other=PATH"):
-        study.substitute_files(["{other}"], {"g98": "/a"}, arm="a")
+        study_arms.substitute_files(["{other}"], {"g98": "/a"}, arm="a")
 
 
 def test_arms_file(tmp_path):
     f = tmp_path / "arms.txt"
     f.write_text("# two arms\na=--lr 1e-3\n\nb@sep=!--fp16 \\\n  --seed 2\n")
-    arms = study.read_arms_file(f)
+    arms = study_arms.read_arms_file(f)
     assert [a.name for a in arms] == ["a", "b"] and arms[1].drop == ("--fp16",) and arms[1].args == ("--seed", "2")
     f.write_text("a=--lr 1\nbroken line\n")
     with pytest.raises(ValueError, match=":2:"):
-        study.read_arms_file(f)
+        study_arms.read_arms_file(f)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -89,11 +96,11 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
             Path(path).write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
         cfg = StudyConfig(data={"main": str(tiny_bin), "separate": str(tiny_bin)}, out=tmp_path / preset.name,
                           arms=tuple(preset.arms), base=preset.base, files=files, max_update=preset.max_update)
-        plans, groups = study.plan_study(cfg)
+        plans, groups = study_plan.plan_study(cfg)
         assert [p.arm.name for p in plans] == [a.name for a in preset.arms]
         for plan in plans:  # an arm applies its group's scales without the settings that computed them
             if plan.group is not None:
-                cmd = study.arm_command(cfg, plan, groups)
+                cmd = study_plan.arm_command(cfg, plan, groups)
                 assert not any(t.split("=")[0] in compute_only_flags() for t in cmd), (plan.arm.name, cmd)
                 assert cmd[cmd.index("--gradinit-init-file") + 1] == str(groups[plan.group].scales_file)
         if preset.name == "evidence":
@@ -102,9 +109,9 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
             assert len({by_arm["g98"], by_arm["g98shared"], by_arm["g98tau1e-2"]}) == 3
             assert by_arm["x98"] is None and by_arm["w98"] is None
         if preset.name == "screen":
-            cmd = study.arm_command(cfg, next(p for p in plans if p.arm.name == "d1-sepdict"), groups)
+            cmd = study_plan.arm_command(cfg, next(p for p in plans if p.arm.name == "d1-sepdict"), groups)
             assert "--share-all-embeddings" not in cmd and "--share-decoder-input-output-embed" in cmd
-            d8 = study.arm_command(cfg, next(p for p in plans if p.arm.name == "d8-fp32"), groups)
+            d8 = study_plan.arm_command(cfg, next(p for p in plans if p.arm.name == "d8-fp32"), groups)
             assert "--fp16" not in d8 and d8[d8.index("--gradinit-init-file") + 1] == files["g98"]
         if preset.name == "ablate":
             by_arm = {p.arm.name: p.group for p in plans}
@@ -115,14 +122,14 @@ def test_presets_parse_with_fairseq_and_group_as_documented(tiny_bin, tmp_path):
         if preset.name == "wskip":
             by_arm = {p.arm.name: p.group for p in plans}
             assert by_arm["giw-s1"] == by_arm["giw999-s1"] is not None and len(groups) == 1
-            admin = study.arm_command(cfg, next(p for p in plans if p.arm.name == "admin-s2"), groups)
+            admin = study_plan.arm_command(cfg, next(p for p in plans if p.arm.name == "admin-s2"), groups)
             assert admin[admin.index("--optimizer") + 1] == "radam" and "--wskip-profile-seed" in admin
         if preset.name == "confirm":
             by_arm = {p.arm.name: p.group for p in plans}
             assert by_arm["gi98-s2"] == by_arm["gi999-s2"] is not None and by_arm["gisgd-s1"] is not None
             # seed 2's scales are the ones ablate's call A caches as confirm-s2
             assert ablate_groups[by_arm["gi98-s2"]].arms == ["confirm-s2"]
-            sgd = study.arm_command(cfg, next(p for p in plans if p.arm.name == "xsgd-s1"), groups)
+            sgd = study_plan.arm_command(cfg, next(p for p in plans if p.arm.name == "xsgd-s1"), groups)
             assert "--adam-betas" not in sgd and sgd[sgd.index("--optimizer") + 1] == "sgd"
 
 
@@ -130,14 +137,14 @@ def test_screen_needs_its_second_data_bin(tiny_bin, tmp_path):
     sep = next(a for a in PRESETS["screen"].arms if a.name == "d1-sepdict")
     cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path, arms=(sep,), base=PRESETS["screen"].base)
     with pytest.raises(ValueError, match="--data-bin separate=PATH"):
-        study.plan_study(cfg)
+        study_plan.plan_study(cfg)
 
 
 def test_bad_arguments_are_reported_before_anything_runs(tiny_bin, tmp_path):
     cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path, base=TINY_BASE,
                       arms=(Arm("typo", ("--gradinit-iterz", "3")),))
     with pytest.raises(ValueError, match="arm typo: fairseq-train rejects"):
-        study.plan_study(cfg)
+        study_plan.plan_study(cfg)
     with pytest.raises(ValueError, match="--save-dir"):
         StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path, base=("--save-dir", "x"), arms=(Arm("a"),))
 
@@ -157,7 +164,7 @@ def test_scheduler_dependencies_parallelism_and_budget_kill(tmp_path):
         Job("sleeper", "arm", [py, "-c", "import time; time.sleep(60)"], tmp_path / "s.log", stop_time=True),
     ]
     t0 = time.time()
-    study.run_jobs(jobs, parallel=2, deadline=t0 + 4.0, finish_margin_s=1.0, poll_s=0.1)
+    study_scheduler.run_jobs(jobs, parallel=2, deadline=t0 + 4.0, finish_margin_s=1.0, poll_s=0.1)
     assert time.time() - t0 < 20
     status = {j.name: j.status for j in jobs}
     assert status == {"fast": "done", "bad": "failed", "after-fast": "done", "after-bad": "skipped",
@@ -173,9 +180,9 @@ def test_common_update_and_curve_rows(tmp_path):
         for u in updates:
             (tmp_path / arm / f"checkpoint_1_{u}.pt").write_bytes(b"")
         (tmp_path / arm / "checkpoint_last.pt").write_bytes(b"")
-    ck = {a: study.checkpoint_updates(tmp_path / a) for a in ("a", "b", "c")}
-    assert study.common_update(ck) == 4  # the arm without checkpoints is left out
-    assert study.common_update({"a": {1: Path("x")}, "b": {2: Path("y")}}) is None
+    ck = {a: study_results.checkpoint_updates(tmp_path / a) for a in ("a", "b", "c")}
+    assert study_results.common_update(ck) == 4  # the arm without checkpoints is left out
+    assert study_results.common_update({"a": {1: Path("x")}, "b": {2: Path("y")}}) is None
     log = [
         "2026-11-26 18:53:44 | INFO | train_inner | epoch 001:    101 / 187 loss=10.191, nll_loss=9.784, ppl=881.56, "
         "wps=8469.7, ups=2.89, wpb=2934.2, bsz=214.6, num_updates=100, lr=0.0005, gnorm=0.604, loss_scale=64, "
@@ -187,7 +194,7 @@ def test_common_update_and_curve_rows(tmp_path):
     ]
     from fairseq_gradinit import curves
 
-    rows = study.curve_rows("g98", curves.parse_training_log(log))
+    rows = study_results.curve_rows("g98", curves.parse_training_log(log))
     assert rows[0] == {"arm": "g98", "num_updates": 100, "valid_loss": 9.86, "valid_nll_loss": 9.5,
                        "train_loss": 10.191, "train_nll_loss": 9.784, "loss_scale": 64.0, "lr": 0.0005,
                        "gnorm": 0.604, "wall_s": 46.0}
@@ -253,7 +260,7 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     # the same study again: the scales are reused (fingerprint unchanged), nothing to compute
     cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path / "again", base=TINY_BASE, cpu=True,
                       arms=(Arm("gC", GI_TINY),), gradinit_cache=out / "gradinit")
-    _, groups = study.plan_study(cfg)
+    _, groups = study_plan.plan_study(cfg)
     (g,) = groups.values()
     assert g.cached and f"gi-{g.key}" == group
 
@@ -267,11 +274,11 @@ def test_interrupted_study_leaves_no_temporary_cache_folder(tiny_bin, tmp_path, 
             job.log.write_text("# started\n")
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(study, "run_jobs", interrupted)
+    monkeypatch.setattr(study_runner, "run_jobs", interrupted)
     cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path / "out", base=TINY_BASE + ("--cpu",),
                       arms=(Arm("g", GI_TINY),))
     with pytest.raises(KeyboardInterrupt):
-        study.run_study(cfg)
+        study_runner.run_study(cfg)
     names = sorted(p.name for p in cfg.cache_dir.iterdir())
     assert len(names) == 1 and names[0].startswith("failed-gi-"), names
     assert (cfg.cache_dir / names[0] / "gradinit.log.part").read_text() == "# started\n"
@@ -283,8 +290,8 @@ def test_ctrl_c_ends_the_study_with_one_line_and_status_130(tiny_bin, tmp_path, 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(study, "run_jobs", interrupted)
-    code = study.main([str(tiny_bin), "--out", str(tmp_path / "out"), "--cpu", "--arm", "x=--seed 2",
+    monkeypatch.setattr(study_runner, "run_jobs", interrupted)
+    code = study_cli.main([str(tiny_bin), "--out", str(tmp_path / "out"), "--cpu", "--arm", "x=--seed 2",
                        "--base-args", " ".join(f"'{t}'" if " " in t else t for t in TINY_BASE)])
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
@@ -319,16 +326,16 @@ def test_study_json_of_a_failed_gradinit_phase_names_no_missing_files(tmp_path):
     failed_log = tmp_path / "failed-gi-k" / "gradinit.log.part"
     failed_log.parent.mkdir()
     failed_log.write_text("boom\n")
-    group = study.GradInitGroup(key="k", fingerprint={}, arms=["a"], phase_argv=[], dir=tmp_path / "gi-k")
+    group = study_plan.GradInitGroup(key="k", fingerprint={}, arms=["a"], phase_argv=[], dir=tmp_path / "gi-k")
     job = Job(name="gi-k", kind="phase", cmd=["x"], log=failed_log, status="failed", reason="exit status 1")
-    entry = study.group_entry(group, job, 0.0)
+    entry = study_runner.group_entry(group, job, 0.0)
     assert entry["computed_now"] is False and entry["scales"] is None
     assert Path(entry["phase"]["log"]).is_file()
     assert entry["error"] == f"no scales: the GradInit phase failed (exit status 1); see {failed_log}"
     group.dir.mkdir()
     group.scales_file.write_text("{}")
     job.status, job.reason = "done", ""
-    entry = study.group_entry(group, job, 0.0)
+    entry = study_runner.group_entry(group, job, 0.0)
     assert entry["computed_now"] is True and entry["scales"] == str(group.scales_file) and "error" not in entry
 
 
@@ -351,10 +358,10 @@ def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_p
         save.mkdir()
         for u in ckpts:
             (save / f"checkpoint_1_{u}.pt").write_bytes(b"")
-        plans.append(study.ArmPlan(arm=Arm(name, ()), argv=[], data=str(tmp_path), save_dir=save))
+        plans.append(study_plan.ArmPlan(arm=Arm(name, ()), argv=[], data=str(tmp_path), save_dir=save))
     cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=tuple(p.arm for p in plans), bleu_script=script,
                       bleu_args=("--max-len-b", "5"))
-    result = study.run_bleu(cfg, plans, dict(os.environ))
+    result = study_runner.run_bleu(cfg, plans, dict(os.environ))
     a = json.loads((tmp_path / "a" / "bleu.json").read_text())
     assert a["bleu"] == 1.5 and result["arms"]["a"]["bleu"] == 1.5
     gen = a["argv"][a["argv"].index("--") + 1:]

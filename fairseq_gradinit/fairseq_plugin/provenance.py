@@ -21,7 +21,7 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .. import __version__
+from ..version import __version__
 from .cfg import cfg_value
 from ..core.options import result_options
 from .option_values import gradinit_batch_tokens, gradinit_config_from_task

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Tuple
 
-from .study import Arm
+from .arms import Arm
 
 EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-2026-11-26"  # relative to the repository root
 
@@ -72,7 +72,7 @@ GI_EVIDENCE = (
 
 def _gi(*overrides: str) -> Tuple[str, ...]:
     """The evidence's GradInit arguments with some of them replaced."""
-    from .study import merge_args
+    from .arms import merge_args
 
     return tuple(merge_args(GI_EVIDENCE, overrides))
 
@@ -226,7 +226,7 @@ AUTHORS_SCALES = ("--gradinit-init-file", "{authors}")
 
 def _gi_authors(*overrides: str, drop: Tuple[str, ...] = ()) -> Tuple[str, ...]:
     """The authors' GradInit arguments with some replaced (``drop``: options removed)."""
-    from .study import merge_args
+    from .arms import merge_args
 
     return tuple(merge_args(GI_AUTHORS, overrides, drop))
 

@@ -1,0 +1,177 @@
+"""Command line of the study runner (``scripts/study.py``)."""
+from __future__ import annotations
+
+import argparse
+import logging
+import shlex
+import sys
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from .arms import Arm, parse_arm_spec, read_arms_file
+from .plan import DEFAULT_BLEU_SCRIPT, REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, plan_study
+from .results import export_results, summary_table
+from .runner import run_study
+
+logger = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------
+# command line
+# ------------------------------------------------------------------------------------------------
+def _key_value(kind: str):
+    def parse(text: str) -> Tuple[str, str]:
+        key, sep, value = text.partition("=")
+        if not sep or not key or not value:
+            raise argparse.ArgumentTypeError(f"{kind} expects KEY=PATH, got {text!r}")
+        return key, value
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="study.py",
+        description="Run named fairseq-train arms (extra arguments on a common base) on one data-bin within a "
+                    "wall-time budget; GradInit scales computed once per configuration and reused; curves "
+                    "(CSV, PNG, Markdown) and BLEU at the largest common checkpoint, in the same run.")
+    p.add_argument("data", nargs="?", help="the main fairseq data-bin")
+    p.add_argument("--out", type=Path, help="output folder (arms/NAME/, gradinit/, curves.*, bleu.json, study.json)")
+    p.add_argument("--preset", help="a preset's base and arms (see --list-presets)")
+    p.add_argument("--list-presets", action="store_true", help="describe the presets and exit")
+    p.add_argument("--call", help="the preset's named GPU call: its arms and the arms it prepares")
+    p.add_argument("--arms", help="comma-separated arm names to train (default: all arms given)")
+    p.add_argument("--prepare-arms", help="comma-separated arms whose GradInit scales are computed into the "
+                                          "cache but which are not trained (for a later run)")
+    p.add_argument("--arm", action="append", default=[], metavar="NAME[@DATA]=ARGS",
+                   help="an arm: extra fairseq-train arguments; '!--flag' drops a base option; @DATA trains "
+                        "on --data-bin DATA. Repeatable")
+    p.add_argument("--arms-file", type=Path, help="arms, one NAME[@DATA]=ARGS per line ('#' comments)")
+    p.add_argument("--base-args", default="", help="fairseq-train arguments for every arm, after the preset's base")
+    p.add_argument("--data-bin", action="append", default=[], type=_key_value("--data-bin"), metavar="KEY=PATH",
+                   help="another data-bin for arms NAME@KEY (the screen's separate-dictionary arm: separate=PATH)")
+    p.add_argument("--file", action="append", default=[], type=_key_value("--file"), metavar="KEY=PATH",
+                   help="a file for {KEY} in arm arguments (presets give defaults)")
+    p.add_argument("--parallel", type=int, default=1,
+                   help="processes at once: GradInit phases first, then arms (one GPU: the number of arms; CPU: 1)")
+    p.add_argument("--time-budget", type=float, help="minutes for the GradInit phases and training; each arm gets "
+                                                     "--stop-time-hours from what is left, stragglers are killed")
+    p.add_argument("--finish-margin", type=float, default=None,
+                   help="seconds of the budget kept for an arm's start-up, last validation and checkpoint (default 30)")
+    p.add_argument("--max-update", type=int, help="updates per arm (default: the preset's, else 3000)")
+    p.add_argument("--valid-every", type=int, help="validate and log every N updates (default: preset's, else 100)")
+    p.add_argument("--save-every", type=int, help="checkpoint every N updates (default: preset's, else 500)")
+    p.add_argument("--cpu", action="store_true", help="train, run GradInit and translate on the CPU")
+    p.add_argument("--no-bleu", action="store_true", help="skip BLEU")
+    p.add_argument("--bleu-ref", help="raw reference file of the BLEU subset (else fairseq's T- lines)")
+    p.add_argument("--bleu-subset", default="test", help="binarized split BLEU translates (default: test)")
+    p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50' "
+                   "(default length limits: --max-len-a 1.2 --max-len-b 10)")
+    p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step (running translations are killed)")
+    p.add_argument("--gradinit-cache", type=Path, help="folder of computed GradInit groups (default OUT/gradinit); "
+                                                       "share it between studies to reuse scales")
+    p.add_argument("--export", type=Path, help="also copy the summaries and pack logs and scales here (few files)")
+    p.add_argument("--dry-run", action="store_true", help="validate, print the plan (commands, groups) and exit")
+    p.add_argument("--bleu-script", type=Path, default=DEFAULT_BLEU_SCRIPT, help=argparse.SUPPRESS)
+    return p
+
+
+def _select(arms: Sequence[Arm], names: Optional[str], what: str) -> List[Arm]:
+    if names is None:
+        return list(arms)
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    by_name = {a.name: a for a in arms}
+    unknown = [n for n in wanted if n not in by_name]
+    if unknown:
+        raise ValueError(f"{what}: unknown arm(s) {unknown}; known: {', '.join(by_name)}")
+    return [by_name[n] for n in wanted]
+
+
+def config_from_args(args: argparse.Namespace) -> StudyConfig:
+    from .presets import get_preset
+
+    preset = get_preset(args.preset) if args.preset else None
+    arms = list(preset.arms) if preset else []
+    arms += [parse_arm_spec(s) for s in args.arm]
+    if args.arms_file:
+        arms += read_arms_file(args.arms_file)
+    train_names, prepare_names = args.arms, args.prepare_arms
+    if args.call:
+        if preset is None:
+            raise ValueError("--call needs --preset")
+        call = preset.call(args.call)
+        if train_names or prepare_names:
+            raise ValueError("--call already chooses the arms; drop --arms/--prepare-arms")
+        train_names, prepare_names = ",".join(call.arms), ",".join(call.prepare) or None
+    selected = _select(arms, train_names, "--arms")
+    prepare = _select(arms, prepare_names, "--prepare-arms") if prepare_names else []
+    if args.data is None:
+        raise ValueError("the main data-bin (first argument) is required")
+    if args.out is None:
+        raise ValueError("--out DIR is required")
+    data = {"main": args.data, **dict(args.data_bin)}
+    files = dict(preset.resolved_files(REPO_ROOT)) if preset else {}
+    files.update(dict(args.file))
+
+    def pick(value, attr, default):
+        return value if value is not None else getattr(preset, attr, None) or default
+
+    return StudyConfig(
+        data=data, out=args.out, arms=tuple(selected), prepare=tuple(prepare),
+        base=tuple((preset.base if preset else ())) + tuple(shlex.split(args.base_args)), files=files,
+        parallel=args.parallel,
+        time_budget_s=(args.time_budget * 60 if args.time_budget is not None else None),
+        finish_margin_s=args.finish_margin if args.finish_margin is not None else 30.0,
+        max_update=pick(args.max_update, "max_update", 3000), valid_every=pick(args.valid_every, "valid_every", 100),
+        save_every=pick(args.save_every, "save_every", 500), cpu=args.cpu, bleu=not args.no_bleu,
+        bleu_ref=args.bleu_ref, bleu_subset=args.bleu_subset, bleu_args=tuple(shlex.split(args.bleu_args)),
+        bleu_budget_s=args.bleu_budget * 60 if args.bleu_budget is not None else None,
+        bleu_script=args.bleu_script, gradinit_cache=args.gradinit_cache,
+    )
+
+
+def describe_plan(cfg: StudyConfig, plans: Sequence[ArmPlan], groups: Mapping[str, GradInitGroup]) -> str:
+    lines = []
+    for key, g in groups.items():
+        state = "cached" if g.cached else "to compute"
+        lines.append(f"GradInit group gi-{key} ({state}, {g.dir}): {', '.join(g.arms)}")
+    for p in plans:
+        if p.train:
+            lines.append(f"arm {p.arm.name}: " + shlex.join(arm_command(cfg, p, groups)))
+        else:
+            lines.append(f"prepare {p.arm.name}: GradInit group gi-{p.group}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if bleu_script is not None:
+        args.bleu_script = bleu_script
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+    from ..fairseq_plugin import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
+    from .presets import describe_presets
+
+    if args.list_presets:
+        print(describe_presets())  # noqa: T201 - command output
+        return 0
+    try:
+        cfg = None
+        cfg = config_from_args(args)
+        if args.dry_run:
+            plans, groups = plan_study(cfg)
+            print(describe_plan(cfg, plans, groups))  # noqa: T201
+            return 0
+        result = run_study(cfg)
+        if args.export:
+            exported = export_results(Path(cfg.out), args.export, list(result["gradinit_groups"]), cfg.cache_dir)
+            logger.info("study: exported %s", ", ".join(exported))
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)  # noqa: T201
+        return 2
+    except KeyboardInterrupt:
+        print(f"study: interrupted (Ctrl-C); its jobs were stopped and no study.json was written. Rerun with a new "
+              f"--out (finished GradInit phases stay cached in {cfg.cache_dir if cfg else 'the cache'})",
+              file=sys.stderr)  # noqa: T201
+        return 130
+    print(summary_table(result))  # noqa: T201
+    failed = [n for n, a in result["arms"].items() if a.get("trained") and a["run"]["status"] in ("failed", "skipped")]
+    return 1 if failed else 0

@@ -1,0 +1,242 @@
+"""Configuration and plan of a study (arms validated by fairseq's parser, GradInit groups), and the
+GradInit phase entry point."""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .arms import Arm, has_option, merge_args, substitute_files
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fairseq-train --user-dir
+REPO_ROOT = PACKAGE_DIR.parent
+DEFAULT_BLEU_SCRIPT = REPO_ROOT / "scripts" / "evaluate_bleu.py"
+
+#: Options the runner sets itself for every arm.
+RESERVED_OPTIONS = ("--save-dir", "--stop-time-hours", "--user-dir")
+
+
+# ------------------------------------------------------------------------------------------------
+# configuration and plan
+# ------------------------------------------------------------------------------------------------
+@dataclass
+class StudyConfig:
+    """Everything a study run needs (what :func:`main` builds from its command line)."""
+
+    data: Dict[str, str]                      # "main" -> data-bin, plus --data-bin KEY=PATH
+    out: Path
+    arms: Tuple[Arm, ...]                     # the arms trained in this run
+    base: Tuple[str, ...] = ()                # fairseq-train arguments common to all arms
+    prepare: Tuple[Arm, ...] = ()             # arms whose GradInit scales are cached, not trained
+    files: Dict[str, str] = field(default_factory=dict)  # {KEY} placeholders in arm arguments
+    parallel: int = 1
+    time_budget_s: Optional[float] = None     # wall time of the GradInit phases and training
+    finish_margin_s: float = 30.0             # left to each arm after its --stop-time-hours
+    max_update: int = 3000
+    valid_every: int = 100                    # validation and train_inner logging interval
+    save_every: int = 500                     # checkpoint interval (candidates for BLEU)
+    cpu: bool = False
+    bleu: bool = True
+    bleu_ref: Optional[str] = None            # raw reference file (else the T- lines)
+    bleu_subset: str = "test"
+    bleu_args: Tuple[str, ...] = ()           # passed to fairseq-generate
+    bleu_budget_s: Optional[float] = None
+    bleu_script: Path = DEFAULT_BLEU_SCRIPT
+    gradinit_cache: Optional[Path] = None     # default OUT/gradinit
+    python: str = sys.executable
+
+    def __post_init__(self):
+        names = [a.name for a in self.arms] + [a.name for a in self.prepare]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"arm names must be unique (and an arm is either trained or prepared): {dupes}")
+        if not self.arms and not self.prepare:
+            raise ValueError("no arms: pass --preset NAME, --arm NAME=ARGS or --arms-file FILE")
+        if self.parallel < 1:
+            raise ValueError(f"--parallel must be >= 1, got {self.parallel}")
+        for opt in RESERVED_OPTIONS:
+            if has_option(self.base, opt):
+                raise ValueError(f"the base arguments set {opt}: the study sets it for every arm; remove it")
+        if self.time_budget_s is not None and self.time_budget_s <= 0:
+            raise ValueError("--time-budget must be positive")
+
+    @property
+    def cache_dir(self) -> Path:
+        return Path(self.gradinit_cache) if self.gradinit_cache else Path(self.out) / "gradinit"
+
+
+@dataclass
+class GradInitGroup:
+    """Arms whose GradInit scales are the same computation."""
+
+    key: str
+    fingerprint: dict
+    arms: List[str]
+    phase_argv: List[str]                     # fairseq-train arguments of the phase (no --save-dir)
+    dir: Path
+    cached: bool = False
+
+    @property
+    def scales_file(self) -> Path:
+        return self.dir / "gradinit.json"
+
+
+@dataclass
+class ArmPlan:
+    arm: Arm
+    argv: List[str]                           # fairseq-train arguments, data first, no save-dir/stop-time
+    data: str
+    save_dir: Path
+    group: Optional[str] = None               # GradInitGroup.key when the arm's scales are shared
+    train: bool = True                        # False: only its GradInit group is prepared
+
+
+def study_defaults(cfg: StudyConfig) -> List[str]:
+    """fairseq-train arguments every arm starts from (an arm or the base may override them)."""
+    v, s = str(cfg.valid_every), str(cfg.save_every)
+    return ["--task", "translation_gradinit", "--max-update", str(cfg.max_update),
+            "--validate-interval-updates", v, "--validate-interval", "1000000", "--log-interval", v,
+            "--log-format", "simple", "--no-progress-bar",
+            # checkpoints only every save_every updates (and at the end), without optimizer state
+            # (they are only evaluated), so BLEU can pick a common update
+            "--save-interval", "1000000", "--save-interval-updates", s, "--no-epoch-checkpoints",
+            "--no-save-optimizer-state"]
+
+
+def _parse_fairseq_args(argv: Sequence[str], *, arm: str):
+    """fairseq's own parse of a fairseq-train command line (with the plugin's tasks and models)."""
+    from fairseq import options
+
+    from .. import fairseq_plugin  # noqa: F401  (registers the plugin's tasks, options and models)
+
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
+    except SystemExit:
+        msg = err.getvalue().strip().splitlines()
+        raise ValueError(f"arm {arm}: fairseq-train rejects its arguments: {msg[-1] if msg else 'bad arguments'}")
+
+
+def group_key(fp: Mapping) -> str:
+    from ..fairseq_plugin.provenance import COMPARED_KEYS
+
+    compared = {k: fp.get(k) for k in COMPARED_KEYS}
+    return hashlib.sha256(json.dumps(compared, sort_keys=True, default=str).encode()).hexdigest()[:12]
+
+
+def cached_scales_match(group_dir: Path, fp: Mapping) -> bool:
+    """Whether ``group_dir`` holds scales computed for fingerprint ``fp`` (the sidecar
+    ``fingerprint.json``, and the one inside ``gradinit.json`` where the task records it)."""
+    from ..fairseq_plugin.provenance import fingerprint_diff
+
+    scales, side = group_dir / "gradinit.json", group_dir / "fingerprint.json"
+    if not scales.is_file() or not side.is_file():
+        return False
+    try:
+        saved = json.loads(side.read_text())
+        inner = json.loads(scales.read_text()).get("fingerprint")
+    except (OSError, json.JSONDecodeError):
+        return False
+    if fingerprint_diff(saved, fp):
+        return False
+    return inner is None or not fingerprint_diff(inner, fp)
+
+
+def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup]]:
+    """Each arm's fairseq-train arguments (validated by fairseq's parser) and the GradInit groups."""
+    from ..fairseq_plugin.provenance import fingerprint_from_args
+
+    base = merge_args(study_defaults(cfg), list(cfg.base))
+    if cfg.cpu and not has_option(base, "--cpu"):
+        base.append("--cpu")
+    plans: List[ArmPlan] = []
+    groups: Dict[str, GradInitGroup] = {}
+    for arm, train in [(a, True) for a in cfg.arms] + [(a, False) for a in cfg.prepare]:
+        for opt in RESERVED_OPTIONS:
+            if has_option(arm.args, opt):
+                raise ValueError(f"arm {arm.name} sets {opt}: the study sets it for every arm; remove it")
+        if arm.data not in cfg.data:
+            known = ", ".join(sorted(cfg.data))
+            raise ValueError(f"arm {arm.name} trains on data-bin {arm.data!r}, which was not given "
+                             f"(known: {known}); pass --data-bin {arm.data}=PATH or leave the arm out")
+        data = str(cfg.data[arm.data])
+        if not Path(data).is_dir():
+            raise ValueError(f"arm {arm.name}: data-bin {data} is not a directory")
+        argv = [data] + substitute_files(merge_args(base, arm.args, arm.drop), cfg.files, arm=arm.name)
+        ns = _parse_fairseq_args(argv, arm=arm.name)
+        plan = ArmPlan(arm=arm, argv=argv, data=data, save_dir=Path(cfg.out) / "arms" / arm.name, train=train)
+        if getattr(ns, "gradinit_iters", 0) > 0 and not getattr(ns, "gradinit_init_file", None):
+            if int(getattr(ns, "distributed_world_size", 1) or 1) > 1:
+                raise ValueError(f"arm {arm.name}: the study runs one process per arm; "
+                                 "--distributed-world-size must be 1")
+            fp = fingerprint_from_args(argv)
+            key = group_key(fp)
+            if key not in groups:
+                gdir = cfg.cache_dir / f"gi-{key}"
+                groups[key] = GradInitGroup(key=key, fingerprint=fp, arms=[], phase_argv=list(argv), dir=gdir,
+                                            cached=cached_scales_match(gdir, fp))
+            groups[key].arms.append(arm.name)
+            plan.group = key
+        elif not train:
+            raise ValueError(f"arm {arm.name} is to be prepared but computes no GradInit scales "
+                             "(no --gradinit-iters, or it reads --gradinit-init-file)")
+        plans.append(plan)
+    return plans, groups
+
+
+def arm_command(cfg: StudyConfig, plan: ArmPlan, groups: Mapping[str, GradInitGroup]) -> List[str]:
+    argv = list(plan.argv)
+    if plan.group is not None:
+        from ..fairseq_plugin.init_file import compute_only_flags
+
+        # The group's phase computed the scales with these settings; the arm only applies them.
+        argv = merge_args(argv, ["--gradinit-init-file", str(groups[plan.group].scales_file)],
+                          drop=compute_only_flags())
+    return [cfg.python, "-m", "fairseq_cli.train", *argv, "--user-dir", str(PACKAGE_DIR),
+            "--save-dir", str(plan.save_dir)]
+
+
+def phase_command(cfg: StudyConfig, group: GradInitGroup, save_dir: Path) -> List[str]:
+    return [cfg.python, "-m", "fairseq_gradinit.study", "gradinit-phase",
+            *group.phase_argv, "--save-dir", str(save_dir)]
+
+
+# ------------------------------------------------------------------------------------------------
+# the GradInit phase: scales only, built as fairseq-train builds them
+# ------------------------------------------------------------------------------------------------
+def gradinit_phase_main(argv: Sequence[str]) -> int:
+    """Compute GradInit scales for a fairseq-train command line and write ``SAVE_DIR/gradinit.json``.
+
+    Mirrors ``fairseq_cli.train.main`` up to ``task.build_criterion`` (where the task runs
+    GradInit): the same config, seeds, task, model and criterion, hence the same initial weights,
+    batches and scales. Nothing is trained and no checkpoint is written.
+    """
+    import numpy as np
+    from fairseq import tasks, utils
+    from fairseq.dataclass.initialize import add_defaults
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from ..fairseq_plugin import task as _task  # noqa: F401  (registers translation_gradinit)
+
+    args = _parse_fairseq_args(argv, arm="gradinit-phase")
+    cfg = convert_namespace_to_omegaconf(args)
+    add_defaults(cfg)
+    if int(cfg.distributed_training.distributed_world_size) > 1:
+        raise ValueError("the GradInit phase runs in one process: --distributed-world-size must be 1")
+    if not cfg.task.gradinit_iters or cfg.task.gradinit_init_file:
+        raise ValueError("the GradInit phase needs --gradinit-iters N > 0 and no --gradinit-init-file")
+    np.random.seed(cfg.common.seed)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    task.build_model(cfg.model)
+    task.build_criterion(cfg.criterion)  # runs GradInit and writes save_dir/gradinit.json
+    out = Path(cfg.checkpoint.save_dir) / "gradinit.json"
+    if not out.is_file():
+        raise RuntimeError(f"GradInit ran but {out} was not written")
+    return 0

@@ -1,0 +1,135 @@
+"""Results of a study: curves, checkpoints, per-arm outcomes, export and the summary table."""
+from __future__ import annotations
+
+import csv
+import re
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from .. import curves as curve_logs
+from .scheduler import Job
+
+_CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
+_STOP_TIME_MSG = "Stopping training due to cumulative_training_time"
+
+
+# ------------------------------------------------------------------------------------------------
+# results
+# ------------------------------------------------------------------------------------------------
+CSV_FIELDS = ("arm", "num_updates", "valid_loss", "valid_nll_loss", "train_loss", "train_nll_loss",
+              "loss_scale", "lr", "gnorm", "wall_s")
+
+
+def arm_curves(log: Path) -> Dict[str, curve_logs.Curve]:
+    if not log.is_file():
+        return {}
+    with open(log, encoding="utf-8", errors="replace") as f:
+        return curve_logs.parse_training_log(f)
+
+
+def curve_rows(name: str, curves: Mapping[str, curve_logs.Curve]) -> List[dict]:
+    """One CSV row per logged update of one arm (validation and train_inner lines merged)."""
+    columns = {"valid_loss": "valid_loss", "valid_nll_loss": "valid_nll_loss", "train_loss": "train_loss",
+               "train_nll_loss": "train_nll_loss", "loss_scale": "train_loss_scale", "lr": "train_lr",
+               "gnorm": "train_gnorm", "wall_s": "train_wall"}
+    updates = sorted({u for c in curves.values() for u in c})
+    return [{"arm": name, "num_updates": u, **{col: curves.get(key, {}).get(u, "") for col, key in columns.items()}}
+            for u in updates]
+
+
+def write_curves(out: Path, all_curves: Mapping[str, Mapping[str, curve_logs.Curve]]) -> Dict[str, str]:
+    """``curves.csv``, ``curves.md`` (validation loss table) and ``curves.png`` (three panels)."""
+    written = {}
+    csv_path = out / "curves.csv"
+    with open(csv_path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w.writeheader()
+        for name, curves in all_curves.items():
+            w.writerows(curve_rows(name, curves))
+    written["csv"] = str(csv_path)
+    valid = {n: c.get("valid_loss", {}) for n, c in all_curves.items()}
+    md = out / "curves.md"
+    md.write_text(curve_logs.markdown_table(valid, "loss (eval mode)", "valid"), encoding="utf-8")
+    written["md"] = str(md)
+    png = out / "curves.png"
+    panels = [("valid loss (eval mode)", valid, False),
+              ("train loss (dropout on)", {n: c.get("train_loss", {}) for n, c in all_curves.items()}, False),
+              ("fp16 loss scale", {n: c.get("train_loss_scale", {}) for n, c in all_curves.items()}, True)]
+    if curve_logs.plot_panels(panels, png):
+        written["png"] = str(png)
+    return written
+
+
+def checkpoint_updates(save_dir: Path) -> Dict[int, Path]:
+    """``{update: path}`` of the interval checkpoints ``checkpoint_<epoch>_<update>.pt``."""
+    out = {}
+    if save_dir.is_dir():
+        for p in save_dir.iterdir():
+            m = _CHECKPOINT_RE.match(p.name)
+            if m:
+                out[int(m.group(2))] = p
+    return out
+
+
+def common_update(checkpoints: Mapping[str, Mapping[int, Path]]) -> Optional[int]:
+    """The largest update at which every arm (with any checkpoint) saved one."""
+    sets = [set(c) for c in checkpoints.values() if c]
+    if not sets:
+        return None
+    common = set.intersection(*sets)
+    return max(common) if common else None
+
+
+def arm_outcome(job: Job, curves: Mapping[str, curve_logs.Curve], log: Path, max_update: int) -> dict:
+    seen = [max(c) for c in curves.values() if c]
+    last = max(seen) if seen else 0
+    stopped = job.status
+    if job.status == "done":
+        text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
+        stopped = "stop_time" if _STOP_TIME_MSG in text else ("max_update" if last >= max_update else "done")
+    valid = curves.get("valid_loss") or {}
+    return {"last_update": last, "ended_by": stopped,
+            "last_valid_loss": valid[max(valid)] if valid else None}
+
+
+def export_results(out: Path, dest: Path, groups: Sequence[str], cache_dir: Path) -> List[str]:
+    """Copy the summary files to ``dest`` and pack the logs (``logs.tar.gz``: every arm's
+    ``train.log``/``bleu.json``/``bleu.log``) and the GradInit groups of this study
+    (``gradinit.tar.gz``, to unpack into a ``--gradinit-cache`` folder): few files, no checkpoints."""
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name in ("study.json", "curves.csv", "curves.png", "curves.md", "bleu.json"):
+        if (out / name).is_file():
+            shutil.copy2(out / name, dest / name)
+            written.append(str(dest / name))
+    with tarfile.open(dest / "logs.tar.gz", "w:gz") as tar:
+        for arm_dir in sorted((out / "arms").iterdir()) if (out / "arms").is_dir() else []:
+            for name in ("train.log", "bleu.json", "bleu.log"):
+                if (arm_dir / name).is_file():
+                    tar.add(arm_dir / name, arcname=f"{arm_dir.name}/{name}")
+    written.append(str(dest / "logs.tar.gz"))
+    with tarfile.open(dest / "gradinit.tar.gz", "w:gz") as tar:
+        for g in groups:
+            for path in (cache_dir / g, cache_dir / f"failed-{g}"):
+                if path.is_dir():
+                    tar.add(path, arcname=path.name)
+    written.append(str(dest / "gradinit.tar.gz"))
+    return written
+
+
+def summary_table(result: Mapping) -> str:
+    """A short text table: per arm, how it ended, its last update, last validation loss and BLEU."""
+    lines = ["arm | ended by | last update | valid loss (last) | BLEU"]
+    bleu = (result.get("bleu") or {}).get("arms", {})
+    for name, a in result["arms"].items():
+        if not a.get("trained"):
+            continue
+        b = bleu.get(name, {}).get("bleu")
+        lines.append(f"{name} | {a.get('ended_by')} | {a.get('last_update')} | {a.get('last_valid_loss', '–')} | "
+                     f"{'–' if b is None else f'{b:.2f}'}")
+    update = (result.get("bleu") or {}).get("update")
+    if update is not None:
+        lines.append(f"(BLEU at update {update}, the largest checkpoint every arm reached)")
+    return "\n".join(lines)

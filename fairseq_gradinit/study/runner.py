@@ -1,0 +1,192 @@
+"""The whole study: plan, GradInit phases, arms, curves and BLEU (:func:`run_study`)."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+from .arms import merge_args
+from .plan import REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, phase_command, plan_study
+from .results import arm_curves, arm_outcome, checkpoint_updates, common_update, write_curves
+from .scheduler import Job, run_jobs, subprocess_env
+
+logger = logging.getLogger(__name__)
+
+
+# ------------------------------------------------------------------------------------------------
+# the whole study
+# ------------------------------------------------------------------------------------------------
+def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
+    def finish(job: Job) -> None:
+        scales = tmp / "gradinit.json"
+        if not scales.is_file():
+            raise RuntimeError(f"the GradInit phase ended without writing {scales}")
+        (tmp / "fingerprint.json").write_text(json.dumps(group.fingerprint, indent=1, sort_keys=True) + "\n")
+        shutil.move(str(job.log), str(tmp / "gradinit.log"))
+        job.log = group.dir / "gradinit.log"
+        if group.dir.exists():  # a stale or foreign entry under the same key: replace it
+            shutil.rmtree(group.dir)
+        os.replace(tmp, group.dir)
+        group.cached = True
+    return finish
+
+
+#: fairseq-generate's length limits in the BLEU step, as the authors decode (untrained arms otherwise
+#: decode every sentence to fairseq's maximum length).
+BLEU_LENGTH_LIMITS = ("--max-len-a", "1.2", "--max-len-b", "10")
+
+
+def group_entry(group: GradInitGroup, phase: Optional[Job], t0: float) -> dict:
+    """``study.json``'s entry of a GradInit group: its scales file only if it exists, whether this
+    study computed it, and the phase's outcome (a failed phase's log is where the failure moved it)."""
+    entry = {"arms": group.arms, "scales": str(group.scales_file) if group.scales_file.is_file() else None,
+             "computed_now": phase is not None and phase.status == "done",
+             "phase": phase.summary(t0) if phase is not None else None}
+    if entry["scales"] is None:
+        entry["error"] = (f"no scales: the GradInit phase {phase.status}" + (f" ({phase.reason})" if phase.reason else "")
+                          + f"; see {phase.log}" if phase is not None else "no scales and no phase ran")
+    return entry
+
+
+def run_study(cfg: StudyConfig) -> dict:
+    """Plan, run (GradInit phases, arms, BLEU) and write the results; returns ``study.json``'s content."""
+    out = Path(cfg.out)
+    plans, groups = plan_study(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "arms").mkdir(exist_ok=True)
+    for p in plans:
+        if p.train and p.save_dir.exists() and any(p.save_dir.iterdir()):
+            raise ValueError(f"{p.save_dir} is not empty: fairseq would resume from it; use a new --out "
+                             "or remove the arm's folder")
+    env = subprocess_env(cfg)
+    t0 = time.time()
+    deadline = t0 + cfg.time_budget_s if cfg.time_budget_s else None
+
+    jobs: List[Job] = []
+    for key, g in groups.items():
+        if g.cached:
+            logger.info("study: GradInit group gi-%s (%s): reusing %s", key, ", ".join(g.arms), g.scales_file)
+            continue
+        tmp = cfg.cache_dir / f".gi-{key}.tmp{os.getpid()}"
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        jobs.append(Job(name=f"gi-{key}", kind="phase", cmd=phase_command(cfg, g, tmp), log=tmp / "gradinit.log.part",
+                        on_success=_finish_phase(g, tmp)))
+    phase_names = {j.name for j in jobs}
+    arm_jobs: Dict[str, Job] = {}
+    for p in plans:
+        if not p.train:
+            continue
+        deps = (f"gi-{p.group}",) if p.group is not None and f"gi-{p.group}" in phase_names else ()
+        job = Job(name=p.arm.name, kind="arm", cmd=arm_command(cfg, p, groups), log=p.save_dir / "train.log",
+                  deps=deps, stop_time=True)
+        arm_jobs[p.arm.name] = job
+        jobs.append(job)
+    logger.info("study: %d GradInit phase(s) to run, %d cached; %d arm(s)", len(phase_names),
+                sum(g.cached for g in groups.values()), len(arm_jobs))
+    try:
+        run_jobs(jobs, parallel=cfg.parallel, deadline=deadline, finish_margin_s=cfg.finish_margin_s, env=env,
+                 cwd=REPO_ROOT)
+    finally:  # also on Ctrl-C: no temporary folder stays in the cache
+        for j in jobs:  # failed, killed or never started phases: keep their log beside the cache
+            if j.kind == "phase" and j.status != "done":
+                tmp = j.log.parent
+                if tmp.exists():
+                    failed = cfg.cache_dir / f"failed-{j.name}"
+                    shutil.rmtree(failed, ignore_errors=True)
+                    os.replace(tmp, failed)
+                    j.log = failed / j.log.name
+    t_train = time.time()
+
+    all_curves = {name: arm_curves(job.log) for name, job in arm_jobs.items()}
+    written = write_curves(out, all_curves) if arm_jobs else {}
+    arms_out = {}
+    for p in plans:
+        entry = {"args": p.arm.spec(), "note": p.arm.note, "data": p.data, "trained": p.train,
+                 "gradinit_group": f"gi-{p.group}" if p.group else None}
+        if p.train:
+            job = arm_jobs[p.arm.name]
+            entry.update(command=shlex.join(job.cmd), run=job.summary(t0),
+                         **arm_outcome(job, all_curves[p.arm.name], job.log, cfg.max_update))
+        arms_out[p.arm.name] = entry
+
+    bleu = run_bleu(cfg, plans, env) if cfg.bleu and arm_jobs else None
+    result = {
+        "out": str(out),
+        "data": {k: str(v) for k, v in cfg.data.items()},
+        "base": shlex.join(cfg.base),
+        "settings": {"parallel": cfg.parallel, "time_budget_s": cfg.time_budget_s, "finish_margin_s": cfg.finish_margin_s,
+                     "max_update": cfg.max_update, "valid_every": cfg.valid_every, "save_every": cfg.save_every,
+                     "cpu": cfg.cpu},
+        "gradinit_groups": {f"gi-{k}": group_entry(g, next((j for j in jobs if j.name == f"gi-{k}"), None), t0)
+                            for k, g in groups.items()},
+        "arms": arms_out,
+        "files": written,
+        "bleu": bleu,
+        "wall_s": {"gradinit_and_training": round(t_train - t0, 1), "total": round(time.time() - t0, 1)},
+    }
+    (out / "study.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result
+
+
+def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str]) -> dict:
+    """BLEU of every arm at the largest checkpoint update that all arms with checkpoints reached."""
+    trained = [p for p in plans if p.train]
+    ckpts = {p.arm.name: checkpoint_updates(p.save_dir) for p in trained}
+    without = sorted(n for n, c in ckpts.items() if not c)
+    update = common_update(ckpts)
+    gen_args = merge_args(BLEU_LENGTH_LIMITS, list(cfg.bleu_args))
+    result = {"update": update, "beam": 5, "subset": cfg.bleu_subset, "reference": cfg.bleu_ref or "T- lines",
+              "generate_args": gen_args, "arms": {}, "no_checkpoint": without}
+
+    def no_score(p: ArmPlan, reason: str) -> None:
+        (p.save_dir / "bleu.json").write_text(json.dumps({"bleu": None, "reason": reason}, indent=1) + "\n")
+
+    for p in trained:
+        if p.arm.name in without:
+            no_score(p, "no checkpoint was saved (the arm ended before --save-every updates)")
+    if update is None:
+        result["error"] = "no checkpoint update common to all arms; lower --save-every"
+        for p in trained:
+            if p.arm.name not in without:
+                no_score(p, result["error"])
+        (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n")
+        return result
+    if not Path(cfg.bleu_script).is_file():
+        raise ValueError(f"BLEU script not found: {cfg.bleu_script} (run from a source checkout, or --no-bleu)")
+    jobs, outputs = [], {}
+    for p in trained:
+        if p.arm.name in without:
+            continue
+        out_json = outputs[p.arm.name] = p.save_dir / "bleu.json"
+        cmd = [cfg.python, str(cfg.bleu_script), p.data, "--path", str(ckpts[p.arm.name][update]),
+               "--user-dir", "gradinit", "--beam", "5", "--gen-subset", cfg.bleu_subset,
+               "--output-json", str(out_json)]
+        if cfg.cpu:
+            cmd.append("--cpu")
+        if cfg.bleu_ref:
+            cmd += ["--ref", str(cfg.bleu_ref)]
+        cmd += ["--", *gen_args]
+        jobs.append(Job(name=p.arm.name, kind="bleu", cmd=cmd, log=p.save_dir / "bleu.log"))
+    t0 = time.time()
+    run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=REPO_ROOT,
+             deadline=t0 + cfg.bleu_budget_s if cfg.bleu_budget_s else None)
+    for job in jobs:
+        entry = {"checkpoint": str(ckpts[job.name][update]), **job.summary(t0)}
+        out_json = outputs[job.name]
+        if job.status == "done" and out_json.is_file():
+            scored = json.loads(out_json.read_text())
+            entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "bleu_string")})
+        else:
+            entry["reason"] = (f"BLEU step {job.status}" + (f" ({job.reason})" if job.reason else "")
+                               + f"; see {job.log}")
+            no_score(next(p for p in trained if p.arm.name == job.name), entry["reason"])
+        result["arms"][job.name] = entry
+    (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result

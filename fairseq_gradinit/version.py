@@ -1,0 +1,2 @@
+"""The package version (its own module so that submodules can read it without importing the package)."""
+__version__ = "0.3.0"
