@@ -1,6 +1,7 @@
 """The study runner (scripts/study.py, fairseq_gradinit/study/): arm specs, presets,
 GradInit groups, the budgeted scheduler, and one end-to-end run on a tiny model on the CPU."""
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -370,3 +371,8 @@ def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_p
     assert b["bleu"] is None and b["reason"].startswith("BLEU step failed") and result["arms"]["b"]["reason"] == b["reason"]
     c = json.loads((tmp_path / "c" / "bleu.json").read_text())
     assert c["bleu"] is None and "no checkpoint" in c["reason"]
+    assert result["budget_s"] is None  # no --time-budget: no limit
+    # with a time budget, the BLEU step is sized from the arms: 30 s per round of --parallel arms
+    budgeted = dataclasses.replace(cfg, time_budget_s=600.0, parallel=2)
+    assert [study_runner.bleu_budget_s(budgeted, n) for n in (1, 2, 3, 5)] == [30.0, 30.0, 60.0, 90.0]
+    assert study_runner.bleu_budget_s(dataclasses.replace(budgeted, bleu_budget_s=12.0), 5) == 12.0

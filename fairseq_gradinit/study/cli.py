@@ -66,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bleu-subset", default="test", help="binarized split BLEU translates (default: test)")
     p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50' "
                    "(default length limits: --max-len-a 1.2 --max-len-b 10)")
-    p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step (running translations are killed)")
+    p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step (running translations are killed; "
+                   "default with --time-budget: 0.5 per round of --parallel arms, else no limit)")
     p.add_argument("--gradinit-cache", type=Path, help="folder of computed GradInit groups (default OUT/gradinit); "
                                                        "share it between studies to reuse scales")
     p.add_argument("--export", type=Path, help="also copy the summaries and pack logs and scales here (few files)")

@@ -36,6 +36,10 @@ def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
     return finish
 
 
+#: With a --time-budget and no --bleu-budget, the BLEU step gets this many seconds per round of
+#: ``parallel`` arms decoding at once (a default to override, sized for 1,500 length-limited test
+#: sentences of a d=512 model on one GPU; not a measurement).
+BLEU_SECONDS_PER_ROUND = 30.0
 #: fairseq-generate's length limits in the BLEU step, as the authors decode (untrained arms otherwise
 #: decode every sentence to fairseq's maximum length).
 BLEU_LENGTH_LIMITS = ("--max-len-a", "1.2", "--max-len-b", "10")
@@ -51,6 +55,16 @@ def group_entry(group: GradInitGroup, phase: Optional[Job], t0: float) -> dict:
         entry["error"] = (f"no scales: the GradInit phase {phase.status}" + (f" ({phase.reason})" if phase.reason else "")
                           + f"; see {phase.log}" if phase is not None else "no scales and no phase ran")
     return entry
+
+
+def bleu_budget_s(cfg: StudyConfig, n_arms: int) -> Optional[float]:
+    """Seconds for the BLEU step: ``--bleu-budget``, else, in a run with a ``--time-budget``, sized from
+    the arms (:data:`BLEU_SECONDS_PER_ROUND` per round of ``parallel`` arms); else no limit."""
+    if cfg.bleu_budget_s is not None:
+        return cfg.bleu_budget_s
+    if cfg.time_budget_s is None or n_arms == 0:
+        return None
+    return BLEU_SECONDS_PER_ROUND * -(-n_arms // cfg.parallel)
 
 
 def run_study(cfg: StudyConfig) -> dict:
@@ -174,9 +188,10 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
             cmd += ["--ref", str(cfg.bleu_ref)]
         cmd += ["--", *gen_args]
         jobs.append(Job(name=p.arm.name, kind="bleu", cmd=cmd, log=p.save_dir / "bleu.log"))
+    budget = bleu_budget_s(cfg, len(jobs))
+    result["budget_s"] = budget
     t0 = time.time()
-    run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=REPO_ROOT,
-             deadline=t0 + cfg.bleu_budget_s if cfg.bleu_budget_s else None)
+    run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=REPO_ROOT, deadline=t0 + budget if budget else None)
     for job in jobs:
         entry = {"checkpoint": str(ckpts[job.name][update]), **job.summary(t0)}
         out_json = outputs[job.name]
