@@ -173,3 +173,19 @@ def test_effective_use_scales_of_a_shared_run(tiny_data):
     fm = _model(tiny_data, "--share-all-embeddings")
     uses = effective_use_scales(fm.model, {"encoder.embed_tokens.weight": 0.5})
     assert uses == {"encoder.embed_tokens": 0.5, "decoder.embed_tokens": 0.5, "decoder.output_projection": 0.5}
+
+
+def test_per_layer_report_applies_multiplier_scales(tiny_data):
+    from fairseq_gradinit.core.report import init_report
+
+    fm = _model(tiny_data, "--share-all-embeddings")
+    install_multipliers(fm.model)
+    sample = _sample(fm)
+    before = float(fm.model.encoder.embed_scale)
+    scales = {"encoder.embed_tokens.weight": 0.5, "encoder.embed_scale": 3.0, "decoder.embed_scale": 0.5}
+    report = init_report(fm.model, scales, [sample, sample], lambda m, b: _loss(fm, b))
+    assert float(fm.model.encoder.embed_scale) == before  # restored
+    assert "encoder.embed_scale" not in {t.name for t in report.tensors}
+    # the multipliers were applied: the loss after differs from W scaled alone
+    alone = init_report(fm.model, {"encoder.embed_tokens.weight": 0.5}, [sample, sample], lambda m, b: _loss(fm, b))
+    assert report.loss_after != alone.loss_after and report.loss_before == alone.loss_before

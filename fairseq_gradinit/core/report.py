@@ -174,13 +174,20 @@ def init_report(model: nn.Module, scales: Mapping[str, float], batches: Sequence
     names = [n for n, _, _ in entries]
     params = [p for _, p, _ in entries]
     by_alias = {a: n for n, _, aliases in entries for a in [n, *aliases]}
-    unknown = [k for k in scales if k not in by_alias]
+    # 0-d buffers with a scale (GradInitConfig.fixed_params turned back into buffers, e.g. the per-use
+    # multipliers of tied embeddings): applied with the weights, not reported as tensors
+    buffers = dict(model.named_buffers())
+    multipliers = {k: float(v) for k, v in scales.items()
+                   if k not in by_alias and k in buffers and buffers[k].dim() == 0}
+    unknown = [k for k in scales if k not in by_alias and k not in multipliers]
     if unknown:
         raise ValueError(f"the scales name tensors this model does not have (or that are frozen): {unknown[:5]}"
                          f"{' ...' if len(unknown) > 5 else ''}; rebuild the model with the architecture and "
                          "arguments GradInit ran on")
     scale_of: Dict[str, float] = {}
     for key, value in scales.items():
+        if key in multipliers:
+            continue
         value = float(value)
         if not math.isfinite(value):
             raise ValueError(f"scale of {key!r} is not finite: {value}")
@@ -189,14 +196,20 @@ def init_report(model: nn.Module, scales: Mapping[str, float], batches: Sequence
     norm0, abs0 = _norms(params)
     std0, gabs0, loss0 = gradient_std(model, params, batches, loss_fn, mode=config.mode, seed=config.seed)
     saved = [p.detach().clone() for p in params]
+    saved_multipliers = {k: buffers[k].detach().clone() for k in multipliers}
     try:
         apply_scales(model, {n: scale_of[n] for n in names if n in scale_of})
+        with torch.no_grad():
+            for k, v in multipliers.items():
+                buffers[k].mul_(v)
         norm1, abs1 = _norms(params)
         std1, gabs1, loss1 = gradient_std(model, params, batches, loss_fn, mode=config.mode, seed=config.seed)
     finally:
         with torch.no_grad():
             for p, w in zip(params, saved):
                 p.copy_(w)
+            for k, w in saved_multipliers.items():
+                buffers[k].copy_(w)
     tensors = [
         TensorStats(name=n, shape=list(p.shape), numel=p.numel(), scale=scale_of.get(n, 1.0),
                     scaled=n in scale_of, norm_before=norm0[i], norm_after=norm1[i], mean_abs_before=abs0[i],
