@@ -41,6 +41,21 @@ def training_config(argv: Sequence[str], *, defaults: bool = False):
     return cfg
 
 
+def build_from_config(cfg):
+    """(task, model, criterion) of the config ``cfg`` in fairseq-train's seeding and construction
+    order (fairseq_cli/train.py): nothing else draws random numbers before build_model, so the
+    weights are fairseq-train's initialization; the task runs GradInit in build_criterion when
+    ``cfg`` asks for it."""
+    from fairseq import tasks
+
+    np.random.seed(cfg.common.seed)
+    utils.set_torch_seed(cfg.common.seed)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    return task, model, criterion
+
+
 def build_training_model(train_argv: Sequence[str], *, device: Optional[str] = None,
                          gradinit: bool = False) -> FairseqModel:
     """The model, task and criterion ``fairseq-train train_argv`` would start training from.
@@ -48,21 +63,13 @@ def build_training_model(train_argv: Sequence[str], *, device: Optional[str] = N
     ``gradinit`` False drops ``--gradinit-iters``/``--gradinit-init-file`` (the caller applies
     scales itself); True lets the task run GradInit in ``build_criterion`` as fairseq-train does.
     """
-    from fairseq import tasks
-
     cfg = training_config(train_argv)
     if not gradinit:
         for key, off in (("gradinit_iters", 0), ("gradinit_init_file", None)):
             if getattr(cfg.task, key, off) not in (off, None):
                 logger.info("ignoring --%s (scales are applied by the caller)", key.replace("_", "-"))
                 setattr(cfg.task, key, off)
-    # fairseq-train's seeding and construction order (fairseq_cli/train.py): nothing else draws
-    # random numbers before build_model, so the weights are fairseq-train's initialization.
-    np.random.seed(cfg.common.seed)
-    utils.set_torch_seed(cfg.common.seed)
-    task = tasks.setup_task(cfg.task)
-    model = task.build_model(cfg.model)
-    criterion = task.build_criterion(cfg.criterion)
+    task, model, criterion = build_from_config(cfg)
     if device is None:
         device = "cuda" if torch.cuda.is_available() and not cfg.common.cpu else "cpu"
     dev = torch.device(device)

@@ -217,12 +217,10 @@ def gradinit_phase_main(argv: Sequence[str]) -> int:
     GradInit): the same config, seeds, task, model and criterion, hence the same initial weights,
     batches and scales. Nothing is trained and no checkpoint is written.
     """
-    import numpy as np
-    from fairseq import tasks, utils
     from fairseq.dataclass.initialize import add_defaults
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from ..fairseq_plugin import task as _task  # noqa: F401  (registers translation_gradinit)
+    from ..fairseq_plugin.training import build_from_config
 
     args = _parse_fairseq_args(argv, arm="gradinit-phase")
     cfg = convert_namespace_to_omegaconf(args)
@@ -231,11 +229,7 @@ def gradinit_phase_main(argv: Sequence[str]) -> int:
         raise ValueError("the GradInit phase runs in one process: --distributed-world-size must be 1")
     if not cfg.task.gradinit_iters or cfg.task.gradinit_init_file:
         raise ValueError("the GradInit phase needs --gradinit-iters N > 0 and no --gradinit-init-file")
-    np.random.seed(cfg.common.seed)
-    utils.set_torch_seed(cfg.common.seed)
-    task = tasks.setup_task(cfg.task)
-    task.build_model(cfg.model)
-    task.build_criterion(cfg.criterion)  # runs GradInit and writes save_dir/gradinit.json
+    build_from_config(cfg)  # the task runs GradInit in build_criterion and writes save_dir/gradinit.json
     out = Path(cfg.checkpoint.save_dir) / "gradinit.json"
     if not out.is_file():
         raise RuntimeError(f"GradInit ran but {out} was not written")
