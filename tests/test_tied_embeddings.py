@@ -156,6 +156,15 @@ def test_per_use_end_to_end_resume_and_reload(tiny_data, tmp_path):
     mult = float(fm.model.encoder.embed_scale)
     assert abs(mult - 4.0 * info["scales"]["encoder.embed_scale"]) < 1e-5  # sqrt(16) x the use's scale
 
+    # scripts/evaluate_bleu.py (fairseq-generate) translates the per-use checkpoint
+    bleu_json = tmp_path / "bleu.json"
+    scored = subprocess.run([sys.executable, str(REPO / "scripts" / "evaluate_bleu.py"), str(tiny_data), "--path",
+                             str(save / "checkpoint_last.pt"), "--user-dir", "fairseq_gradinit", "--cpu", "--beam", "1",
+                             "--output-json", str(bleu_json), "--", "--max-len-a", "1.2", "--max-len-b", "10"],
+                            cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert scored.returncode == 0, scored.stderr[-3000:]
+    assert json.loads(bleu_json.read_text())["bleu"] is not None
+
     resumed = _train(common + ["--lr", "1e-3", "--max-update", "2", "--save-dir", str(save), "--gradinit-iters", "3"],
                      REPO)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
