@@ -12,6 +12,25 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
 
 
+def small_corpus(tmp_path: Path, sizes=(("train", 300), ("valid", 40), ("test", 40))) -> Path:
+    """``tmp_path/corpus``: the first ``n`` lines of each split of the shared corpus, byte for byte, for
+    ``scripts/prepare_corpus.py``. Skips the test without the corpus, sentencepiece or fairseq."""
+    import importlib.util
+
+    if not SHARED.is_dir():
+        pytest.skip(f"shared corpus not found: {SHARED}")
+    pytest.importorskip("sentencepiece")
+    if importlib.util.find_spec("fairseq_cli") is None:
+        pytest.skip("fairseq is not installed")
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, n in sizes:
+        for lang in ("de", "en"):
+            with open(SHARED / f"{split}.{lang}", "rb") as f:
+                (corpus / f"{split}.{lang}").write_bytes(b"".join(next(f) for _ in range(n)))
+    return corpus
+
+
 def make_tiny_bin(root: Path, sizes: Dict[str, int], nwords: int) -> Path:
     """The first ``sizes[split]`` lines of the shared corpus, binarized with a joined dictionary of
     ``nwords`` words (whitespace tokens). Skips the test when the corpus is absent."""

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_helpers import small_corpus
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 SHARED_CORPUS = ROOT.parent / "shared" / "data" / "debian-ui-de-en"
@@ -41,21 +43,6 @@ def run_python(code, *args, timeout=300):
 # ------------------------------------------------------------------------------------------------
 # prepare_corpus.py
 # ------------------------------------------------------------------------------------------------
-def small_corpus(tmp_path, sizes=(("train", 300), ("valid", 40), ("test", 40))):
-    if not SHARED_CORPUS.is_dir():
-        pytest.skip(f"shared corpus not found: {SHARED_CORPUS}")
-    pytest.importorskip("sentencepiece")
-    if importlib.util.find_spec("fairseq_cli") is None:
-        pytest.skip("fairseq is not installed")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for split, n in sizes:
-        for lang in ("de", "en"):
-            with open(SHARED_CORPUS / f"{split}.{lang}", "rb") as f:
-                (corpus / f"{split}.{lang}").write_bytes(b"".join(next(f) for _ in range(n)))
-    return corpus
-
-
 def prepare_argv(corpus, out, *extra, vocab=200):
     return [str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", str(vocab), "--workers", "1",
             "--out", str(out), *extra]

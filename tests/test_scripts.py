@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_helpers import small_corpus
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts"
 SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "debian-ui-de-en"
@@ -251,25 +253,8 @@ def test_prepare_corpus_reports_missing_files(tmp_path):
                                 "--out", str(tmp_path / "out")]) == 1
 
 
-def _small_corpus(tmp_path, sizes=(("train", 600), ("valid", 300), ("test", 300))):
-    """The first lines of each split of the shared corpus (skips without it, sentencepiece or fairseq)."""
-    if not SHARED_CORPUS.is_dir():
-        pytest.skip(f"shared corpus not found: {SHARED_CORPUS}")
-    pytest.importorskip("sentencepiece")
-    if importlib.util.find_spec("fairseq_cli") is None:
-        pytest.skip("fairseq is not installed")
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for split, n in sizes:
-        for lang in ("de", "en"):
-            with open(SHARED_CORPUS / f"{split}.{lang}", encoding="utf-8") as f:
-                head = [next(f) for _ in range(n)]
-            (corpus / f"{split}.{lang}").write_text("".join(head), encoding="utf-8")
-    return corpus
-
-
 def test_prepare_corpus_end_to_end(tmp_path):
-    corpus = _small_corpus(tmp_path)
+    corpus = small_corpus(tmp_path, (("train", 600), ("valid", 300), ("test", 300)))
     out = tmp_path / "prepared"
     rc = prepare_corpus.main([str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", "200",
                               "--max-train-lines", "300", "--workers", "1", "--out", str(out)])
@@ -312,7 +297,7 @@ def test_prepare_corpus_separate_dicts_train_with_tied_decoder_embeddings(tmp_pa
     """--separate-dicts: one joint SentencePiece model, one fairseq dictionary per side (each holding
     exactly the pieces of its own encoded training text), and fairseq-train with
     --share-decoder-input-output-embed runs on it while --share-all-embeddings is refused."""
-    corpus = _small_corpus(tmp_path, (("train", 300), ("valid", 40), ("test", 40)))
+    corpus = small_corpus(tmp_path)
     out = tmp_path / "prepared"
     argv = [str(corpus), "--src", "de", "--tgt", "en", "--vocab-size", "200", "--workers", "1",
             "--quiet", "--out", str(out)]

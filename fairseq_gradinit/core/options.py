@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 from .config import GradInitConfig, ScaleBound
 
 #: Values that an option's ``kind`` can take (how the command line spells its value).
-KINDS = ("float", "int", "choice", "bool", "pair", "bounds", "python")
+KINDS = ("float", "int", "str", "choice", "bool", "pair", "bounds", "python")
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,8 @@ class OptionSpec:
             return text
         if self.optional and text.strip().lower() in ("none", "null", ""):
             return None
+        if self.kind == "str":
+            return text
         if self.kind == "float":
             return float(text)
         if self.kind == "int":
@@ -134,6 +136,8 @@ def _kind(hint: Any, metadata: Mapping) -> Tuple[str, bool]:
         return "int", optional
     if hint is float:
         return "float", optional
+    if hint is str:
+        return "str", optional
     origin = typing.get_origin(hint)
     if origin is tuple:
         return "pair", optional

@@ -195,22 +195,31 @@ def batch_setting_error(cfg) -> Optional[str]:
     return None
 
 
+def check_when_parsed(parser, check) -> None:
+    """Make ``parser`` refuse what ``check(namespace) -> message or None`` finds, the way it refuses
+    its own arguments: after the parse, ``parser.error`` prints the usage and 'error: ...' and exits
+    with status 2. Adding the same check twice has no effect."""
+    checks = getattr(parser, "_gradinit_checks", None)
+    if checks is None:
+        checks = parser._gradinit_checks = []
+        parse_known_args = parser.parse_known_args  # parse_args goes through it
+
+        def checked(*args, **kwargs):
+            ns, extra = parse_known_args(*args, **kwargs)
+            for fn in checks:
+                error = fn(ns)
+                if error is not None:
+                    parser.error(error)
+            return ns, extra
+
+        parser.parse_known_args = checked
+    if check not in checks:
+        checks.append(check)
+
+
 def refuse_bad_values_when_parsed(parser) -> None:
-    """Make ``parser`` refuse bad ``--gradinit-*`` values the way it refuses its own: after the
-    parse (the ranges depend on each other and on --lr), ``parser.error`` prints the usage and
-    'error: argument --gradinit-...: ...' and exits with status 2."""
-    if getattr(parser, "_gradinit_checks_values", False):
-        return
-    parser._gradinit_checks_values = True
-    parse_known_args = parser.parse_known_args  # parse_args goes through it
-
-    def checked(*args, **kwargs):
-        ns, extra = parse_known_args(*args, **kwargs)
-        error = namespace_error(ns)
-        if error is not None:
-            parser.error(error)
-        return ns, extra
-
-    parser.parse_known_args = checked
+    """Make ``parser`` refuse bad ``--gradinit-*`` values the way it refuses its own (the ranges
+    depend on each other and on --lr, so they are checked after the parse)."""
+    check_when_parsed(parser, namespace_error)
 
 

@@ -110,23 +110,17 @@ def options_dataclass(specs=ENGINE_OPTIONS, name: str = "GradInitOptions"):
 GradInitOptions = options_dataclass()
 
 
+#: The plugin's own options (named without the ``gradinit_`` prefix of their fields, as the engine's).
+PLUGIN_OPTIONS = tuple(dataclasses.replace(s, name=s.name[len("gradinit_"):]) for s in options_of(PluginOptions))
+
+
 def plugin_result_options() -> tuple:
     """The plugin's own options that change the learned scales (``gradinit_*`` field names)."""
-    return tuple(f.name for f in dataclasses.fields(PluginOptions)
-                 if f.metadata.get("help") and f.metadata.get("result", True))
+    return tuple("gradinit_" + s.name for s in PLUGIN_OPTIONS if s.result)
 
 
 def option_table() -> str:
     """Every ``--gradinit-*`` option of the plugin as a Markdown table (the README's, generated)."""
     from ..core.options import markdown_table
 
-    engine = markdown_table(ENGINE_OPTIONS)
-    rows = []
-    for f in dataclasses.fields(PluginOptions):
-        if not f.metadata.get("help"):
-            continue
-        text, _, default = f.metadata["help"].partition(" (default: ")
-        flag = "--" + f.name.replace("_", "-")
-        default = default[:-1] if default else ("none" if f.default is None else str(f.default))
-        rows.append(f"| `{flag}` | {default} | {text.replace('|', chr(92) + '|')} |")
-    return engine + "\n".join(rows) + "\n"
+    return markdown_table(ENGINE_OPTIONS + PLUGIN_OPTIONS)

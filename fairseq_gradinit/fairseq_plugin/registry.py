@@ -15,7 +15,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import TASK_CLASS_NAMES, TASK_DATACLASS_REGISTRY, TASK_REGISTRY
 
 from .hook import GradInitTaskMixin
-from .option_values import gradinit_enabled
+from .option_values import check_when_parsed, gradinit_enabled
 from .options import GradInitOptions
 
 logger = logging.getLogger(__name__)
@@ -54,25 +54,16 @@ def _legacy_add_args(cls, parser):
     super(cls, cls).add_args(parser)
     group = parser.add_argument_group("GradInit (not available for this task)")
     gen_parser_from_dataclass(group, GradInitOptions())
-    _refuse_gradinit_when_parsed(parser, cls.__name__)
+    check_when_parsed(parser, _legacy_task_error)
 
 
-def _refuse_gradinit_when_parsed(parser, task_name: str) -> None:
-    if getattr(parser, "_gradinit_refuses_legacy", False):
-        return
-    parser._gradinit_refuses_legacy = True
-    parse_known_args = parser.parse_known_args
-
-    def checked(*args, **kwargs):
-        ns, extra = parse_known_args(*args, **kwargs)
-        if hasattr(ns, "gradinit_iters") and gradinit_enabled(ns):
-            parser.error(f"argument --task: task {getattr(ns, 'task', task_name)!r} declares its options with "
-                         "add_args (no dataclass config), which --gradinit-iters/--gradinit-init-file does not "
-                         "support; use a task with a dataclass config (e.g. translation, language_modeling, "
-                         "masked_lm) or drop the --gradinit-* options")
-        return ns, extra
-
-    parser.parse_known_args = checked
+def _legacy_task_error(ns) -> Optional[str]:
+    if hasattr(ns, "gradinit_iters") and gradinit_enabled(ns):
+        return (f"argument --task: task {getattr(ns, 'task', '?')!r} declares its options with "
+                "add_args (no dataclass config), which --gradinit-iters/--gradinit-init-file does not "
+                "support; use a task with a dataclass config (e.g. translation, language_modeling, "
+                "masked_lm) or drop the --gradinit-* options")
+    return None
 
 
 def serve(name: str, task_cls: type, config: Optional[type], *, served: Optional[Tuple[type, type]] = None) -> type:

@@ -33,6 +33,17 @@ def _embedding_owners(model: nn.Module) -> List[Tuple[str, nn.Module]]:
             if isinstance(getattr(m, "embed_tokens", None), nn.Embedding) and hasattr(m, MULTIPLIER)]
 
 
+def _qualified(owner_name: str) -> str:
+    return f"{owner_name}.{MULTIPLIER}" if owner_name else MULTIPLIER
+
+
+def _make_buffer(owner: nn.Module) -> None:
+    """``owner.embed_scale`` (a Python float) as a 0-d buffer of the same value."""
+    value = float(getattr(owner, MULTIPLIER))
+    delattr(owner, MULTIPLIER)
+    owner.register_buffer(MULTIPLIER, torch.tensor(value, dtype=owner.embed_tokens.weight.dtype))
+
+
 def _uses_per_weight(model: nn.Module) -> Dict[int, int]:
     """How many modules use each embedding-like weight (input embeddings and output projections)."""
     seen: Dict[int, set] = {}
@@ -51,12 +62,10 @@ def install_multipliers(model: nn.Module) -> List[str]:
     uses = _uses_per_weight(model)
     names = []
     for name, owner in _embedding_owners(model):
-        current = getattr(owner, MULTIPLIER)
-        if uses.get(id(owner.embed_tokens.weight), 0) < 2 or isinstance(current, torch.Tensor):
+        if uses.get(id(owner.embed_tokens.weight), 0) < 2 or isinstance(getattr(owner, MULTIPLIER), torch.Tensor):
             continue
-        delattr(owner, MULTIPLIER)
-        owner.register_buffer(MULTIPLIER, torch.tensor(float(current), dtype=owner.embed_tokens.weight.dtype))
-        names.append(f"{name}.{MULTIPLIER}" if name else MULTIPLIER)
+        _make_buffer(owner)
+        names.append(_qualified(name))
     return names
 
 
@@ -66,28 +75,24 @@ def install_multipliers_on_load(model: nn.Module) -> None:
     ``--gradinit-tied-embeddings`` is the default, so the task's config alone cannot tell."""
 
     def hook(module, state_dict, prefix, *args):
-        wanted = [owner for name, owner in _embedding_owners(module)
-                  if f"{prefix}{name + '.' if name else ''}{MULTIPLIER}" in state_dict
-                  and not isinstance(getattr(owner, MULTIPLIER), torch.Tensor)]
-        for owner in wanted:
-            current = getattr(owner, MULTIPLIER)
-            delattr(owner, MULTIPLIER)
-            owner.register_buffer(MULTIPLIER, torch.tensor(float(current), dtype=owner.embed_tokens.weight.dtype))
+        for name, owner in _embedding_owners(module):
+            if prefix + _qualified(name) in state_dict and not isinstance(getattr(owner, MULTIPLIER), torch.Tensor):
+                _make_buffer(owner)
 
     model.register_load_state_dict_pre_hook(hook)
 
 
 def multiplier_names(model: nn.Module) -> List[str]:
     """The per-use multipliers the model holds (installed by :func:`install_multipliers`)."""
-    return [f"{name}.{MULTIPLIER}" if name else MULTIPLIER for name, owner in _embedding_owners(model)
-            if MULTIPLIER in owner._buffers or isinstance(getattr(owner, MULTIPLIER), nn.Parameter)]
+    return [_qualified(name) for name, owner in _embedding_owners(model)
+            if isinstance(getattr(owner, MULTIPLIER), torch.Tensor)]
 
 
 @contextlib.contextmanager
 def multipliers_as_parameters(model: nn.Module, names: List[str]) -> Iterator[None]:
     """Inside: the multipliers are trainable parameters (GradInit gives them a scale). After, also
     on error: buffers again, holding their values then (GradInit leaves alpha * m in them)."""
-    owners = {f"{n}.{MULTIPLIER}" if n else MULTIPLIER: m for n, m in _embedding_owners(model)}
+    owners = {_qualified(n): m for n, m in _embedding_owners(model)}
     for name in names:
         owner = owners[name]
         value = owner._buffers.pop(MULTIPLIER)
@@ -137,7 +142,7 @@ def effective_use_scales(model: nn.Module, scales: Mapping[str, float]) -> Dict[
                 continue
             use = f"{name}.{attr}" if name else attr
             factor = float(scales[by_weight[id(w)]])
-            mult = f"{name}.{MULTIPLIER}" if name else MULTIPLIER
+            mult = _qualified(name)
             if attr == "embed_tokens" and mult in scales:
                 factor *= float(scales[mult])
             out[use] = factor

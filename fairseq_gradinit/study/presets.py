@@ -297,8 +297,9 @@ SGD_RECIPE = ("--optimizer", "sgd", "--momentum", "0.9", "--lr", "0.15")
 
 
 def _confirm_arm(name: str, args: Tuple[str, ...], note: str) -> Arm:
-    return Arm(name, args, drop=CONFIRM_BASE_DROP + ("--adam-betas",) * ("--optimizer" in args), data="separate",
-               note=note)
+    # An arm that changes the optimizer (SGD) drops the base's Adam-only flag, which sgd does not accept.
+    drop = CONFIRM_BASE_DROP + (("--adam-betas",) if "--optimizer" in args else ())
+    return Arm(name, args, drop=drop, data="separate", note=note)
 
 
 CONFIRM = Preset(
