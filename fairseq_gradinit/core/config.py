@@ -202,6 +202,11 @@ class GradInitConfig:
     step_params: str = option("all", choices=STEP_PARAMS, help=(
         "which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: all trainable tensors (as the "
         "real first step and the authors' code; tensors without a scale keep W_i) or only the scaled ones"))
+    unstepped_uses: Optional[str] = option(None, help=(
+        "regular expression (re.search) on parameter names, aliases of tied tensors included: the uses it "
+        "matches keep alpha*W in the simulated step theta - eta*A[g] while the tensor's other uses take the "
+        "step, e.g. 'decoder\\.output_projection\\.' leaves a tied output projection un-stepped as the "
+        "authors' fairseq code does; None: every use takes the step"))
     fixed_params: Optional[Callable[[str, torch.nn.Parameter], bool]] = option(None, python_only=True, repr=False,
                                                                                help=(
         "selects tensors that get a scale but that training does not update (e.g. a multiplier that is a "
@@ -238,6 +243,13 @@ class GradInitConfig:
         if isinstance(self.scale_bounds, (str, bytes, ScaleBound)) or not isinstance(self.scale_bounds, Sequence):
             invalid(self, "scale_bounds", "a sequence of ScaleBound or (select, min_scale, max_scale) tuples")
         self.scale_bounds = tuple(ScaleBound.coerce(b) for b in self.scale_bounds)
+        if self.unstepped_uses is not None:
+            if not isinstance(self.unstepped_uses, str) or not self.unstepped_uses:
+                invalid(self, "unstepped_uses", "None or a non-empty regular expression on parameter names")
+            try:
+                re.compile(self.unstepped_uses)
+            except re.error as e:
+                invalid(self, "unstepped_uses", f"a valid regular expression ({e})")
         if self.constraint_grad not in CONSTRAINT_GRADS:
             invalid(self, "constraint_grad", f"one of {CONSTRAINT_GRADS}")
         if not (is_positive(self.fd_eps) and self.fd_eps < 1):

@@ -25,6 +25,7 @@ from .distributed import DataParallelGroup
 from .optim import ScaleAdam
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import ScaledParameters
+from .uses import UnsteppedUses
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +123,10 @@ class GradInit:
                 self.dist.broadcast_(list(self.model.parameters()))
         self.scaled.capture()
         self.alpha = self.scaled.alpha
+        self.unstepped = (UnsteppedUses(self.model, self.scaled.params, config.unstepped_uses)
+                          if config.unstepped_uses else None)
+        if self.unstepped is not None:
+            logger.info("gradinit: uses that keep alpha*W in the simulated step: %s", ", ".join(self.unstepped.names))
         bounds = dict(min_scale=self.scaled.min_scales, max_scale=self.scaled.max_scales)
         self.adam = ScaleAdam(self.alpha, config, **bounds)
         # With per-branch moments a constraint step after a run of objective steps is not damped by
@@ -195,10 +200,22 @@ class GradInit:
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
         """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
+        if self.unstepped is None:
+            self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
+            loss = check_loss(self.loss_fn(self.model, s_tilde))
+            h = gradients(loss, self.scaled.params)
+            return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
+        self.unstepped.drop_steps(direction)
         self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
-        loss = check_loss(self.loss_fn(self.model, s_tilde))
-        h = gradients(loss, self.scaled.params)
-        return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
+        unstepped_weights = {i: self.scaled.W[i] * self.alpha[i].to(self.scaled.W[i].dtype)
+                             for i, _, _ in self.unstepped.partial}
+        params = self.scaled.params
+        with self.unstepped.untied(unstepped_weights) as leaves:
+            loss = check_loss(self.loss_fn(self.model, s_tilde))
+            h = gradients(loss, list(params) + [leaf for _, leaf in leaves])
+        for k, (i, _) in enumerate(leaves):
+            h[i] = h[i] + h[len(params) + k]  # both uses depend on alpha_i through W_i
+        return self.scaled.alpha_grad(h[:len(params)]) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _flush_pending(self, values: Optional[List[float]] = None) -> None:

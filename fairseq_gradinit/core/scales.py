@@ -263,3 +263,25 @@ def summarize_scales(scales: Mapping[str, float], group_of: Callable[[str], str]
         g: {"count": len(v), "min": min(v), "mean": sum(v) / len(v), "max": max(v)}
         for g, v in sorted(groups.items())
     }
+
+
+def clamp_scales(model: nn.Module, scales: Mapping[str, float], bounds: Sequence) -> Dict[str, Dict[str, float]]:
+    """Clamp saved ``scales`` of ``model``'s tensors into per-group ``bounds`` (:class:`ScaleBound`
+    items or ``(select, min, max)`` tuples, first match wins; tensors that no bound selects, and
+    bounds left at None, are not changed).
+
+    Returns ``{"scales": clamped, "changed": {name: [before, after]}}``. Names that are not
+    parameters of ``model`` (e.g. per-use multipliers) are matched by ``"bias"`` and ``"re:"`` only.
+    """
+    by_name: Dict[str, nn.Parameter] = dict(model.named_parameters(remove_duplicate=False))
+    names = list(scales)
+    lo, hi = resolve_scale_bounds(model, names, [by_name.get(n) for n in names], bounds,
+                                  min_scale=-math.inf, max_scale=None)
+    clamped, changed = {}, {}
+    for name, a, b in zip(names, lo, hi):
+        before = float(scales[name])
+        after = min(max(before, a), b)
+        clamped[name] = after
+        if after != before:
+            changed[name] = [before, after]
+    return {"scales": clamped, "changed": changed}

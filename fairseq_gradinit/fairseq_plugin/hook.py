@@ -24,6 +24,7 @@ from ..core import BatchPair, apply_scales, gradinit, summarize_scales
 from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
+from .init_file import clamped_init_file
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
@@ -275,10 +276,33 @@ class GradInitTaskMixin:
                     "gradinit: WARNING: %s %s was computed for a different model, seed or data than this run (%s). "
                     "Its scales fit the initial weights of that run; applying them anyway.", source, path,
                     "; ".join(diff))
+        clamp = cfg_value(self.gradinit_cfg, "gradinit_init_clamp") if source == "--gradinit-init-file" else None
+        if clamp:
+            scales = self._clamp_saved(model, path, saved, clamp)
         apply_scales(model, apply_multiplier_scales(model, scales))
-        logger.info("gradinit: applied %d scales from %s", len(scales), path)
+        logger.info("gradinit: applied %d scales from %s%s", len(scales), path, " (clamped)" if clamp else "")
         self._log_summary(scales)
         return None
+
+    def _clamp_saved(self, model, path: str, saved: dict, clamp: str) -> dict:
+        """The init file's scales clamped by ``--gradinit-init-clamp``, logged and recorded in
+        ``--save-dir``'s gradinit.json (never overwritten: an existing one is left as it is)."""
+        try:
+            record = clamped_init_file(model, path, saved, clamp)
+        except ValueError as e:
+            raise GradInitStop(str(e)) from None
+        changed = record["clamped_from"]["changed"]
+        logger.info("gradinit: --gradinit-init-clamp changed %d of %d scales%s", len(changed), len(record["scales"]),
+                    "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
+        rank, _ = rank_world()
+        out = os.path.join(cfg_value(self.gradinit_cfg, "gradinit_save_dir", "checkpoints"), GRADINIT_JSON)
+        if rank == 0:
+            if os.path.exists(out):
+                logger.info("gradinit: %s exists; the clamped scales are not written there", out)
+            else:
+                atomic_write_json(out, record)
+                logger.info("gradinit: wrote the clamped scales to %s", out)
+        return record["scales"]
 
     def _log_summary(self, scales):
         summary = summarize_scales(scales, transformer_group)

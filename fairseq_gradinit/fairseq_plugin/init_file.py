@@ -9,6 +9,7 @@ drive to exactly 0 and which then start at zero as fairseq's own biases do.
 
 import dataclasses
 import enum
+import hashlib
 import json
 import math
 import os
@@ -96,3 +97,21 @@ def read_usable_init_file(path: str) -> dict:
     if error:
         raise ValueError(f"--gradinit-init-file {path}: {error}")
     return saved
+
+
+def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:
+    """The init file ``saved`` (read from ``path``) with its scales clamped into the bounds of the
+    ``--gradinit-init-clamp`` text ``clamp``, as a GradInit result of its own: the source's
+    fingerprint (its scales still fit that run's weights) and a ``clamped_from`` record."""
+    from ..core.options import parse_scale_bounds
+    from ..core.scales import clamp_scales
+
+    bounds = parse_scale_bounds(clamp, flag="--gradinit-init-clamp")
+    out = clamp_scales(model, saved["scales"], bounds)
+    with open(path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    record = {k: v for k, v in saved.items() if k not in ("scales", "history", "health", "summary", "clamped_from")}
+    record.update(scales=out["scales"], clamped_from={
+        "path": os.path.abspath(path), "sha256": digest, "bounds": [list(b.to_list()) for b in bounds],
+        "changed": out["changed"], "previous": saved.get("clamped_from")})
+    return record

@@ -6,7 +6,7 @@ from typing import Optional
 
 from ..core import GradInitConfig
 from ..core.config import is_positive
-from ..core.options import parse_scale_bounds, values_from  # noqa: F401  (parse_scale_bounds: re-exported)
+from ..core.options import parse_scale_bounds, values_from
 from .cfg import cfg_value
 from .init_file import (  # noqa: F401  (read_init_file: re-exported)
     combination_error, compute_only_defaults, read_init_file, read_usable_init_file,
@@ -133,10 +133,16 @@ def gradinit_option_error(cfg) -> Optional[str]:
     eta_from_lr = cfg.gradinit_eta is None
     # --lr matters only when GradInit computes (an init file or GradInit off never uses eta).
     view = cfg if iters > 0 or not eta_from_lr else _View(cfg, gradinit_eta=GradInitConfig.eta)
+    clamp = getattr(cfg, "gradinit_init_clamp", None)
+    if clamp and not cfg.gradinit_init_file:
+        return ("argument --gradinit-init-clamp: clamps the scales of --gradinit-init-file, and none is given: add "
+                "--gradinit-init-file PATH, or bound scales that GradInit computes with --gradinit-scale-bounds")
     try:
         gradinit_config_from_task(view)
         if cfg.gradinit_init_file:
             read_usable_init_file(cfg.gradinit_init_file)
+        if clamp:
+            parse_scale_bounds(clamp, flag="--gradinit-init-clamp")
     except ValueError as e:
         return _as_argument_error(str(e), eta_from_lr)
     return combination_error(cfg, defaults=compute_only_defaults(GradInitOptions))

@@ -52,7 +52,7 @@ def _field(spec: OptionSpec):
     elif spec.kind in ("pair", "bounds"):
         typ, default = str, spec.to_text(spec.default)
     else:
-        typ, default = {"float": float, "int": int}[spec.kind], spec.default
+        typ, default = {"float": float, "int": int, "str": str}[spec.kind], spec.default
     if spec.optional:
         typ = Optional[typ]
     return typ, field(default=default, metadata={"help": spec.help, "result": spec.result})
@@ -73,6 +73,11 @@ class PluginOptions(FairseqDataclass):
     gradinit_init_file: Optional[str] = option(None, result=False, help=(
         "apply the scales of a saved gradinit.json instead of computing them (same architecture and --seed "
         "give the same weights)"))
+    gradinit_init_clamp: Optional[str] = option(None, result=False, help=(
+        "with --gradinit-init-file: clamp the file's scales into per-group bounds before applying them, same "
+        "syntax as --gradinit-scale-bounds (first match wins; tensors no bound selects keep their scale), e.g. "
+        "\"[('norm', 0.3, None), ('re:.', 0.1, None)]\"; the clamped scales are written to --save-dir's "
+        "gradinit.json with the source file, its sha256, the bounds and every changed scale"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
     # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.
