@@ -115,3 +115,31 @@ def test_init_clamp_refused_at_parsing(extra, expected, tmp_path, capsys):
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert f"error: {expected}" in err, err[-600:]
+
+
+def test_max_step_ratio_floors_each_scale_so_the_sign_step_stays_a_fraction_of_the_tensor():
+    from fairseq_gradinit.core import GradInit
+
+    torch.manual_seed(0)
+    model = PostLN()
+    with torch.no_grad():
+        model.fc1.weight.mul_(0.01)  # a small tensor: its floor is capped at 1
+    eta, ratio = 1e-2, 0.5
+    cfg = GradInitConfig(eta=eta, gamma=1e9, lr=0.5, iters=1, max_step_ratio=ratio,
+                         scale_bounds=(("bias", 0, None),))
+    engine = GradInit(model, lambda m, b: m(b).sum(), cfg)
+    floors = dict(zip(engine.scaled.names, engine.scaled.min_scales.tolist()))
+    rms = {n: p.detach().double().pow(2).mean().sqrt().item() for n, p in model.named_parameters()}
+    assert floors["fc2.weight"] == pytest.approx(eta / (ratio * rms["fc2.weight"]), rel=1e-6)
+    assert floors["fc1.weight"] == 1.0
+    assert floors["layer_norm.weight"] == pytest.approx(max(0.01, eta / ratio), rel=1e-6)
+    assert floors["fc1.bias"] == 0.0 and floors["fc2.bias"] == 0.0  # groups allowed to reach 0 keep 0
+    # At the floor, the sign step is exactly `ratio` of the scaled tensor's rms.
+    a = floors["fc2.weight"]
+    step = eta * torch.ones_like(model.fc2.weight)
+    assert (step.pow(2).mean().sqrt() / (a * model.fc2.weight.detach()).pow(2).mean().sqrt()).item() == \
+        pytest.approx(ratio, rel=1e-5)
+    with pytest.raises(ValueError, match="max_step_ratio"):
+        GradInitConfig(optimizer="sgd", max_step_ratio=0.5)
+    with pytest.raises(ValueError, match="max_step_ratio"):
+        GradInitConfig(max_step_ratio=0)

@@ -202,6 +202,12 @@ class GradInitConfig:
     step_params: str = option("all", choices=STEP_PARAMS, help=(
         "which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: all trainable tensors (as the "
         "real first step and the authors' code; tensors without a scale keep W_i) or only the scaled ones"))
+    max_step_ratio: Optional[float] = option(None, help=(
+        "Adam only: raise each scale's lower bound so that the sign step eta*A[g] is at most this fraction of "
+        "the scaled tensor's root-mean-square, alpha_i >= eta / (ratio * rms(W_i)) (never above 1, nor above the "
+        "tensor's upper bound; groups whose lower bound is 0, e.g. the authors' biases, are left alone): a "
+        "tensor scaled far below eta is overwritten by the first updates of training, as without warmup; "
+        "None: no such bound"))
     unstepped_uses: Optional[str] = option(None, help=(
         "regular expression (re.search) on parameter names, aliases of tied tensors included: the uses it "
         "matches keep alpha*W in the simulated step theta - eta*A[g] while the tensor's other uses take the "
@@ -243,6 +249,12 @@ class GradInitConfig:
         if isinstance(self.scale_bounds, (str, bytes, ScaleBound)) or not isinstance(self.scale_bounds, Sequence):
             invalid(self, "scale_bounds", "a sequence of ScaleBound or (select, min_scale, max_scale) tuples")
         self.scale_bounds = tuple(ScaleBound.coerce(b) for b in self.scale_bounds)
+        if self.max_step_ratio is not None:
+            if not is_positive(self.max_step_ratio):
+                invalid(self, "max_step_ratio", "None or a finite number > 0, e.g. 0.5")
+            if self.optimizer != "adam":
+                invalid(self, "max_step_ratio", "None with optimizer='sgd' (the bound is defined for Adam's sign "
+                                                "step, whose size does not depend on the gradient)")
         if self.unstepped_uses is not None:
             if not isinstance(self.unstepped_uses, str) or not self.unstepped_uses:
                 invalid(self, "unstepped_uses", "None or a non-empty regular expression on parameter names")

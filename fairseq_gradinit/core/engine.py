@@ -121,6 +121,10 @@ class GradInit:
             # also those without a scale, so that all ranks end identical.
             with torch.no_grad():
                 self.dist.broadcast_(list(self.model.parameters()))
+        if config.max_step_ratio is not None:
+            raised = self.scaled.raise_floors_for_step_ratio(config.eta, config.max_step_ratio)
+            logger.info("gradinit: max_step_ratio %g raised the lower bound of %d scales (eta / (ratio * rms W))",
+                        config.max_step_ratio, len(raised))
         self.scaled.capture()
         self.alpha = self.scaled.alpha
         self.unstepped = (UnsteppedUses(self.model, self.scaled.params, config.unstepped_uses)

@@ -152,6 +152,22 @@ class ScaledParameters:
         self._rows: List[torch.Tensor] = []
         self.alpha = torch.ones(len(self.params), dtype=dtype, device=dev)
 
+    def raise_floors_for_step_ratio(self, eta: float, ratio: float) -> List[str]:
+        """Raise the lower bound of every learned scale whose bound is above 0 to
+        ``eta / (ratio * rms(W_i))`` (at most 1 and the upper bound); returns the names raised."""
+        raised = []
+        with torch.no_grad():
+            for i, (name, p) in enumerate(zip(self.names, self.params)):
+                lo = float(self.min_scales[i])
+                if not bool(self.scaled[i]) or lo <= 0:
+                    continue
+                rms = p.detach().double().pow(2).mean().sqrt().item()
+                floor = min(eta / (ratio * rms) if rms > 0 else 1.0, 1.0, float(self.max_scales[i]))
+                if floor > lo:
+                    self.min_scales[i] = floor
+                    raised.append(name)
+        return raised
+
     def capture(self) -> None:
         """Record the current weights as the fixed W_i."""
         with torch.no_grad():
