@@ -143,3 +143,24 @@ def test_max_step_ratio_floors_each_scale_so_the_sign_step_stays_a_fraction_of_t
         GradInitConfig(optimizer="sgd", max_step_ratio=0.5)
     with pytest.raises(ValueError, match="max_step_ratio"):
         GradInitConfig(max_step_ratio=0)
+
+
+@pytest.mark.parametrize("dropout", [False, True])
+def test_dropout_option_runs_the_passes_in_train_mode_and_restores_the_flags(dropout):
+    class Net(PostLN):
+        def __init__(self):
+            super().__init__()
+            self.drop = nn.Dropout(0.5)
+            self.seen = []
+
+        def forward(self, x):
+            self.seen.append(self.drop.training)
+            return super().forward(self.drop(x))
+
+    torch.manual_seed(0)
+    model = Net().eval()
+    data = [(torch.randn(8, 6), torch.randint(0, 3, (8,))) for _ in range(2)]
+    gradinit(model, data, lambda m, b: nn.functional.cross_entropy(m(b[0]), b[1]),
+             GradInitConfig(eta=0.1, gamma=1e9, iters=2, dropout=dropout))
+    assert model.seen and set(model.seen) == {dropout}
+    assert not model.training and not model.drop.training

@@ -208,6 +208,10 @@ class GradInitConfig:
         "tensor's upper bound; groups whose lower bound is 0, e.g. the authors' biases, are left alone): a "
         "tensor scaled far below eta is overwritten by the first updates of training, as without warmup; "
         "None: no such bound"))
+    dropout: bool = option(False, help=(
+        "run GradInit's passes in train mode, dropout on, so that the scales are chosen for the loss training "
+        "will see (the paper and the authors' code use eval mode, no dropout; normalization layers use batch "
+        "statistics either way)"))
     unstepped_uses: Optional[str] = option(None, help=(
         "regular expression (re.search) on parameter names, aliases of tied tensors included: the uses it "
         "matches keep alpha*W in the simulated step theta - eta*A[g] while the tensor's other uses take the "
@@ -244,6 +248,8 @@ class GradInitConfig:
             invalid(self, "adam_state", f"one of {ADAM_STATES}")
         if not isinstance(self.reuse_graph, bool):
             invalid(self, "reuse_graph", "True or False")
+        if not isinstance(self.dropout, bool):
+            invalid(self, "dropout", "True or False")
         if self.step_params not in STEP_PARAMS:
             invalid(self, "step_params", f"one of {STEP_PARAMS}")
         if isinstance(self.scale_bounds, (str, bytes, ScaleBound)) or not isinstance(self.scale_bounds, Sequence):

@@ -385,7 +385,7 @@ def gradinit(
     start = time.perf_counter()
     inner = unwrap_model(model)
     engine = GradInit(inner, loss_fn, config, process_group=process_group)
-    with gradinit_mode(inner):
+    with gradinit_mode(inner, dropout=config.dropout):
         run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
                        callback=callback, name="GradInit")
     wall = time.perf_counter() - start

@@ -19,8 +19,8 @@ def unwrap_model(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def gradinit_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Eval mode (no dropout), but normalization layers use batch statistics.
+def gradinit_mode(model: nn.Module, *, dropout: bool = False) -> Iterator[nn.Module]:
+    """Eval mode (no dropout; with ``dropout``, train mode), but normalization layers use batch statistics.
 
     Running statistics are neither used nor updated, and on exit every module's train/eval flag,
     ``track_running_stats`` and every normalization buffer are restored exactly.
@@ -32,7 +32,7 @@ def gradinit_mode(model: nn.Module) -> Iterator[nn.Module]:
                                     if b is not None})
         for m in norms
     ]
-    model.eval()
+    model.train(dropout)
     for m in norms:
         # training=True selects batch statistics; track_running_stats=False keeps the running
         # buffers (and num_batches_tracked) out of the forward pass entirely.
