@@ -335,6 +335,51 @@ class GradInit:
         self.alpha.copy_(new_alpha)
         return rec
 
+    # -- interrupting and resuming ---------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything the loop needs to continue after the last completed iteration (CPU tensors):
+        the scales, the scales' Adam moments, the history and the branch state, with the names and
+        squared norms of the W_i and the config, against which :meth:`load_state_dict` checks."""
+        self._flush_pending()
+        separate = self.adam_constraint is not self.adam
+        return {
+            "format": 1, "names": list(self.scaled.names), "w_sq_norms": self._w_sq_norms(),
+            "config": _result_settings(self.cfg), "alpha": self.alpha.detach().cpu().clone(),
+            "adam": self.adam.state_dict(), "adam_constraint": self.adam_constraint.state_dict() if separate else None,
+            "history": [dataclasses.asdict(r) for r in self.history],
+            "consecutive_skips": self._consecutive_skips, "last_branch": self._last_branch,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from :meth:`state_dict` of an interrupted run of the same model, initial weights
+        and settings (``ValueError`` naming what differs otherwise)."""
+        if not isinstance(state, dict) or state.get("format") != 1:
+            raise ValueError("not a GradInit state (expected the dict of GradInit.state_dict())")
+        if state["names"] != list(self.scaled.names):
+            raise ValueError("the GradInit state was saved for other tensors: e.g. "
+                             f"{sorted(set(state['names']) ^ set(self.scaled.names))[:3]}")
+        saved_w, own_w = torch.tensor(state["w_sq_norms"]), torch.tensor(self._w_sq_norms())
+        if not torch.allclose(saved_w, own_w, rtol=1e-6, atol=0):
+            k = int((saved_w - own_w).abs().argmax())
+            raise ValueError(f"the GradInit state was saved for other initial weights ({self.scaled.names[k]!r} "
+                             "differs): resume with the same model, seed and data, or start GradInit anew")
+        own_cfg = _result_settings(self.cfg)
+        diff = sorted(k for k in set(own_cfg) | set(state["config"]) if own_cfg.get(k) != state["config"].get(k))
+        if diff:
+            raise ValueError(f"the GradInit state was saved with other settings: {', '.join(diff)}")
+        with torch.no_grad():
+            self.alpha.copy_(state["alpha"].to(self.alpha))
+        self.adam.load_state_dict(state["adam"])
+        if self.adam_constraint is not self.adam:
+            self.adam_constraint.load_state_dict(state["adam_constraint"])
+        self.history = [IterationRecord(**r) for r in state["history"]]
+        self._pending = None
+        self._consecutive_skips = int(state["consecutive_skips"])
+        self._last_branch = str(state["last_branch"])
+
+    def _w_sq_norms(self) -> List[float]:
+        return [float(w.detach().double().pow(2).sum()) for w in self.scaled.W]
+
     @property
     def settled(self) -> int:
         """How many records of ``history`` are final (the last one waits for its S~ statistics)."""
@@ -354,6 +399,9 @@ def gradinit(
     *,
     process_group=None,
     callback: Optional[Callable[[IterationRecord], None]] = None,
+    state: Optional[dict] = None,
+    checkpoint: Optional[Callable[[dict], None]] = None,
+    checkpoint_interval: int = 0,
     **overrides,
 ) -> GradInitResult:
     """Learn one scale per parameter tensor of ``model`` with GradInit and apply it in place.
@@ -368,6 +416,10 @@ def gradinit(
         process_group: data-parallel group; defaults to the world group when
             ``torch.distributed`` is initialized. Each rank passes its own shard of the data.
         callback: called with every :class:`IterationRecord` as soon as it is complete.
+        state: a :meth:`GradInit.state_dict` of an interrupted run of the same model, weights and
+            settings: the run continues after its last iteration, and ``batches`` must continue
+            where that run's stopped (pair number ``len(state["history"]) + 1`` first).
+        checkpoint: called with :meth:`GradInit.state_dict` every ``checkpoint_interval`` iterations.
 
     Returns:
         A :class:`GradInitResult`. The model then holds alpha_i * W_i; its train/eval flags and
@@ -385,9 +437,19 @@ def gradinit(
     start = time.perf_counter()
     inner = unwrap_model(model)
     engine = GradInit(inner, loss_fn, config, process_group=process_group)
+    if state is not None:
+        engine.load_state_dict(state)
+        logger.info("gradinit: resuming after iteration %d", len(engine.history))
+    if checkpoint_interval and checkpoint is not None:
+        every = (checkpoint_interval, lambda: checkpoint(engine.state_dict()))
+    elif checkpoint_interval or checkpoint is not None:
+        raise ValueError("checkpoint and checkpoint_interval go together: pass both (a callable and an "
+                         "interval >= 1) or neither")
+    else:
+        every = None
     with gradinit_mode(inner, dropout=config.dropout):
         run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
-                       callback=callback, name="GradInit")
+                       callback=callback, name="GradInit", start=len(engine.history), every=every)
     wall = time.perf_counter() - start
     result = GradInitResult(
         scales=engine.scaled.scales_dict(),
@@ -400,6 +462,15 @@ def gradinit(
     logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %.1fs",
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped, wall)
     return result
+
+
+def _result_settings(cfg: GradInitConfig) -> dict:
+    """The settings that change the learned scales, as JSON-ready values (the iteration count
+    left out: a resumed run may go on for longer)."""
+    from .options import result_options
+
+    d = cfg.to_dict()
+    return {k: d[k] for k in result_options(type(cfg)) if k in d and k != "iters"}
 
 
 def _pair_stream(batches: Iterable[Any], config: GradInitConfig) -> Iterator[BatchPair]:

@@ -24,6 +24,20 @@ class ScaleAdam:
         self.v = torch.zeros_like(alpha)
         self.step_count = torch.zeros((), dtype=alpha.dtype, device=alpha.device)
 
+    def state_dict(self) -> dict:
+        """The moments and step count (CPU copies)."""
+        return {"m": self.m.detach().cpu().clone(), "v": self.v.detach().cpu().clone(),
+                "step_count": self.step_count.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; ``ValueError`` if it holds another number of scales."""
+        if tuple(state["m"].shape) != tuple(self.m.shape):
+            raise ValueError(f"scale optimizer state for {tuple(state['m'].shape)} scales, this run has "
+                             f"{tuple(self.m.shape)}: it was saved for another model or parameter selection")
+        for key in ("m", "v", "step_count"):
+            own = getattr(self, key)
+            setattr(self, key, state[key].to(dtype=own.dtype, device=own.device).clone())
+
     def step(self, alpha: torch.Tensor, grad: torch.Tensor,
              ok: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The new scales (``alpha`` itself where the step is not finite) and the ``ok`` flag."""

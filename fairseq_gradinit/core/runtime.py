@@ -50,15 +50,18 @@ def check_inputs(model: Any, loss_fn: Any) -> None:
 
 
 def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
-                   callback: Optional[Callable[[Any], None]], name: str) -> int:
+                   callback: Optional[Callable[[Any], None]], name: str, start: int = 0,
+                   every: Optional[tuple] = None) -> int:
     """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
 
     ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
     ``log_progress``, ``scaled`` and ``alpha``. On success the model holds alpha*W of the last update; if
     anything raises, or every iteration was skipped (``FloatingPointError``), it holds W, the
-    weights it was given. Returns the number of completed iterations.
+    weights it was given. ``start`` iterations were completed before (a resumed run), and
+    ``every = (n, fn)`` calls ``fn()`` after every n-th iteration. Returns the number of completed
+    iterations, ``start`` included.
     """
-    completed = reported = 0
+    completed = reported = start
 
     def report():
         nonlocal reported
@@ -68,11 +71,13 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
         reported = engine.settled
 
     try:
-        if total != 0:
+        if total is None or completed < total:
             for item in stream:
                 engine.step(item)
                 completed += 1
                 report()
+                if every is not None and completed % every[0] == 0 and (total is None or completed < total):
+                    every[1]()
                 if completed == 1 or completed % log_interval == 0:
                     engine.log_progress(completed, total)
                 if total is not None and completed >= total:
