@@ -672,18 +672,25 @@ class TinyTransformer(nn.Module):
         return self.out(self.layer(self.emb(tokens)))
 
 
-def test_fused_cpu_attention_has_no_double_backward():
+def test_fused_cpu_attention_has_no_double_backward_and_math_attention_has_one():
     """Why the engine needs math_attention(): without it, second order fails on CPU."""
     torch.manual_seed(0)
     model = TinyTransformer().eval()
     tokens = torch.randint(0, 20, (2, 6))
     params = list(model.parameters())
-    try:
+
+    def second_order():
         g = torch.autograd.grad(lm_loss(model, tokens), params, create_graph=True)
-        torch.autograd.grad(sum((x * x).sum() for x in g), params, allow_unused=True)
-    except RuntimeError:
-        return
-    pytest.skip("this PyTorch build has a double backward for the default CPU attention kernel")
+        return torch.autograd.grad(sum((x * x).sum() for x in g), params, allow_unused=True)
+
+    with math_attention():
+        assert any(h is not None and h.abs().sum() > 0 for h in second_order())
+    try:
+        second_order()
+    except RuntimeError as e:
+        assert "derivative for" in str(e) and "not implemented" in str(e), e
+    else:
+        pytest.skip("this PyTorch build has a double backward for the default CPU attention kernel")
 
 
 def test_constraint_branch_through_transformer_attention(count_sdpa):
