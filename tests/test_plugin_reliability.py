@@ -416,7 +416,7 @@ def test_interrupted_gradinit_stops_cleanly_and_a_rerun_starts_over(tiny_data, t
         save = tmp_path / sig.name
         cmd = [sys.executable, "-m", "fairseq_cli.train", str(tiny_data), "--user-dir", "fairseq_gradinit",
                *TINY_MODEL, "--lr", "1e-3", "--max-update", "1", "--save-dir", str(save),
-               "--gradinit-iters", "100000", "--gradinit-log-interval", "1"]
+               "--gradinit-iters", "100000", "--gradinit-log-interval", "1", "--gradinit-checkpoint-interval", "0"]
         procs[sig] = (save, subprocess.Popen(cmd, cwd=REPO, env=env_with_repo(), stdout=subprocess.PIPE,
                                              stderr=subprocess.STDOUT, text=True))
     outputs = {}

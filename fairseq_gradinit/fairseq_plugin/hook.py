@@ -25,6 +25,7 @@ from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
 from .init_file import clamped_init_file
+from .phase_state import load_phase_state, save_phase_state, state_path
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
@@ -206,11 +207,22 @@ class GradInitTaskMixin:
                 drawn[0] += 1
                 yield pair
 
+        resume, resume_path = self._phase_state(save_dir, current, rank, world)
+        done_before = 0 if resume is None else len(resume["history"])
+        drawn[0] = done_before
         try:
-            pairs = counted(self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world))
+            pairs = counted(self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world,
+                                                skip=done_before))
         except ValueError as e:
             model.to(orig_device)
             raise GradInitStop(f"GradInit's batches: {e}") from None
+        interval = int(cfg_value(cfg, "gradinit_checkpoint_interval", 0) or 0)
+        saved_at = [done_before]
+
+        def checkpoint(state):
+            saved_at[0] = len(state["history"])
+            if rank == 0:
+                save_phase_state(resume_path, state, current)
 
         start = time.time()
         with sigterm_raises_interrupt():
@@ -220,7 +232,14 @@ class GradInitTaskMixin:
                     if multipliers:
                         gcfg = dataclasses.replace(gcfg, fixed_params=is_multiplier)
                     with multipliers_as_parameters(model, multipliers):
-                        result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg)
+                        try:
+                            result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg, state=resume,
+                                              checkpoint=checkpoint if interval else None,
+                                              checkpoint_interval=interval)
+                        except ValueError as e:
+                            if resume is None:
+                                raise
+                            raise GradInitStop(f"{resume_path}: {e}; delete it to start GradInit anew") from None
                 finally:
                     model.to(orig_device)
                     if use_cuda:
@@ -234,15 +253,37 @@ class GradInitTaskMixin:
                                wall_time=time.time() - start, fingerprint=current)
                     atomic_write_json(path, out)
                     logger.info("gradinit: wrote %s", path)
+                    if os.path.exists(resume_path):
+                        os.unlink(resume_path)
             except KeyboardInterrupt as e:
                 signum = getattr(e, "signum", signal.SIGINT)
                 done = "the GradInit result" if self.gradinit_result is not None else \
                     f"iteration {drawn[0]} of {gcfg.iters}"
-                logger.error("gradinit: stopped by %s during %s; nothing was written to %s and training did not "
-                             "start. Run the same command again to start GradInit from the beginning.",
-                             signal.Signals(signum).name, done, save_dir)
+                again = (f"Run the same command again to resume GradInit after iteration {saved_at[0]} (saved in "
+                         f"{resume_path})." if saved_at[0] else
+                         "Run the same command again to start GradInit from the beginning.")
+                logger.error("gradinit: stopped by %s during %s; %s was not written and training did not start. %s",
+                             signal.Signals(signum).name, done, path, again)
                 raise SystemExit(128 + signum) from None
         return result
+
+    def _phase_state(self, save_dir: str, current: Optional[dict], rank: int, world: int):
+        """(the saved phase state to resume or None, its path); rank 0 reads it for all ranks."""
+        path = state_path(save_dir)
+        box = [None]
+        if rank == 0:
+            try:
+                box = [("ok", load_phase_state(path, current, lambda a, b: fingerprint_diff(a, b, keys=COMPARED_KEYS)))]
+            except ValueError as e:
+                box = [("stop", str(e))]
+        if world > 1:
+            dist.broadcast_object_list(box, src=0)
+        kind, value = box[0]
+        if kind == "stop":
+            raise GradInitStop(value)
+        if value is not None:
+            logger.info("gradinit: resuming the GradInit phase from %s after iteration %d", path, len(value["history"]))
+        return value, path
 
     def gradinit_fingerprint(self, world_size: int) -> dict:
         """:func:`~.provenance.fingerprint` of this run (model arguments as given on the command line)."""
@@ -312,7 +353,7 @@ class GradInitTaskMixin:
         return summary
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
-                       world: int = 1) -> Iterator[BatchPair]:
+                       world: int = 1, skip: int = 0) -> Iterator[BatchPair]:
         """Endless (S, S~) pairs from this rank's shard of the training data.
 
         Each pair is one batch of the task's own training iterator with ``max_tokens`` tokens (and
@@ -321,6 +362,7 @@ class GradInitTaskMixin:
         ``overlap`` of S (thirds for overlap 0.5, as the authors' fairseq code does). Each half is
         collated by the dataset, so every field of the sample (``net_input``, ``target``,
         ``ntokens``, ``nsentences``, ...) describes exactly its samples, whatever the task.
+        The first ``skip`` pairs are passed over without collating them (a resumed phase).
         """
         cfg = self.gradinit_cfg
         dataset = training_dataset(self, cfg_value(cfg, "gradinit_train_subset") or cfg_value(cfg, "train_subset"))
@@ -331,6 +373,8 @@ class GradInitTaskMixin:
             raise ValueError(f"the training set has {len(batches)} batches of {max_tokens} tokens, fewer than "
                              f"there are ranks ({world}): each rank needs its own; lower --gradinit-max-tokens")
 
+        skipped = [0]
+
         def gen():
             epoch = 0
             while True:
@@ -339,6 +383,9 @@ class GradInitTaskMixin:
                 shard = [batches[i] for i in rng.permutation(len(batches))][rank::world]
                 for idx in shard:
                     idx = idx[rng.permutation(len(idx))]
+                    if skipped[0] < skip:
+                        skipped[0] += 1
+                        continue
                     n = len(idx)
                     if n < 2:
                         s_idx = st_idx = idx

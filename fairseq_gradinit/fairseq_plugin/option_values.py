@@ -130,6 +130,10 @@ def gradinit_option_error(cfg) -> Optional[str]:
     max_tokens = cfg.gradinit_max_tokens
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         return f"argument --gradinit-max-tokens: invalid value {max_tokens!r}: expected an integer >= 1"
+    interval = getattr(cfg, "gradinit_checkpoint_interval", 0)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+        return (f"argument --gradinit-checkpoint-interval: invalid value {interval!r}: expected an integer >= 0 "
+                "(0 = never)")
     eta_from_lr = cfg.gradinit_eta is None
     # --lr matters only when GradInit computes (an init file or GradInit off never uses eta).
     view = cfg if iters > 0 or not eta_from_lr else _View(cfg, gradinit_eta=GradInitConfig.eta)

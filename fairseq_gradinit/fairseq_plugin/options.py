@@ -73,6 +73,10 @@ class PluginOptions(FairseqDataclass):
     gradinit_init_file: Optional[str] = option(None, result=False, help=(
         "apply the scales of a saved gradinit.json instead of computing them (same architecture and --seed "
         "give the same weights)"))
+    gradinit_checkpoint_interval: int = option(50, result=False, help=(
+        "every this many GradInit iterations, save the phase's state (scales, their Adam moments, history: a few "
+        "kilobytes) to --save-dir's gradinit.state.pt, so that the same command started again after a stop or "
+        "a crash resumes the phase there instead of starting over; 0: never"))
     gradinit_init_clamp: Optional[str] = option(None, result=False, help=(
         "with --gradinit-init-file: clamp the file's scales into per-group bounds before applying them, same "
         "syntax as --gradinit-scale-bounds (first match wins; tensors no bound selects keep their scale), e.g. "

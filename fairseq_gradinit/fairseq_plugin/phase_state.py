@@ -1,0 +1,54 @@
+"""The GradInit phase's state in ``--save-dir``, so that a stopped or killed phase resumes.
+
+Every ``--gradinit-checkpoint-interval`` iterations rank 0 writes ``gradinit.state.pt`` (the scales,
+their Adam moments and the history: a few kilobytes) with this run's fingerprint. The same command
+started again finds it and continues after its last iteration, drawing the same batches from there;
+the file is removed once ``gradinit.json`` is written.
+"""
+import logging
+import os
+import tempfile
+from typing import Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+STATE_FILE = "gradinit.state.pt"
+
+
+def state_path(save_dir: str) -> str:
+    return os.path.join(save_dir, STATE_FILE)
+
+
+def save_phase_state(path: str, state: dict, fingerprint: Optional[dict]) -> None:
+    """Write ``state`` (``GradInit.state_dict()``) and ``fingerprint`` atomically to ``path``."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".gradinit.state.", suffix=".pt", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            torch.save({"state": state, "fingerprint": fingerprint}, f)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load_phase_state(path: str, fingerprint: Optional[dict], diff) -> Optional[dict]:
+    """The saved ``GradInit.state_dict()`` at ``path`` if it exists and was written by this run
+    (``diff(saved_fingerprint, fingerprint)`` empty), else None; ``ValueError`` saying what to do
+    when it belongs to another run or cannot be read."""
+    if not os.path.exists(path):
+        return None
+    advice = f"delete {path} to start GradInit anew, or use another --save-dir"
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True)
+        state, saved_fp = saved["state"], saved["fingerprint"]
+    except Exception as e:  # a truncated or foreign file: say so instead of a traceback
+        raise ValueError(f"{path} is not a readable GradInit phase state ({type(e).__name__}: {e}); {advice}") from None
+    differences = diff(saved_fp, fingerprint) if fingerprint is not None else []
+    if differences:
+        raise ValueError(f"{path} was written by a different run ({'; '.join(differences)}); {advice}")
+    return state
