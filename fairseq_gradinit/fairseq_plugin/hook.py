@@ -21,9 +21,11 @@ import torch
 import torch.distributed as dist
 
 from ..core import BatchPair, apply_scales, gradinit, summarize_scales
+from ..core.health import snapshot_weights
 from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
+from .health_report import measure_health
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
@@ -197,12 +199,15 @@ class GradInitTaskMixin:
         if rank == 0:
             for tmp in remove_stale_temp_files(save_dir, GRADINIT_JSON):
                 logger.info("gradinit: removed %s, left by an interrupted run", tmp)
+        # The health check compares the weights before the scales with those after, on the last pair.
+        initial = snapshot_weights(model) if rank == 0 else None
         model.to(device)
-        drawn = [0]
+        drawn, last = [0], [None]
 
         def counted(it):
             for pair in it:
                 drawn[0] += 1
+                last[0] = pair
                 yield pair
 
         try:
@@ -220,6 +225,9 @@ class GradInitTaskMixin:
                         gcfg = dataclasses.replace(gcfg, fixed_params=is_multiplier)
                     with multipliers_as_parameters(model, multipliers):
                         result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg)
+                        health = measure_health(model, result.scales, criterion, getattr(last[0], "s", None),
+                                                initial=initial, config=gcfg) if rank == 0 else None
+                        initial = last[0] = None  # free the copy before training
                 finally:
                     model.to(orig_device)
                     if use_cuda:
@@ -230,7 +238,7 @@ class GradInitTaskMixin:
                     out = result.to_dict()
                     out.update(summary=summary, uses=effective_use_scales(model, result.scales),
                                max_tokens=max_tokens, derived=derived, device=str(device),
-                               wall_time=time.time() - start, fingerprint=current)
+                               wall_time=time.time() - start, fingerprint=current, health=health)
                     atomic_write_json(path, out)
                     logger.info("gradinit: wrote %s", path)
             except KeyboardInterrupt as e:
