@@ -26,6 +26,7 @@ import torch
 from ..core.modes import gradinit_mode
 from ..core.report import ReportConfig, init_report, unique_trainable
 from .groups import transformer_place
+from .health_report import health_of_saved
 from .hook import GradInitTaskMixin, mean_loss_fn
 from .training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
@@ -75,7 +76,7 @@ def training_batches(fm: FairseqModel, *, num_batches: int, seed: int, max_token
 BATCHES_CHANGED_IN = (0, 3, 0)
 
 
-def _version_tuple(version: str) -> tuple:
+def version_tuple(version: str) -> tuple:
     try:
         return tuple(int(x) for x in str(version).split(".")[:3])
     except ValueError:
@@ -94,7 +95,7 @@ def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1
     if int(saved.get("world_size", 1)) != 1:
         return {"done": False, "reason": "GradInit ran on several ranks (the record averages their shards)"}
     written_by = (saved.get("fingerprint") or {}).get("version")
-    if written_by is not None and _version_tuple(written_by) < BATCHES_CHANGED_IN:
+    if written_by is not None and version_tuple(written_by) < BATCHES_CHANGED_IN:
         return {"done": False, "reason": f"written by fairseq_gradinit {written_by}: GradInit drew its batches "
                                          "differently before 0.3.0 (now from the task's own training iterator), "
                                          "so its first S batch cannot be drawn again"}
@@ -243,9 +244,12 @@ def plot_report(tensors: Sequence[dict], path: str, *, title: str = "", dpi: int
 
 
 def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: int = 8, mode: str = "train",
-               seed: Optional[int] = None, check: bool = True, device: Optional[str] = None) -> dict:
+               seed: Optional[int] = None, check: bool = True, device: Optional[str] = None,
+               health: bool = True, health_only: bool = False) -> dict:
     """Build the model of ``train_argv``, draw ``num_batches`` training minibatches and measure the
-    report (see :func:`~fairseq_gradinit.core.report.init_report`). Returns a JSON-ready dict."""
+    report (see :func:`~fairseq_gradinit.core.report.init_report`). With ``health``, also the
+    ``health`` block of the ``gradinit.json`` (:func:`~.health_report.health_of_saved`); with
+    ``health_only``, only that. Returns a JSON-ready dict."""
     with open(gradinit_json) as f:
         saved = json.load(f)
     if "scales" not in saved:
@@ -257,6 +261,13 @@ def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: in
     if check:
         result["check_first_iteration"] = check_first_iteration(fm, saved)
         logger.info("report: first-iteration check %s", result["check_first_iteration"])
+    if health or health_only:
+        result["health"] = health_of_saved(fm, saved)
+    if health_only:
+        result["meta"] = {"gradinit_json": gradinit_json, "train_args": list(train_argv), "arch": fm.cfg.model._name,
+                          "seed": int(fm.cfg.common.seed), "device": str(fm.device), "torch": torch.__version__,
+                          "wall_time": time.time() - start}
+        return result
     batches = training_batches(fm, num_batches=num_batches, seed=seed)
     report = init_report(fm.model, saved["scales"], batches, mean_loss_fn(fm.criterion),
                          ReportConfig(mode=mode, seed=seed))
