@@ -23,10 +23,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..core import apply_scales
+from ..core.health import scale_health, snapshot_weights, swapped_weights
 from ..core.modes import gradinit_mode
 from ..core.report import ReportConfig, init_report, unique_trainable
 from .groups import transformer_place
-from .health_report import health_of_saved
+from .health_report import batch_size, log_health
+from .tied import apply_multiplier_scales
 from .hook import GradInitTaskMixin, mean_loss_fn
 from .training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
@@ -129,6 +132,52 @@ def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1
         "rel_diff_loss": rel_loss, "rel_diff_grad_norm": rel_norm,
         "consistent": bool(rel_loss <= rtol_loss and rel_norm <= rtol_norm),
     }
+
+
+def saved_gradinit_batch(fm, saved: Mapping[str, Any]):
+    """The S batch of the last GradInit iteration recorded in ``saved`` (a ``gradinit.json``), drawn
+    again from the task's training data as the plugin drew it on rank 0, and a note when it cannot
+    be the same batch (written before 0.3.0, or no ``max_tokens``: another training batch)."""
+    conf = saved.get("config") or {}
+    max_tokens = saved.get("max_tokens") or fm.cfg.dataset.max_tokens
+    if not max_tokens:
+        raise ValueError("pass --max-tokens among the fairseq arguments (the gradinit.json records no max_tokens)")
+    n = max(1, int(saved.get("iterations") or len(saved.get("history") or ()) or 1))
+    note = None
+    written_by = (saved.get("fingerprint") or {}).get("version")
+    if written_by is not None and version_tuple(written_by) < BATCHES_CHANGED_IN:
+        note = (f"written by fairseq_gradinit {written_by}, which drew GradInit's batches differently: measured on "
+                f"another training batch of {max_tokens} tokens")
+        n = 1
+    elif not saved.get("max_tokens"):
+        note = f"the gradinit.json records no max_tokens: measured on a training batch of {max_tokens} tokens"
+        n = 1
+    if not isinstance(fm.task, GradInitTaskMixin):
+        batch = training_batches(fm, num_batches=1, seed=int(fm.cfg.common.seed), max_tokens=int(max_tokens))[0]
+        return batch, (f"the task {fm.cfg.task._name} does not draw GradInit's batches (pass the plugin's task, "
+                       f"e.g. --task translation_gradinit): measured on a training batch of {max_tokens} tokens")
+    pairs = fm.task.gradinit_pairs(fm.model, int(max_tokens), float(conf.get("overlap", 0.5)), fm.device,
+                                   0, int(saved.get("world_size", 1) or 1))
+    for _ in range(n):
+        pair = next(pairs)
+    return pair.s, note
+
+
+def health_of_saved(fm, saved: Mapping[str, Any]) -> dict:
+    """The ``health`` block of a saved ``gradinit.json`` (``saved``) for the freshly built model of
+    ``fm`` (:class:`~.training.FairseqModel`, holding the initial weights W), measured on the S batch
+    of the last recorded GradInit iteration; logged. The model is left holding W."""
+    sample, note = saved_gradinit_batch(fm, saved)
+    initial = snapshot_weights(fm.model)
+    with swapped_weights(fm.model, initial):  # restores W on exit
+        with torch.no_grad():
+            apply_scales(fm.model, apply_multiplier_scales(fm.model, saved["scales"]))
+        health = scale_health(fm.model, saved["scales"], lambda m: fm.criterion(m, sample), initial=initial,
+                              config=saved.get("config"))
+    if note:
+        health.notes.append(note)
+    log_health(health)
+    return {**health.to_dict(), "batch": batch_size(sample)}
 
 
 def _sort_key(t: dict):
