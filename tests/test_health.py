@@ -134,3 +134,50 @@ def test_a_short_gradinit_on_a_small_model_is_ok():
     health = scale_health(model, result.scales, lambda m: loss_fn(m, batches[-1]), initial=initial, config=cfg)
     assert health.verdict == OK and health.reasons == [] and not health.floor_weights
     assert all(n.gain_after < 4 for n in health.norms) and health.table()[0] == "health: OK"
+
+
+def test_docs_state_the_default_thresholds_and_a_usable_bounds_example():
+    import dataclasses
+    import re
+
+    from fairseq_gradinit.core.options import parse_scale_bounds
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "health.md").read_text()
+    for f in dataclasses.fields(HealthThresholds):
+        assert f"| `{f.name}` | {f.default} |" in doc, f.name
+    schema = doc[doc.index("## The `health` block"):]
+    d = scale_verdict({"a.weight": 1.0}).to_dict()
+    for key in list(d) + list(d["floor"]["weights"]) + list(d["thresholds"]):
+        assert f'"{key}"' in schema, key
+    example = re.search(r'--gradinit-scale-bounds "(\[.*?\])"', doc).group(1)
+    bounds = parse_scale_bounds(example)
+    assert [b.select for b in bounds] == ["bias", "norm", "re:."] and bounds[2].min_scale == 0.1
+    # the measured table is the committed measurement
+    measured = json.loads((Path(__file__).resolve().parents[1] / "docs" / "health-authors-d512.json").read_text())
+    health = measured["health"]
+    assert health["verdict"] == DEGENERATE and health["floor"]["weights"]["count"] == 20
+    by_name = {n["name"]: n for n in health["norms"]}
+    rows = [line.strip("|").split("|") for line in doc.splitlines() if line.startswith("| decoder.layers.")
+            or line.startswith("| encoder.layers.")]
+    assert len(rows) == 3
+    for name, *values in rows:
+        n = by_name[name.strip()]
+        want = [n["input_std_before"], n["gain_before"], n["input_std_after"], n["gain_after"]]
+        assert [float(v) for v in values] == pytest.approx(want, rel=0.03), name
+    highest = sorted(by_name.values(), key=lambda n: -n["gain_after"])[:3]
+    assert [r[0].strip() for r in rows] == [n["name"] for n in highest]
+
+def test_plugin_check_failure_is_recorded_not_raised(caplog):
+    pytest.importorskip("fairseq")
+    from fairseq_gradinit.fairseq_plugin.health_report import measure_health
+
+    model = PostLN()
+
+    def broken_criterion(m, sample):
+        raise RuntimeError("no such field")
+
+    out = measure_health(model, {"ln0.weight": 1.0}, broken_criterion, {"x": 1}, initial=None, config=None)
+    assert out == {"verdict": "unknown", "error": "RuntimeError: no such field"}
+    assert "the health check failed" in caplog.text
+    scales_only = measure_health(model, {"ln0.weight": 0.02}, broken_criterion, None, initial=None, config=None)
+    assert scales_only["verdict"] == DEGENERATE and scales_only["norms"] is None
