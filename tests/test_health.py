@@ -72,6 +72,14 @@ def test_floor_uses_each_tensors_own_bound_and_the_allowance():
     assert list(scale_verdict(scales).floor_biases) == ["d.bias", "e.bias"]
     with pytest.raises(ValueError, match="floor_allowance"):
         HealthThresholds(floor_allowance=-1)
+    # a Python selector needs the tensor: from the scales alone the global bound is used, and said so
+    cfg = GradInitConfig(scale_bounds=[(lambda n, p: p.dim() > 1, 0.5, None)])
+    guessed = scale_verdict({"a.weight": 0.5}, config=cfg)
+    assert not guessed.floor_weights and "selector failed" in guessed.notes[0]
+    model = PostLN()
+    apply_scales(model, {"fc0.weight": 0.5})
+    exact = scale_health(model, {"fc0.weight": 0.5}, None, config=cfg)
+    assert list(exact.floor_weights) == ["fc0.weight"] and not exact.notes and exact.norms is None
 
 
 def _hand_ln1_input(model, x):

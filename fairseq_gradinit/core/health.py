@@ -239,7 +239,13 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
     small: Dict[str, float] = {}
     for name, value in scales.items():
         value = float(value)
-        _, b = matching_bound(name, params.get(name), bounds, is_norm=is_norm(name))
+        try:
+            _, b = matching_bound(name, params.get(name), bounds, is_norm=is_norm(name))
+        except Exception as e:  # noqa: BLE001 - a user's selector called without its tensor (scales only)
+            b = None
+            note = f"a scale bound's selector failed without the model ({type(e).__name__}); the global minimum is used"
+            if note not in notes:
+                notes.append(note)
         lo = min_scale if b is None or b.min_scale is None else float(b.min_scale)
         bias = name.rsplit(".", 1)[-1] == "bias"
         n_b, n_w = n_b + bias, n_w + (not bias)
