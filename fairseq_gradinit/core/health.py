@@ -201,7 +201,7 @@ def bounds_of_config(config: Union[GradInitConfig, Mapping[str, Any], None]) -> 
             bounds.append(ScaleBound.coerce(item))
         except (ValueError, TypeError):
             notes.append(f"scale bound {item!r} cannot be rebuilt from the file; the tensors it selected are "
-                         f"compared with the global minimum {min_scale}")
+                         f"compared with the next matching bound or the global minimum {min_scale}")
     return min_scale, bounds, notes
 
 
