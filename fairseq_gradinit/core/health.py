@@ -1,11 +1,11 @@
 """Is a GradInit result healthy? Scales at their lower bound and the LayerNorm gains they cause.
 
 GradInit can end in a result that starts well and then fails: on the d=512 Post-LN Transformer a
-run put 29 of its 206 scales at the floor 0.01 (the paper reports that only the final classifier
+run put 20 of its 128 weight scales at the floor 0.01 (the paper reports that only the final FC
 layer ever reached it) and scaled two decoder ``final_layer_norm`` weights to 0.040 and 0.024. The
 layer after such a LayerNorm receives the whole residual stream shrunk by that factor, so the next
 LayerNorm divides by a tiny input standard deviation sigma: its gain |gamma| / sigma was 8.6 and
-14.4 where Xavier's is about 0.8, and training collapsed after about 2000 updates. This module
+14.4 where Xavier's is about 0.8, and training fell apart after about 2000 updates. This module
 measures both on one batch, right after GradInit, and gives a verdict with its reasons.
 
 Three checks, each with a threshold in :class:`HealthThresholds` (the reasoning is in its
@@ -56,9 +56,10 @@ class HealthThresholds:
     ``floor_fraction`` = 0.05 and ``floor_allowance`` = 1: degenerate when more weight tensors sit at
     their lower bound than max(``floor_allowance``, ``floor_fraction`` x the number of weight
     tensors). The paper reports that only the final FC layer ever reached the bound: one tensor.
-    A weight at the floor 0.01 is switched off at the start and Adam regrows it at the full
-    learning rate, each step larger than the weight itself; a few such tensors in a large model are
-    tolerated, a whole family of them (29 of 128 in the collapsed run, 23%) is not.
+    A weight at the floor 0.01 starts switched off: at d=512 its elements (mean |w| 3e-4 to 4e-4) are no
+    larger than one Adam step at lr 5e-4, so the first updates rewrite it, without warmup. A few such
+    tensors in a large model are tolerated, a whole family of them (20 of 128 in the collapsed run,
+    16%) is not.
 
     ``min_layer_norm_scale`` = 0.1: in a Post-LN block the LayerNorm's output is the whole residual
     stream of the next sublayer, so scaling its weight by s shrinks the next LayerNorm's input by
