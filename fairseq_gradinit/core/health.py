@@ -56,10 +56,10 @@ class HealthThresholds:
     ``floor_fraction`` = 0.05 and ``floor_allowance`` = 1: degenerate when more weight tensors sit at
     their lower bound than max(``floor_allowance``, ``floor_fraction`` x the number of weight
     tensors). The paper reports that only the final FC layer ever reached the bound: one tensor.
-    A weight at the floor 0.01 starts switched off: at d=512 its elements (mean |w| 3e-4 to 4e-4) are no
-    larger than one Adam step at lr 5e-4, so the first updates rewrite it, without warmup. A few such
-    tensors in a large model are tolerated, a whole family of them (20 of 128 in the collapsed run,
-    16%) is not.
+    A weight at the floor 0.01 starts switched off: at d=512 its elements (mean absolute value
+    3e-4 to 4e-4) are no larger than one Adam step at lr 5e-4, so the first updates rewrite it,
+    without warmup. A few such tensors in a large model are tolerated, a whole family of them (20 of
+    128 in the collapsed run, 16%) is not.
 
     ``min_layer_norm_scale`` = 0.1: in a Post-LN block the LayerNorm's output is the whole residual
     stream of the next sublayer, so scaling its weight by s shrinks the next LayerNorm's input by
