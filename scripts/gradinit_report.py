@@ -11,7 +11,9 @@ Everything after ``--`` is a fairseq-train command line (the model and data Grad
 ``--seed`` rebuilds the same initial weights; ``--max-tokens`` sets the minibatch size of the report;
 ``--gradinit-*`` options are ignored). Writes OUT.json (per tensor: place, scale, ||W|| and mean |W|,
 gradient std before/after; per group summaries; a check that GradInit's first recorded iteration is
-reproduced) and OUT.png (needs matplotlib: ``pip install matplotlib``, the ``[plot]`` extra).
+reproduced; the ``health`` block that the plugin stores in gradinit.json, see docs/health.md) and
+OUT.png (needs matplotlib: ``pip install matplotlib``, the ``[plot]`` extra). ``--health-only`` writes
+the ``health`` block alone, e.g. for a gradinit.json written before the plugin stored it.
 Definitions and the choice of train mode: ``fairseq_gradinit/core/report.py``.
 """
 from __future__ import annotations
@@ -53,12 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true",
                    help="skip recomputing GradInit's first iteration from the rebuilt model")
     p.add_argument("--title", default=None, help="figure title (default: the gradinit.json path)")
+    p.add_argument("--no-health", action="store_true",
+                   help="skip the health check (tensors at their lower bound, LayerNorm gains before/after)")
+    p.add_argument("--health-only", action="store_true",
+                   help="only the health check: OUT.json holds the 'health' block as gradinit.json stores it "
+                        "(measured on GradInit's last S batch), no per-tensor report and no OUT.png")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, train_argv = split_argv(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(own)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    if args.health_only and args.no_health:
+        parser.error("--health-only and --no-health exclude each other")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     if args.batches < 2:
         logger.error("--batches must be at least 2 (a standard deviation needs two minibatches)")
@@ -67,7 +77,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     try:
         result = rep.run_report(train_argv, args.gradinit_json, num_batches=args.batches, mode=args.mode,
-                                seed=args.batch_seed, check=not args.no_check)
+                                seed=args.batch_seed, check=not args.no_check, health=not args.no_health,
+                                health_only=args.health_only)
     except (ValueError, OSError) as e:  # bad values; a --gradinit-json that is missing, a folder, unreadable
         logger.error("%s", e)
         return 1
@@ -82,6 +93,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         logger.warning("GradInit's first iteration is NOT reproduced (loss %.6g vs recorded %.6g): the rebuilt "
                        "model or data differ from the run that wrote %s", check["loss_s"], check["recorded_loss_s"],
                        args.gradinit_json)
+    if args.health_only:
+        return 0
     try:
         rep.plot_report(result["tensors"], out_png, title=args.title or args.gradinit_json)
     except ImportError:

@@ -95,8 +95,9 @@ def env_with_repo():
     return env
 
 
-def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_path):
+def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_path, caplog):
     """lr=0 keeps the weights: the checkpoint after one update holds the start weights."""
+    caplog.set_level("INFO")
     save_a = tmp_path / "a"
     common = [str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "0",
               "--max-update", "1"]
@@ -117,6 +118,16 @@ def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_
     # Shared input/output embeddings: one scale.
     emb = [n for n in info["scales"] if "embed_tokens" in n or "output_projection" in n]
     assert len(emb) == 1, emb
+    # The health check ran on GradInit's last batch: before/after gains of every LayerNorm, a verdict.
+    health = info["health"]
+    assert health["verdict"] == "ok" and health["reasons"] == [], health
+    assert health["floor"]["weights"]["count"] == 0 and health["floor"]["weights"]["of"] > 0
+    norms = {n["name"]: n for n in health["norms"]}
+    assert "decoder.layers.1.final_layer_norm" in norms and len(norms) == 2 * 2 + 3 * 2
+    for n in norms.values():
+        assert n["kind"] == "layer_norm" and n["input_std_before"] > 0 and n["gain_after"] > 0
+        assert n["gain_ratio"] == pytest.approx(n["gain_after"] / n["gain_before"])
+    assert "gradinit: health: OK" in caplog.text and "decoder.layers." in caplog.text
 
     model = fresh_model(common + ["--save-dir", str(tmp_path / "unused")])
     apply_scales(model, info["scales"])

@@ -214,6 +214,7 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
     assert sides.index("decoder") > max(i for i, s in enumerate(sides) if s == "encoder")
     group = result["groups"]["decoder.encoder_attn.v.weight"]
     assert group["count"] == 2 and group["layers"] == [0, 1]
+    assert result["health"]["verdict"] == saved["health"]["verdict"]  # the report holds the health block too
     meta = result["meta"]
     assert meta["num_batches"] == 3 and meta["mode"] == "train" and len(meta["batch_tokens"]) == 3
     assert max(meta["batch_tokens"]) <= 150
@@ -244,3 +245,30 @@ def test_transformer_place():
     assert transformer_place("encoder.layers.5.final_layer_norm.weight").kind == "final_layer_norm"
     assert transformer_place("encoder.embed_tokens.weight") == TensorPlace("encoder", None, "embed_tokens", "weight")
     assert transformer_place("decoder.layers.1.omega_ffn") == TensorPlace("decoder", 1, "omega_ffn", "parameter")
+
+
+def test_report_script_writes_the_health_block_the_plugin_stored(gradinit_run, tmp_path):
+    """--health-only draws GradInit's last S batch again: the same block as the plugin's, measured anew."""
+    data, gjson = gradinit_run
+    saved = json.loads(gjson.read_text())
+    stored = saved["health"]
+    assert stored["verdict"] in ("ok", "degenerate") and stored["norms"], stored
+    out = tmp_path / "h" / "tiny"
+    rc = _script().main(["--gradinit-json", str(gjson), "--out", str(out), "--health-only", "--",
+                         str(data), *TINY, "--max-tokens", "150"])
+    assert rc == 0 and not out.with_suffix(".png").exists()
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert set(result) == {"check_first_iteration", "health", "meta"}
+    health = result["health"]
+    assert health["batch"] == stored["batch"]  # the same sentences (GradInit's max_tokens, not --max-tokens)
+    assert (health["verdict"], health["reasons"], health["floor"]) == (stored["verdict"], stored["reasons"],
+                                                                        stored["floor"])
+    assert [n["name"] for n in health["norms"]] == [n["name"] for n in stored["norms"]]
+    for mine, theirs in zip(health["norms"], stored["norms"]):
+        for key in ("input_std_before", "gain_before", "input_std_after", "gain_after"):
+            assert mine[key] == pytest.approx(theirs[key], rel=1e-5), (mine["name"], key)
+    # the script refuses contradictory flags as a usage error
+    with pytest.raises(SystemExit) as e:
+        _script().main(["--gradinit-json", str(gjson), "--out", str(out), "--health-only", "--no-health", "--",
+                        str(data), *TINY])
+    assert e.value.code == 2

@@ -127,6 +127,7 @@ def test_per_use_end_to_end_resume_and_reload(tiny_data, tmp_path):
     assert info["uses"]["decoder.output_projection"] == own
     assert abs(info["uses"]["encoder.embed_tokens"] - own * info["scales"]["encoder.embed_scale"]) < 1e-12
     assert info["config"]["fixed_params"] == "is_multiplier"
+    assert info["health"]["verdict"] in ("ok", "degenerate") and info["health"]["norms"]  # measured with the multipliers
     assert info["fingerprint"]["gradinit"]["plugin"]["gradinit_tied_embeddings"] == "per-use"
 
     from fairseq import checkpoint_utils

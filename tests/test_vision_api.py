@@ -365,3 +365,23 @@ def test_half_precision_models_are_refused(fn, dtype):
     model = small_cnn().to(dtype)
     with pytest.raises(ValueError, match=rf"'0.weight' is {dtype}.*Run GradInit before converting"):
         fn(model, [(x.to(dtype), y) for x, y in batches(3)], iters=2, progress=False)
+
+
+def test_result_has_a_health_check():
+    # BatchNorm net pushed to its floor: the tensors at their lower bound make it degenerate; the
+    # BatchNorm layers are measured (input std, gain before/after) but not judged.
+    model = create_model("vgg19", width=0.0625, num_classes=5)
+    pushed = gradinit(model, batches(3), iters=2, gamma=1e-9, min_scale=0.5, lr=0.5, progress=False)
+    health = pushed.health
+    at_floor = [n for n, v in pushed.scales.items() if v <= 0.5 + 1e-6 and not n.endswith(".bias")]
+    assert len(at_floor) > 1 and sorted(health.floor_weights) == sorted(at_floor)
+    assert health.verdict == "degenerate" and "at their lower bound" in health.reasons[0]
+    bn = batch_norm_weight_names(create_model("vgg19", width=0.0625, num_classes=5))
+    assert {n.name + ".weight" for n in health.norms} == bn and {n.kind for n in health.norms} == {"batch_norm"}
+    assert all(n.input_std_before > 0 and n.input_std_after > 0 for n in health.norms)
+    assert pushed.to_dict()["health"]["verdict"] == "degenerate"
+    # a short run of a LayerNorm model from a one-shot iterator: measured on its last batch, ok
+    vit = gradinit(small_vit(), iter(batches(3, side=16)), lr=0.05, optimizer="adam", eta=1e-3, progress=False)
+    assert len(vit.history) == 2 and vit.health.verdict == "ok", vit.health.reasons
+    kinds = {n.kind for n in vit.health.norms}
+    assert "layer_norm" in kinds and all(n.gain_before is not None for n in vit.health.norms)

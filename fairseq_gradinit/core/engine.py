@@ -59,6 +59,9 @@ class GradInitResult:
     #: Names that share a tensor with a key of ``scales`` (tied parameters).
     aliases: Dict[str, List[str]] = field(default_factory=dict)
     world_size: int = 1
+    #: The health check of the scales (:class:`~.health.ScaleHealth`) where the caller ran it (the
+    #: vision API does; the fairseq plugin stores it in gradinit.json).
+    health: Optional[Any] = None
 
     @property
     def num_skipped(self) -> int:
@@ -84,6 +87,7 @@ class GradInitResult:
             "num_objective": self.num_objective,
             "num_constraint": self.num_constraint,
             "num_skipped": self.num_skipped,
+            **({"health": self.health.to_dict()} if self.health is not None else {}),
         }
 
 

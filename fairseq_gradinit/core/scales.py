@@ -51,6 +51,32 @@ def _norm_weight_ids(model: nn.Module) -> set:
     return ids
 
 
+def norm_weight_names(model: nn.Module) -> set:
+    """Every name (aliases included) of the ``weight`` tensors of normalization layers: the tensors
+    that a ``'norm'`` :class:`ScaleBound` selects."""
+    ids = _norm_weight_ids(model)
+    return {n for n, p in model.named_parameters(remove_duplicate=False) if id(p) in ids}
+
+
+def matching_bound(name: str, param: Optional[nn.Parameter], bounds: Sequence, *, is_norm: bool):
+    """Index and :class:`ScaleBound` of the first of ``bounds`` that selects the tensor ``name``
+    (``is_norm``: it is a normalization layer's weight), or ``(None, None)``."""
+    for k, b in enumerate(bounds):
+        b = ScaleBound.coerce(b)
+        sel = b.select
+        if sel == "bias":
+            hit = name.rsplit(".", 1)[-1] == "bias"
+        elif sel == "norm":
+            hit = is_norm
+        elif isinstance(sel, str):
+            hit = re.search(sel[3:], name) is not None
+        else:
+            hit = bool(sel(name, param))
+        if hit:
+            return k, b
+    return None, None
+
+
 def resolve_scale_bounds(model: nn.Module, names: Sequence[str], params: Sequence[nn.Parameter],
                          bounds: Sequence, *, min_scale: float, max_scale: Optional[float]):
     """Per-tensor (min, max) scale bounds: the first :class:`ScaleBound` of ``bounds`` that selects
@@ -60,21 +86,11 @@ def resolve_scale_bounds(model: nn.Module, names: Sequence[str], params: Sequenc
     lo, hi, counts = [], [], [0] * len(bounds)
     for name, p in zip(names, params):
         b_lo, b_hi = min_scale, max_scale
-        for k, b in enumerate(bounds):
-            sel = b.select
-            if sel == "bias":
-                hit = name.rsplit(".", 1)[-1] == "bias"
-            elif sel == "norm":
-                hit = id(p) in norm_ids
-            elif isinstance(sel, str):
-                hit = re.search(sel[3:], name) is not None
-            else:
-                hit = bool(sel(name, p))
-            if hit:
-                counts[k] += 1
-                b_lo = b_lo if b.min_scale is None else float(b.min_scale)
-                b_hi = b_hi if b.max_scale is None else float(b.max_scale)
-                break
+        k, b = matching_bound(name, p, bounds, is_norm=id(p) in norm_ids)
+        if b is not None:
+            counts[k] += 1
+            b_lo = b_lo if b.min_scale is None else float(b.min_scale)
+            b_hi = b_hi if b.max_scale is None else float(b.max_scale)
         lo.append(b_lo)
         hi.append(math.inf if b_hi is None else b_hi)
     for b, n in zip(bounds, counts):

@@ -21,9 +21,11 @@ import torch
 import torch.distributed as dist
 
 from ..core import BatchPair, apply_scales, gradinit, summarize_scales
+from ..core.health import snapshot_weights
 from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
+from .health_report import measure_health
 from .init_file import clamped_init_file
 from .phase_state import load_phase_state, save_phase_state, state_path
 from .option_values import (
@@ -199,12 +201,15 @@ class GradInitTaskMixin:
         if rank == 0:
             for tmp in remove_stale_temp_files(save_dir, GRADINIT_JSON):
                 logger.info("gradinit: removed %s, left by an interrupted run", tmp)
+        # The health check compares the weights before the scales with those after, on the last pair.
+        initial = snapshot_weights(model) if rank == 0 else None
         model.to(device)
-        drawn = [0]
+        drawn, last = [0], [None]
 
         def counted(it):
             for pair in it:
                 drawn[0] += 1
+                last[0] = pair
                 yield pair
 
         resume, resume_path = self._phase_state(save_dir, current, rank, world)
@@ -240,6 +245,9 @@ class GradInitTaskMixin:
                             if resume is None:
                                 raise
                             raise GradInitStop(f"{resume_path}: {e}; delete it to start GradInit anew") from None
+                        health = measure_health(model, result.scales, criterion, getattr(last[0], "s", None),
+                                                initial=initial, config=gcfg) if rank == 0 else None
+                        initial = last[0] = None  # free the copy before training
                 finally:
                     model.to(orig_device)
                     if use_cuda:
@@ -250,7 +258,7 @@ class GradInitTaskMixin:
                     out = result.to_dict()
                     out.update(summary=summary, uses=effective_use_scales(model, result.scales),
                                max_tokens=max_tokens, derived=derived, device=str(device),
-                               wall_time=time.time() - start, fingerprint=current)
+                               wall_time=time.time() - start, fingerprint=current, health=health)
                     atomic_write_json(path, out)
                     logger.info("gradinit: wrote %s", path)
                     if os.path.exists(resume_path):

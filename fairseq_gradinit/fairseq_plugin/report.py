@@ -23,9 +23,13 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
+from ..core import apply_scales
+from ..core.health import scale_health, snapshot_weights, swapped_weights
 from ..core.modes import gradinit_mode
 from ..core.report import ReportConfig, init_report, unique_trainable
 from .groups import transformer_place
+from .health_report import batch_size, log_health
+from .tied import apply_multiplier_scales
 from .hook import GradInitTaskMixin, mean_loss_fn
 from .training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
@@ -75,7 +79,7 @@ def training_batches(fm: FairseqModel, *, num_batches: int, seed: int, max_token
 BATCHES_CHANGED_IN = (0, 3, 0)
 
 
-def _version_tuple(version: str) -> tuple:
+def version_tuple(version: str) -> tuple:
     try:
         return tuple(int(x) for x in str(version).split(".")[:3])
     except ValueError:
@@ -94,7 +98,7 @@ def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1
     if int(saved.get("world_size", 1)) != 1:
         return {"done": False, "reason": "GradInit ran on several ranks (the record averages their shards)"}
     written_by = (saved.get("fingerprint") or {}).get("version")
-    if written_by is not None and _version_tuple(written_by) < BATCHES_CHANGED_IN:
+    if written_by is not None and version_tuple(written_by) < BATCHES_CHANGED_IN:
         return {"done": False, "reason": f"written by fairseq_gradinit {written_by}: GradInit drew its batches "
                                          "differently before 0.3.0 (now from the task's own training iterator), "
                                          "so its first S batch cannot be drawn again"}
@@ -128,6 +132,52 @@ def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1
         "rel_diff_loss": rel_loss, "rel_diff_grad_norm": rel_norm,
         "consistent": bool(rel_loss <= rtol_loss and rel_norm <= rtol_norm),
     }
+
+
+def saved_gradinit_batch(fm, saved: Mapping[str, Any]):
+    """The S batch of the last GradInit iteration recorded in ``saved`` (a ``gradinit.json``), drawn
+    again from the task's training data as the plugin drew it on rank 0, and a note when it cannot
+    be the same batch (written before 0.3.0, or no ``max_tokens``: another training batch)."""
+    conf = saved.get("config") or {}
+    max_tokens = saved.get("max_tokens") or fm.cfg.dataset.max_tokens
+    if not max_tokens:
+        raise ValueError("pass --max-tokens among the fairseq arguments (the gradinit.json records no max_tokens)")
+    n = max(1, int(saved.get("iterations") or len(saved.get("history") or ()) or 1))
+    note = None
+    written_by = (saved.get("fingerprint") or {}).get("version")
+    if written_by is not None and version_tuple(written_by) < BATCHES_CHANGED_IN:
+        note = (f"written by fairseq_gradinit {written_by}, which drew GradInit's batches differently: measured on "
+                f"another training batch of {max_tokens} tokens")
+        n = 1
+    elif not saved.get("max_tokens"):
+        note = f"the gradinit.json records no max_tokens: measured on a training batch of {max_tokens} tokens"
+        n = 1
+    if not isinstance(fm.task, GradInitTaskMixin):
+        batch = training_batches(fm, num_batches=1, seed=int(fm.cfg.common.seed), max_tokens=int(max_tokens))[0]
+        return batch, (f"the task {fm.cfg.task._name} does not draw GradInit's batches (pass the plugin's task, "
+                       f"e.g. --task translation_gradinit): measured on a training batch of {max_tokens} tokens")
+    pairs = fm.task.gradinit_pairs(fm.model, int(max_tokens), float(conf.get("overlap", 0.5)), fm.device,
+                                   0, int(saved.get("world_size", 1) or 1))
+    for _ in range(n):
+        pair = next(pairs)
+    return pair.s, note
+
+
+def health_of_saved(fm, saved: Mapping[str, Any]) -> dict:
+    """The ``health`` block of a saved ``gradinit.json`` (``saved``) for the freshly built model of
+    ``fm`` (:class:`~.training.FairseqModel`, holding the initial weights W), measured on the S batch
+    of the last recorded GradInit iteration; logged. The model is left holding W."""
+    sample, note = saved_gradinit_batch(fm, saved)
+    initial = snapshot_weights(fm.model)
+    with swapped_weights(fm.model, initial):  # restores W on exit
+        with torch.no_grad():
+            apply_scales(fm.model, apply_multiplier_scales(fm.model, saved["scales"]))
+        health = scale_health(fm.model, saved["scales"], lambda m: fm.criterion(m, sample), initial=initial,
+                              config=saved.get("config"))
+    if note:
+        health.notes.append(note)
+    log_health(health)
+    return {**health.to_dict(), "batch": batch_size(sample)}
 
 
 def _sort_key(t: dict):
@@ -243,9 +293,12 @@ def plot_report(tensors: Sequence[dict], path: str, *, title: str = "", dpi: int
 
 
 def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: int = 8, mode: str = "train",
-               seed: Optional[int] = None, check: bool = True, device: Optional[str] = None) -> dict:
+               seed: Optional[int] = None, check: bool = True, device: Optional[str] = None,
+               health: bool = True, health_only: bool = False) -> dict:
     """Build the model of ``train_argv``, draw ``num_batches`` training minibatches and measure the
-    report (see :func:`~fairseq_gradinit.core.report.init_report`). Returns a JSON-ready dict."""
+    report (see :func:`~fairseq_gradinit.core.report.init_report`). With ``health``, also the
+    ``health`` block of the ``gradinit.json`` (:func:`~.health_report.health_of_saved`); with
+    ``health_only``, only that. Returns a JSON-ready dict."""
     with open(gradinit_json) as f:
         saved = json.load(f)
     if "scales" not in saved:
@@ -257,6 +310,13 @@ def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: in
     if check:
         result["check_first_iteration"] = check_first_iteration(fm, saved)
         logger.info("report: first-iteration check %s", result["check_first_iteration"])
+    if health or health_only:
+        result["health"] = health_of_saved(fm, saved)
+    if health_only:
+        result["meta"] = {"gradinit_json": gradinit_json, "train_args": list(train_argv), "arch": fm.cfg.model._name,
+                          "seed": int(fm.cfg.common.seed), "device": str(fm.device), "torch": torch.__version__,
+                          "wall_time": time.time() - start}
+        return result
     batches = training_batches(fm, num_batches=num_batches, seed=seed)
     report = init_report(fm.model, saved["scales"], batches, mean_loss_fn(fm.criterion),
                          ReportConfig(mode=mode, seed=seed))

@@ -18,6 +18,7 @@ from ..core import GradInitConfig, GradInitResult, MetaInitConfig, MetaInitResul
 from ..core.options import Default, options_of
 from ..core import gradinit as core_gradinit
 from ..core import metainit as core_metainit
+from ..core.health import scale_health, snapshot_weights
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +105,30 @@ class DeviceLoader:
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
+
+
+class LastBatch:
+    """``batches`` as they are (re-iterable or one-shot), remembering the last batch drawn."""
+
+    def __init__(self, batches: Iterable[Any]):
+        self.batches, self.last = batches, None
+        self._one_shot = _one_shot(batches)
+
+    def __iter__(self) -> Iterator[Any]:
+        # A one-shot input stays one-shot: the engine cycles only what iter() does not return as is.
+        return self if self._one_shot else self._remember(iter(self.batches))
+
+    def _remember(self, it: Iterator[Any]) -> Iterator[Any]:
+        for b in it:
+            self.last = b
+            yield b
+
+    def __next__(self) -> Any:
+        self.last = next(self.batches)  # type: ignore[call-overload]
+        return self.last
+
+    def __len__(self) -> int:
+        return len(self.batches)  # type: ignore[arg-type]
 
 
 def _resolve_device(model: nn.Module, device: Device) -> torch.device:
@@ -199,7 +224,10 @@ def gradinit(
 
     Returns:
         :class:`~fairseq_gradinit.core.GradInitResult` with ``scales`` (name -> float),
-        ``history`` and ``wall_time``.
+        ``history``, ``wall_time`` and ``health``: the health check of the scales
+        (:class:`~fairseq_gradinit.core.health.ScaleHealth`: tensors at their lower bound, the input
+        std and gain of every normalization layer before and after the scales on the last batch,
+        ``verdict`` "ok" or "degenerate" with ``reasons``; logged as a warning when degenerate).
     """
     unknown = sorted(set(options) - set(GRADINIT_OPTIONS))
     if unknown:
@@ -220,11 +248,21 @@ def gradinit(
         n = _loader_len(loader)
         if n is not None:
             total = n if overlap >= 1.0 else max(n - 1, 0)
-    return _with_progress(
+    loss = loss_fn or classification_loss
+    initial = snapshot_weights(model)  # the weights before the scales, for the health check
+    batches = LastBatch(_batches(loader, dev))
+    result = _with_progress(
         "GradInit", total, progress, callback,
         lambda rec: f"{rec.branch} L(S)={rec.loss_s if rec.loss_s is None else round(rec.loss_s, 4)}",
-        lambda on_record: core_gradinit(model, _batches(loader, dev), loss_fn or classification_loss, config,
+        lambda on_record: core_gradinit(model, batches, loss, config,
                                         process_group=process_group, callback=on_record))
+    if batches.last is not None:
+        result.health = scale_health(model, result.scales, lambda m: loss(m, batches.last), initial=initial,
+                                     config=config)
+        log = logger.info if result.health.ok else logger.warning
+        for line in result.health.table():
+            log("gradinit: %s", line)
+    return result
 
 
 def metainit(

@@ -1,0 +1,394 @@
+"""Is a GradInit result healthy? Scales at their lower bound and the LayerNorm gains they cause.
+
+GradInit can end in a result that starts well and then fails: on the d=512 Post-LN Transformer a
+run put 20 of its 128 weight scales at the floor 0.01 (the paper reports that only the final FC
+layer ever reached it) and scaled two decoder ``final_layer_norm`` weights to 0.040 and 0.024. The
+layer after such a LayerNorm receives the whole residual stream shrunk by that factor, so the next
+LayerNorm divides by a tiny input standard deviation sigma: its gain |gamma| / sigma was 8.6 and
+14.4 where Xavier's is about 0.8, and training fell apart after about 2000 updates. This module
+measures both on one batch, right after GradInit, and gives a verdict with its reasons.
+
+Three checks, each with a threshold in :class:`HealthThresholds` (the reasoning is in its
+docstring):
+
+* tensors at their lower bound: each scale is compared with its OWN bound (the global
+  ``min_scale`` or the first matching ``scale_bounds`` entry); weights (every tensor that is not a
+  ``*.bias``) count for the verdict, biases are listed only (a bias scaled to its minimum 0 starts
+  at zero, as many of fairseq's own biases do);
+* LayerNorm weights scaled far below 1 (used for the verdict only when the gains were not measured:
+  the gain shows whether the shrinking matters, e.g. it does not where the LayerNorm only feeds a
+  residual branch, as in Pre-LN);
+* per normalization layer, the input standard deviation and the gain |gamma| / sigma before the
+  scales (the weights W) and after them (alpha * W), measured with
+  :func:`~.norm_stats.norm_input_stats` in GradInit's mode (:func:`~.modes.gradinit_mode`: no
+  dropout, batch statistics in BatchNorm). LayerNorm-like layers are judged; BatchNorm layers are
+  listed (a BatchNorm re-normalizes every batch, and the thresholds were set on LayerNorm evidence).
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import nn
+
+from .config import GradInitConfig, ScaleBound
+from .modes import gradinit_mode, unwrap_model
+from .norm_stats import NormInputStats, is_stat_norm, norm_input_stats
+from .scales import matching_bound, norm_weight_names
+
+OK = "ok"
+DEGENERATE = "degenerate"
+
+#: Module names that are taken for normalization layers when there is no model to ask
+#: (``layer_norm``, ``LayerNorm``, ``ln_f``, ``norm1``, ``bn2``...).
+_NORM_NAME = re.compile(r"(norm|^ln(_\w+)?\d*$|^bn\d*$)", re.IGNORECASE)
+_LAYER_NORM_NAME = re.compile(r"(layer_?norm|^ln(_\w+)?\d*$|^norm\d*$)", re.IGNORECASE)
+
+
+@dataclass
+class HealthThresholds:
+    """When :func:`scale_health` calls a result degenerate.
+
+    ``floor_fraction`` = 0.05 and ``floor_allowance`` = 1: degenerate when more weight tensors sit at
+    their lower bound than max(``floor_allowance``, ``floor_fraction`` x the number of weight
+    tensors). The paper reports that only the final FC layer ever reached the bound: one tensor.
+    A weight at the floor 0.01 starts switched off: at d=512 its elements (mean absolute value
+    3e-4 to 4e-4) are no larger than one Adam step at lr 5e-4, so the first updates rewrite it,
+    without warmup. A few such tensors in a large model are tolerated, a whole family of them (20 of
+    128 in the collapsed run, 16%) is not.
+
+    ``min_layer_norm_scale`` = 0.1: in a Post-LN block the LayerNorm's output is the whole residual
+    stream of the next sublayer, so scaling its weight by s shrinks the next LayerNorm's input by
+    about s and multiplies that LayerNorm's gain by about 1/s; below 0.1 that is more than 10 times
+    the initial gain, where the collapsed run was (scales 0.040 and 0.024, gains 8.6 and 14.4).
+    Used for the verdict only when the gains were not measured.
+
+    ``max_gain`` = 4 and ``max_gain_ratio`` = 4: a LayerNorm amplifies changes of its input by its
+    gain |gamma| / sigma (``core.norm_stats``). Xavier gives about 0.8 in the Post-LN Transformer,
+    so 4 is 5 times that; the collapsed run had 8.6 and 14.4. Degenerate when a LayerNorm's gain
+    after the scales exceeds ``max_gain`` AND ``max_gain_ratio`` times its gain before them (the
+    ratio keeps a model that starts with high gains from being flagged for what GradInit did not
+    cause; without a "before" measurement only ``max_gain`` applies).
+    """
+
+    floor_fraction: float = 0.05
+    floor_allowance: int = 1
+    min_layer_norm_scale: float = 0.1
+    max_gain: float = 4.0
+    max_gain_ratio: float = 4.0
+
+    def __post_init__(self):
+        for name in ("floor_fraction", "min_layer_norm_scale", "max_gain", "max_gain_ratio"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+                raise ValueError(f"HealthThresholds.{name}={v!r} is invalid: expected a number >= 0")
+        if isinstance(self.floor_allowance, bool) or not isinstance(self.floor_allowance, int) \
+                or self.floor_allowance < 0:
+            raise ValueError(f"HealthThresholds.floor_allowance={self.floor_allowance!r} is invalid: "
+                             "expected an integer >= 0")
+
+
+@dataclass
+class NormHealth:
+    """One normalization layer's input standard deviation and gain, before and after the scales."""
+
+    name: str
+    #: "layer_norm" (judged) or "batch_norm" (listed).
+    kind: str
+    input_std_after: float
+    gain_after: float
+    input_std_before: Optional[float] = None
+    gain_before: Optional[float] = None
+
+    @property
+    def gain_ratio(self) -> Optional[float]:
+        """gain_after / gain_before (None without a before measurement)."""
+        if self.gain_before is None or not self.gain_before > 0:
+            return None
+        return self.gain_after / self.gain_before
+
+    def to_dict(self) -> dict:
+        # An input with zero spread has an infinite gain, which strict JSON cannot hold.
+        return {k: ("inf" if isinstance(v, float) and math.isinf(v) else v)
+                for k, v in {**asdict(self), "gain_ratio": self.gain_ratio}.items()}
+
+
+@dataclass
+class ScaleHealth:
+    """The health check of one set of scales (:func:`scale_health`); ``to_dict()`` is JSON-ready."""
+
+    #: "ok" or "degenerate".
+    verdict: str
+    #: Why it is degenerate, one sentence each (empty when ok).
+    reasons: List[str]
+    #: Weight tensors (not ``*.bias``) at their lower bound: name -> (scale, lower bound).
+    floor_weights: Dict[str, Tuple[float, float]]
+    #: Biases at their lower bound: name -> (scale, lower bound); listed, not judged.
+    floor_biases: Dict[str, Tuple[float, float]]
+    num_weights: int
+    num_biases: int
+    #: LayerNorm weights scaled below ``min_layer_norm_scale``: name -> scale.
+    small_layer_norm_scales: Dict[str, float]
+    #: Normalization layers in forward order; None when no batch was measured.
+    norms: Optional[List[NormHealth]]
+    thresholds: HealthThresholds = field(default_factory=HealthThresholds)
+    #: Things the check could not do (e.g. a bound it could not read), one sentence each.
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == OK
+
+    def worst_norms(self, k: int = 3) -> List[NormHealth]:
+        """The ``k`` LayerNorm-like layers with the highest gain after the scales."""
+        layer = [n for n in self.norms or () if n.kind == "layer_norm"]
+        return sorted(layer, key=lambda n: -n.gain_after)[:k]
+
+    def to_dict(self) -> dict:
+        floor = lambda d: {"count": len(d), "names": list(d), "scales": [v[0] for v in d.values()],  # noqa: E731
+                           "lower_bounds": [v[1] for v in d.values()]}
+        return {
+            "verdict": self.verdict,
+            "reasons": list(self.reasons),
+            "floor": {"weights": {**floor(self.floor_weights), "of": self.num_weights},
+                      "biases": {**floor(self.floor_biases), "of": self.num_biases}},
+            "small_layer_norm_scales": dict(self.small_layer_norm_scales),
+            "norms": None if self.norms is None else [n.to_dict() for n in self.norms],
+            "thresholds": asdict(self.thresholds),
+            "notes": list(self.notes),
+        }
+
+    def table(self, k: int = 3) -> List[str]:
+        """A few log lines: verdict, reasons, tensors at the floor, the highest LayerNorm gains."""
+        lines = [f"health: {self.verdict.upper()}"]
+        lines += [f"  reason: {r}" for r in self.reasons]
+        names = list(self.floor_weights)
+        shown = ", ".join(names[:6]) + (f", ... (+{len(names) - 6})" if len(names) > 6 else "")
+        lines.append(f"  weights at their lower bound: {len(names)} of {self.num_weights}"
+                     + (f": {shown}" if names else ""))
+        if self.floor_biases:
+            lines.append(f"  biases at their lower bound: {len(self.floor_biases)} of {self.num_biases}")
+        worst = self.worst_norms(k)
+        if worst:
+            lines.append(f"  {'LayerNorm (highest gain)':<44} {'std before':>10} {'gain before':>11} "
+                         f"{'std after':>10} {'gain after':>10}")
+            fmt = lambda x: "-" if x is None else f"{x:.3g}"  # noqa: E731
+            for n in worst:
+                lines.append(f"  {n.name:<44} {fmt(n.input_std_before):>10} {fmt(n.gain_before):>11} "
+                             f"{fmt(n.input_std_after):>10} {fmt(n.gain_after):>10}")
+        elif self.norms is None:
+            lines.append("  LayerNorm gains: not measured")
+        for note in self.notes:
+            lines.append(f"  note: {note}")
+        return lines
+
+
+def bounds_of_config(config: Union[GradInitConfig, Mapping[str, Any], None]) -> Tuple[float, list, List[str]]:
+    """(min_scale, scale_bounds, notes) of a :class:`GradInitConfig` or of its ``to_dict()`` (the
+    ``config`` of a ``gradinit.json``). A bound that cannot be rebuilt from a file (a callable's
+    name) is left out, with a note."""
+    if config is None:
+        return GradInitConfig.min_scale, [], []
+    if isinstance(config, GradInitConfig):
+        return float(config.min_scale), list(config.scale_bounds), []
+    min_scale = float(config.get("min_scale", GradInitConfig.min_scale))
+    bounds, notes = [], []
+    for item in config.get("scale_bounds") or ():
+        try:
+            bounds.append(ScaleBound.coerce(item))
+        except (ValueError, TypeError):
+            notes.append(f"scale bound {item!r} cannot be rebuilt from the file; the tensors it selected are "
+                         f"compared with the next matching bound or the global minimum {min_scale}")
+    return min_scale, bounds, notes
+
+
+def guess_norm_weight(name: str) -> bool:
+    """Whether ``name`` looks like a normalization layer's weight (used when there is no model)."""
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and bool(_NORM_NAME.search(parts[-2]))
+
+
+def guess_layer_norm_weight(name: str) -> bool:
+    """Whether ``name`` looks like a LayerNorm's weight (used when there is no model)."""
+    parts = name.split(".")
+    return len(parts) >= 2 and parts[-1] == "weight" and bool(_LAYER_NORM_NAME.search(parts[-2]))
+
+
+def _layer_norm_weight_names(model: nn.Module) -> set:
+    out = set()
+    for mname, m in model.named_modules():
+        if is_stat_norm(m) and hasattr(m, "normalized_shape") and isinstance(getattr(m, "weight", None), nn.Parameter):
+            out.add(f"{mname}.weight" if mname else "weight")
+    return out
+
+
+def _tolerance(lo: float) -> float:
+    # Scales are stored in float32 (0.01 is saved as 0.009999999776): compare at float32 precision.
+    return lo + max(abs(lo) * 1e-6, 1e-12)
+
+
+def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, is_norm: Callable[[str], bool],
+           is_layer_norm: Callable[[str], bool], params: Mapping[str, nn.Parameter],
+           norms: Optional[List[NormHealth]], th: HealthThresholds, notes: List[str]) -> ScaleHealth:
+    floor_w: Dict[str, Tuple[float, float]] = {}
+    floor_b: Dict[str, Tuple[float, float]] = {}
+    n_w = n_b = 0
+    small: Dict[str, float] = {}
+    for name, value in scales.items():
+        value = float(value)
+        try:
+            _, b = matching_bound(name, params.get(name), bounds, is_norm=is_norm(name))
+        except Exception as e:  # noqa: BLE001 - a user's selector called without its tensor (scales only)
+            b = None
+            note = f"a scale bound's selector failed without the model ({type(e).__name__}); the global minimum is used"
+            if note not in notes:
+                notes.append(note)
+        lo = min_scale if b is None or b.min_scale is None else float(b.min_scale)
+        bias = name.rsplit(".", 1)[-1] == "bias"
+        n_b, n_w = n_b + bias, n_w + (not bias)
+        if value <= _tolerance(lo):
+            (floor_b if bias else floor_w)[name] = (value, lo)
+        if not bias and is_layer_norm(name) and value < th.min_layer_norm_scale:
+            small[name] = value
+
+    reasons = []
+    allowed = max(th.floor_allowance, th.floor_fraction * n_w)
+    if len(floor_w) > allowed:
+        reasons.append(f"{len(floor_w)} of {n_w} weight tensors are at their lower bound (more than "
+                       f"{allowed:g} allowed), e.g. {', '.join(list(floor_w)[:3])}: they start switched off and "
+                       "are regrown by the optimizer at the full learning rate")
+    if small and norms is None:
+        shown = ", ".join(f"{n} x{v:.3g}" for n, v in sorted(small.items(), key=lambda kv: kv[1])[:3])
+        reasons.append(f"{len(small)} LayerNorm weights scaled below {th.min_layer_norm_scale:g} ({shown}): the "
+                       "LayerNorm after each of them sees a shrunk input and amplifies it (gains not measured)")
+    if norms is not None:
+        high = []
+        for n in norms:
+            if n.kind != "layer_norm" or not n.gain_after > th.max_gain:
+                continue
+            ratio = n.gain_ratio
+            if n.gain_before is not None and ratio is not None and ratio <= th.max_gain_ratio:
+                continue
+            high.append(n)
+        if high:
+            high.sort(key=lambda n: -n.gain_after)
+            fmt = lambda n: (f"{n.name} {n.gain_after:.3g}" + (  # noqa: E731
+                f" (before {n.gain_before:.3g})" if n.gain_before is not None else ""))
+            reasons.append(f"{len(high)} LayerNorms amplify their input by a gain |gamma|/sigma above "
+                           f"{th.max_gain:g}" + (f" and {th.max_gain_ratio:g} times their gain before the scales"
+                                                 if any(n.gain_before is not None for n in high) else "")
+                           + f": {'; '.join(fmt(n) for n in high[:3])}"
+                           + (" (their input std was shrunk by the scales of the layers before them)"
+                              if small else ""))
+    return ScaleHealth(verdict=DEGENERATE if reasons else OK, reasons=reasons, floor_weights=floor_w,
+                       floor_biases=floor_b, num_weights=n_w, num_biases=n_b, small_layer_norm_scales=small,
+                       norms=norms, thresholds=th, notes=list(notes))
+
+
+def scale_verdict(scales: Mapping[str, float], *, config: Union[GradInitConfig, Mapping[str, Any], None] = None,
+                  norm_weights: Optional[Callable[[str], bool]] = None,
+                  layer_norm_weights: Optional[Callable[[str], bool]] = None,
+                  thresholds: Optional[HealthThresholds] = None) -> ScaleHealth:
+    """The health check from the scales alone (no model, no batch): tensors at their lower bound
+    and LayerNorm weights scaled far below 1.
+
+    Args:
+        scales: name -> scale, e.g. ``gradinit.json``'s ``scales``.
+        config: the run's :class:`GradInitConfig` or its dict (``gradinit.json``'s ``config``), for
+            each tensor's lower bound; default: the global 0.01 for every tensor.
+        norm_weights / layer_norm_weights: predicates on names for ``'norm'`` bounds and for the
+            LayerNorm scale check; default: guessed from the names (:func:`guess_norm_weight`).
+        thresholds: :class:`HealthThresholds`.
+    """
+    min_scale, bounds, notes = bounds_of_config(config)
+    return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=norm_weights or guess_norm_weight,
+                  is_layer_norm=layer_norm_weights or guess_layer_norm_weight, params={}, norms=None,
+                  th=thresholds or HealthThresholds(), notes=notes)
+
+
+def snapshot_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
+    """Copies of the model's floating-point parameters and buffers by name, for ``scale_health``'s
+    ``initial``: take it before GradInit changes them."""
+    inner = unwrap_model(model)
+    out = {n: p.detach().clone() for n, p in inner.named_parameters()}
+    out.update({n: b.detach().clone() for n, b in inner.named_buffers()
+                if torch.is_floating_point(b) and n not in out})
+    return out
+
+
+@contextlib.contextmanager
+def swapped_weights(model: nn.Module, values: Mapping[str, torch.Tensor]) -> Iterator[None]:
+    """Inside: the parameters and buffers named in ``values`` hold those values; after (also on
+    error): exactly what they held before."""
+    tensors = dict(model.named_parameters())
+    tensors.update({n: b for n, b in model.named_buffers() if n not in tensors})
+    saved = {}
+    with torch.no_grad():
+        try:
+            for name, v in values.items():
+                t = tensors.get(name)
+                if t is None or t.shape != v.shape:
+                    continue
+                saved[name] = t.detach().clone()
+                t.copy_(v)
+            yield
+        finally:
+            for name, v in saved.items():
+                tensors[name].copy_(v)
+
+
+def _measure(model: nn.Module, forward: Callable[[nn.Module], Any]) -> Dict[str, NormInputStats]:
+    with gradinit_mode(model):
+        return norm_input_stats(model, forward)
+
+
+def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optional[Callable[[nn.Module], Any]], *,
+                 initial: Optional[Mapping[str, torch.Tensor]] = None,
+                 config: Union[GradInitConfig, Mapping[str, Any], None] = None,
+                 thresholds: Optional[HealthThresholds] = None) -> ScaleHealth:
+    """The health check of ``scales`` on ``model``, which holds the scaled weights alpha * W (as
+    :func:`~.engine.gradinit` and :func:`~.scales.apply_scales` leave it).
+
+    Args:
+        model: the model with the scales applied; it is left exactly as it was.
+        scales: name -> scale (``GradInitResult.scales``).
+        forward: ``forward(model)`` runs one batch (e.g. ``lambda m: loss_fn(m, batch)``); it is run
+            without gradients in GradInit's mode (eval, batch statistics in BatchNorm), once after
+            the scales and once before them if ``initial`` is given. None: the scales-only checks.
+        initial: the weights before the scales, by name (:func:`snapshot_weights` taken before
+            GradInit); without it the gains before the scales are not measured.
+        config: the :class:`GradInitConfig` (or its dict) the scales were learned with: each
+            tensor's lower bound.
+        thresholds: :class:`HealthThresholds`.
+
+    Returns:
+        A :class:`ScaleHealth` (``verdict``, ``reasons``, ``to_dict()``, ``table()``).
+    """
+    inner = unwrap_model(model)
+    th = thresholds or HealthThresholds()
+    min_scale, bounds, notes = bounds_of_config(config)
+    params = dict(inner.named_parameters(remove_duplicate=False))
+    norm_names = norm_weight_names(inner)
+    layer_norm_names = _layer_norm_weight_names(inner)
+    norms = None
+    if forward is not None:
+        after = _measure(inner, forward)
+        before = None
+        if initial is not None:
+            with swapped_weights(inner, initial):
+                before = _measure(inner, forward)
+        kinds = {name: ("layer_norm" if hasattr(m, "normalized_shape") else "batch_norm")
+                 for name, m in inner.named_modules() if is_stat_norm(m)}
+        norms = []
+        for name, s in after.items():
+            b = before.get(name) if before is not None else None
+            norms.append(NormHealth(name=name, kind=kinds.get(name, "layer_norm"), input_std_after=s.input_std,
+                                    gain_after=s.gain, input_std_before=None if b is None else b.input_std,
+                                    gain_before=None if b is None else b.gain))
+    return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=lambda n: n in norm_names or (
+        n not in params and guess_norm_weight(n)), is_layer_norm=lambda n: n in layer_norm_names,
+        params=params, norms=norms, th=th, notes=notes)

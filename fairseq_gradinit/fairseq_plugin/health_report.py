@@ -1,0 +1,54 @@
+"""The health check of a GradInit result in fairseq: measured on a GradInit batch, logged, stored.
+
+:func:`~fairseq_gradinit.core.health.scale_health` runs the criterion's forward pass on the S batch
+of GradInit's last iteration (no extra data) with the weights before and after the scales, and the
+plugin stores its ``to_dict()`` as the ``health`` block of ``gradinit.json``
+(:func:`~.report.health_of_saved` measures the same block for an existing file).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Optional
+
+import torch
+
+from ..core.health import ScaleHealth, scale_health, scale_verdict
+
+logger = logging.getLogger(__name__)
+
+
+def log_health(health: ScaleHealth, *, log: Optional[logging.Logger] = None) -> None:
+    """The short table of ``health``: a warning when degenerate, info otherwise."""
+    log = log or logger
+    level = logging.INFO if health.ok else logging.WARNING
+    for line in health.table():
+        log.log(level, "gradinit: %s", line)
+    if not health.ok:
+        log.warning("gradinit: the scales look degenerate; see the 'health' section of the docs "
+                    "(docs/health.md) for what to do")
+
+
+def measure_health(model, scales: Mapping[str, float], criterion, sample: Any, *,
+                   initial: Optional[Mapping[str, torch.Tensor]], config) -> dict:
+    """The ``health`` block for ``model`` (holding the scaled weights) on one ``sample`` through
+    ``criterion(model, sample)``; logged. A failure of the check is logged and recorded
+    (``verdict`` "unknown", ``error``) instead of stopping the run."""
+    try:
+        if sample is None:
+            health = scale_verdict(scales, config=config)
+        else:
+            health = scale_health(model, scales, lambda m: criterion(m, sample), initial=initial, config=config)
+    except Exception as e:  # noqa: BLE001 - the check must never cost the user the GradInit result
+        logger.warning("gradinit: the health check failed (%s: %s); the scales are saved without it",
+                       type(e).__name__, e)
+        return {"verdict": "unknown", "error": f"{type(e).__name__}: {e}"}
+    log_health(health)
+    out = health.to_dict()
+    if sample is not None:
+        out["batch"] = batch_size(sample)
+    return out
+
+
+def batch_size(sample: Mapping[str, Any]) -> dict:
+    """Sentences and tokens of a fairseq sample."""
+    return {"sentences": int(sample.get("nsentences", 0) or 0), "tokens": int(sample.get("ntokens", 0) or 0)}
