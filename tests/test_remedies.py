@@ -82,6 +82,11 @@ def test_init_clamp_applies_clamped_scales_and_records_them(tmp_path):
     want = {n: (0.3 if "layer_norm" in n and n.endswith("weight") else 0.1 if n.endswith("weight") else 0.5)
             for n in names}
     assert record["scales"] == pytest.approx(want)
+    # the degenerate file's verdict is recorded with the clamped scales: no weight left at the floor
+    from fairseq_gradinit.fairseq_plugin.health_report import measure_health
+
+    assert record["health"]["verdict"] == "ok", record["health"]
+    assert measure_health(model, scales, None, None, initial=None, config=None)["verdict"] == "degenerate"
     cf = record["clamped_from"]
     assert cf["path"] == str(src) and len(cf["sha256"]) == 64 and cf["bounds"] == [["norm", 0.3, None], ["re:.", 0.1, None]]
     assert set(cf["changed"]) == {n for n in names if n.endswith("weight")}

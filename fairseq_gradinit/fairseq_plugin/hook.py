@@ -326,16 +326,22 @@ class GradInitTaskMixin:
                     "Its scales fit the initial weights of that run; applying them anyway.", source, path,
                     "; ".join(diff))
         clamp = cfg_value(self.gradinit_cfg, "gradinit_init_clamp") if source == "--gradinit-init-file" else None
-        if clamp:
-            scales = self._clamp_saved(model, path, saved, clamp)
+        record = self._clamp_saved(model, path, saved, clamp) if clamp else None
+        if record is not None:
+            scales = record["scales"]
         apply_scales(model, apply_multiplier_scales(model, scales))
         logger.info("gradinit: applied %d scales from %s%s", len(scales), path, " (clamped)" if clamp else "")
+        health = measure_health(model, scales, None, None, initial=None, config=saved.get("config"))
+        if record is not None:
+            record["health"] = health
+            self._write_clamped(record)
         self._log_summary(scales)
         return None
 
     def _clamp_saved(self, model, path: str, saved: dict, clamp: str) -> dict:
-        """The init file's scales clamped by ``--gradinit-init-clamp``, logged and recorded in
-        ``--save-dir``'s gradinit.json (never overwritten: an existing one is left as it is)."""
+        """The init file as a record of its own with the scales clamped by ``--gradinit-init-clamp``
+        (logged); :meth:`_write_clamped` stores it in ``--save-dir``'s gradinit.json (never
+        overwritten: an existing one is left as it is)."""
         try:
             record = clamped_init_file(model, path, saved, clamp)
         except ValueError as e:
@@ -343,6 +349,9 @@ class GradInitTaskMixin:
         changed = record["clamped_from"]["changed"]
         logger.info("gradinit: --gradinit-init-clamp changed %d of %d scales%s", len(changed), len(record["scales"]),
                     "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
+        return record
+
+    def _write_clamped(self, record: dict) -> None:
         rank, _ = rank_world()
         out = os.path.join(cfg_value(self.gradinit_cfg, "gradinit_save_dir", "checkpoints"), GRADINIT_JSON)
         if rank == 0:
@@ -351,7 +360,6 @@ class GradInitTaskMixin:
             else:
                 atomic_write_json(out, record)
                 logger.info("gradinit: wrote the clamped scales to %s", out)
-        return record["scales"]
 
     def _log_summary(self, scales):
         summary = summarize_scales(scales, transformer_group)
