@@ -50,3 +50,15 @@ def test_the_xavier_rms_range_and_the_adam_update_comparison():
     assert min(values) == pytest.approx(0.03125) and max(values) == pytest.approx(0.0442, abs=1e-4)
     assert 0.01 * max(values) < 5e-4
     assert "root-mean-square of 0.03–0.044" in DOC and "3–4.4e-4" in DOC
+
+
+def test_the_floor_counts_of_the_collapsed_d512_scales():
+    import json
+
+    scales = json.loads((REPO / "tests" / "data" / "authors-d512-scales.json").read_text())["scales"]
+    weights = {k: v for k, v in scales.items() if not k.endswith(".bias")}
+    biases = {k: v for k, v in scales.items() if k.endswith(".bias")}
+    assert len(weights) == 128 and len(biases) == 78
+    assert sum(v <= 0.01 + 1e-6 for v in weights.values()) == 20
+    assert sum(v <= 0.01 + 1e-6 for v in biases.values()) == 9
+    assert "20 of its 128 weight tensors" in DOC and "9 of its 78 biases" in DOC
