@@ -73,6 +73,11 @@ class PluginOptions(FairseqDataclass):
     gradinit_init_file: Optional[str] = option(None, result=False, help=(
         "apply the scales of a saved gradinit.json instead of computing them (same architecture and --seed "
         "give the same weights)"))
+    gradinit_monitor_interval: int = option(0, result=False, help=(
+        "every N updates, append a record of the training's health to monitor.jsonl in --save-dir (0: off): fp16 "
+        "overflows, skipped updates and the loss scale, the parameters whose gradient was not finite at each "
+        "overflow, per layer the weight norm and the update/weight ratio of the last update, LayerNorm input "
+        "std and gain on a fixed batch in eval and train mode; with or without GradInit (docs/monitor.md)"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
     # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.
