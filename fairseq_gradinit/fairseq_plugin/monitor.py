@@ -260,7 +260,7 @@ class TrainingMonitor:
             from fairseq.optim.amp_optimizer import AMPOptimizer
 
             precision = "amp" if isinstance(optimizer, AMPOptimizer) else str(dtype).replace("torch.", "")
-            self.write({"type": "start", "update": int(update_num), "time": time.time(), "version": __version__,
+            self.write({"type": "start", "update": int(update_num), "time": int(time.time()), "version": __version__,
                         "interval": self.interval, "precision": precision, "loss_scale": loss_scale(optimizer),
                         "optimizer": type(optimizer).__name__, "weights": training_weights(optimizer, unwrapped(model))[1],
                         "fixed_batch": {k: _number(sample.get(k)) for k in ("nsentences", "ntokens")}})
@@ -293,7 +293,7 @@ class TrainingMonitor:
         if self.overflows_recorded >= MAX_OVERFLOW_RECORDS or not self.writes:
             return
         self.overflows_recorded += 1
-        self.write({"type": "overflow", "update": self.current_update, "time": time.time(),
+        self.write({"type": "overflow", "update": self.current_update, "time": int(time.time()),
                     "loss_scale": scale, "loss_scale_after": loss_scale(optimizer), "error": error,
                     "grad_norm": None if norm is None else float(torch.as_tensor(norm).float().max()),
                     "nonfinite": nonfinite_gradients(unwrapped(model))})
@@ -319,7 +319,7 @@ class TrainingMonitor:
         groups = group_update_stats(names, before, after)
         norms, losses = self.fixed_batch_stats(model, optimizer)
         advanced = update - (self.last_update if self.last_update is not None else update - 1)
-        self.write({"type": "interval", "update": update, "time": time.time(), "loss_scale": loss_scale(optimizer),
+        self.write({"type": "interval", "update": update, "time": int(time.time()), "loss_scale": loss_scale(optimizer),
                     "overflows": self.overflows, "skipped_updates": max(self.attempts - advanced, 0),
                     "overflows_recorded": self.overflows_recorded,
                     "fixed_batch_loss": losses, "groups": groups, "norms": norms,
