@@ -134,7 +134,7 @@ def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_
 def test_train_then_resume_does_not_rerun(tiny_data, tmp_path, caplog):
     save = tmp_path / "ck"
     argv = [str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
-            "--save-dir", str(save), "--gradinit-iters", "3"]
+            "--save-dir", str(save), "--gradinit-iters", "3", "--gradinit-monitor-interval", "2"]
     train_inprocess(argv + ["--max-update", "2"])
     gi = save / "gradinit.json"
     first = gi.read_text()
@@ -150,6 +150,36 @@ def test_train_then_resume_does_not_rerun(tiny_data, tmp_path, caplog):
     assert "a checkpoint will be restored; not running GradInit" in caplog.text
     state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["optimizer_history"][-1]["num_updates"] == 4
+    # the training monitor beside GradInit; the resumed run continues its file
+    monitor = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    assert [(r["type"], r["update"]) for r in monitor] == [("start", 0), ("interval", 2), ("start", 2), ("interval", 4)]
+
+
+def test_training_monitor_without_gradinit(tiny_data, tmp_path):
+    """--gradinit-monitor-interval on fairseq's plain translation task (no GradInit): the records' fields."""
+    save = tmp_path / "ck"
+    train_inprocess([str(tiny_data), "--user-dir", "fairseq_gradinit", *TINY_MODEL, "--lr", "1e-3",
+                     "--max-update", "4", "--save-dir", str(save), "--gradinit-monitor-interval", "2"])
+    assert not (save / "gradinit.json").exists()
+    start, *intervals = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    assert start["type"] == "start" and start["update"] == 0 and start["interval"] == 2
+    assert start["precision"] == "float32" and start["loss_scale"] is None and start["weights"] == "model"
+    assert start["fixed_batch"]["ntokens"] > 0
+    assert [(r["type"], r["update"]) for r in intervals] == [("interval", 2), ("interval", 4)]
+    for r in intervals:
+        assert r["loss_scale"] is None and r["overflows"] == 0 and r["skipped_updates"] == 0
+        assert {"encoder.embed_tokens", "encoder.0.self_attn.q", "encoder.1.fc2", "decoder.1.encoder_attn.v",
+                "decoder.0.final_layer_norm"} <= set(r["groups"])
+        assert all(g["weight_norm"] > 0 for g in r["groups"].values())
+        assert 0 < r["summary"]["max_update_ratio"] < 1
+        assert set(r["norms"]) == {f"encoder.layers.{i}.{k}" for i in (0, 1) for k in ("self_attn_layer_norm",
+                                                                                           "final_layer_norm")} | \
+            {f"decoder.layers.{i}.{k}" for i in (0, 1) for k in ("self_attn_layer_norm", "encoder_attn_layer_norm",
+                                                                  "final_layer_norm")}
+        for n in r["norms"].values():
+            assert n["eval"]["input_std"] > 0 and n["train"]["gain"] > 0
+        assert r["fixed_batch_loss"]["eval"] > 0 and r["fixed_batch_loss"]["train"] > 0
+    assert intervals[1]["fixed_batch_loss"]["eval"] < intervals[0]["fixed_batch_loss"]["eval"]  # it learns
 
 
 def test_literal_usage_line_and_generate(tiny_data, tmp_path, monkeypatch, capsys, caplog):
