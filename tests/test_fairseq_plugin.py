@@ -225,7 +225,7 @@ def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
         cmd = [sys.executable, str(driver), str(tmp_path / f"rank{rank}.pt"), str(tiny_data),
                "--user-dir", str(REPO / "fairseq_gradinit"), "--task", "translation_gradinit", *model_args,
                "--lr", "1e-3", "--max-update", "2", "--save-dir", str(save), "--gradinit-iters", "3",
-               "--distributed-world-size", "2", "--distributed-rank", str(rank),
+               "--gradinit-monitor-interval", "2", "--distributed-world-size", "2", "--distributed-rank", str(rank),
                "--distributed-backend", "nccl" if on_gpu else "gloo",
                "--distributed-init-method", f"tcp://127.0.0.1:{port}",
                *(["--device-id", str(rank)] if on_gpu else []),
@@ -243,6 +243,10 @@ def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
     # each rank evaluated its own shard: the rank-0 losses differ from rank 1's before averaging
     assert r0["local_losses"] != r1["local_losses"]
     assert json.loads((save / "gradinit.json").read_text())["world_size"] == 2
+    # the training monitor (measuring on rank 0 only) left the ranks identical; rank 0 alone wrote
+    monitor = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    assert [(r["type"], r["update"]) for r in monitor] == [("start", 0), ("interval", 2)]
+    assert "encoder.0.fc1" in monitor[1]["groups"]
 
 
 def test_config_translation_and_groups():
