@@ -221,6 +221,10 @@ def test_legacy_task_refuses_gradinit_when_parsed(capsys):
         parse(base + ["--gradinit-iters", "2", "--max-tokens", "100"])
     assert e.value.code == 2
     assert "declares its options with add_args (no dataclass config)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # the training monitor needs the plugin's task hooks too
+        parse(base + ["--gradinit-monitor-interval", "10"])
+    assert e.value.code == 2
+    assert "declares its options with add_args (no dataclass config)" in capsys.readouterr().err
 
 
 def test_tasks_registered_later_are_served():

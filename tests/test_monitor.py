@@ -19,6 +19,7 @@ from fairseq.tasks import FairseqTask  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from fairseq_gradinit.core.norm_stats import norm_input_stats  # noqa: E402
+from fairseq_gradinit.fairseq_plugin import monitor  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.monitor import (  # noqa: E402
     MONITOR_JSONL, group_of, monitor_option_error, training_weights,
@@ -258,6 +259,42 @@ def test_monitor_off_changes_nothing(tmp_path):
     trainer_step(task, model, opt, sample_batch(0), 0)
     assert "clip_grad_norm" not in vars(opt)
     assert not (tmp_path / MONITOR_JSONL).exists()
+
+
+def test_overflow_records_are_capped_per_interval_and_all_overflows_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(monitor, "MAX_OVERFLOW_RECORDS", 2)
+    torch.manual_seed(0)
+    model = Tiny()
+    task = make_task(tmp_path, interval=1)
+    opt = fp16_optimizer(list(model.parameters()), init_scale=2.0 ** 10)
+    inject = {"on": True}
+    model.encoder.layers[0].fc1.bias.register_hook(lambda g: g * math.inf if inject["on"] else g)
+    for step in range(3):
+        assert trainer_step(task, model, opt, sample_batch(step), 0) == 0
+    inject["on"] = False
+    assert trainer_step(task, model, opt, sample_batch(3), 0) == 1
+    recs = records(tmp_path)
+    assert [r["type"] for r in recs] == ["start", "overflow", "overflow", "interval"]
+    assert (recs[-1]["overflows"], recs[-1]["overflows_recorded"], recs[-1]["skipped_updates"]) == (3, 2, 3)
+    assert recs[-1]["loss_scale"] == 2.0 ** 7
+
+
+def test_fixed_batch_passes_leave_batchnorm_statistics_alone(tmp_path):
+    net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.LayerNorm(4))
+    mon = monitor.TrainingMonitor(interval=1, path=str(tmp_path / MONITOR_JSONL))
+    mon.fixed_batch = {"x": torch.randn(8, 4) * 3 + 1}
+    mon.criterion = lambda m, s: (m(s["x"]).pow(2).sum(), 8, {})
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    norms, losses = mon.fixed_batch_stats(net, optimizer=None)
+    assert set(norms) == {"1", "2"} and set(norms["1"]) == {"eval", "train"}
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_monitor_is_not_part_of_the_gradinit_fingerprint():
+    from fairseq_gradinit.fairseq_plugin.options import plugin_result_options
+
+    assert "gradinit_monitor_interval" not in plugin_result_options()
 
 
 @pytest.mark.parametrize("value", [-1, 1.5, True])
