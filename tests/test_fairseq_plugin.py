@@ -349,6 +349,28 @@ def test_half_precision_starts_from_gradinit_weights(tiny_data, tmp_path, precis
     assert_same_weights(model, checkpoint_state(save / "checkpoint_last.pt"))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 training in fairseq needs CUDA")
+def test_training_monitor_records_fp16_overflows(tiny_data, tmp_path):
+    """A loss scale far too large makes the first fp16 steps overflow: each is recorded with the scale
+    and the parameters whose gradient overflowed, and the interval record counts them as skipped."""
+    model_args = [a for a in TINY_MODEL if a != "--cpu"]
+    save = tmp_path / "ck"
+    train_inprocess([str(tiny_data), "--task", "translation_gradinit", *model_args, "--lr", "1e-3",
+                     "--max-update", "2", "--fp16", "--fp16-init-scale", str(2 ** 24), "--save-dir", str(save),
+                     "--gradinit-monitor-interval", "2"])
+    recs = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    start, overflows, interval = recs[0], [r for r in recs if r["type"] == "overflow"], recs[-1]
+    assert start["precision"] == "float16" and start["weights"] == "fp32 master"
+    assert start["loss_scale"] == 2 ** 24 and start["optimizer"] == "FP16Optimizer"
+    assert overflows and overflows[0]["update"] == 0 and overflows[0]["error"] == "OverflowError"
+    assert (overflows[0]["loss_scale"], overflows[0]["loss_scale_after"]) == (2 ** 24, 2 ** 23)
+    assert overflows[0]["nonfinite"]["count"] >= 1
+    assert overflows[0]["nonfinite"]["first"]["param"].startswith(("encoder.", "decoder."))
+    assert interval["type"] == "interval" and interval["update"] == 2
+    assert interval["overflows"] >= len(overflows) and interval["skipped_updates"] == interval["overflows"]
+    assert interval["loss_scale"] <= 2 ** 23 and "decoder.1.fc1" in interval["groups"]
+
+
 def _readme_train_commands(text):
     import re
     import shlex

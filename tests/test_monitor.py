@@ -302,3 +302,17 @@ def test_monitor_interval_must_be_a_count(value):
     assert monitor_option_error(SimpleNamespace(gradinit_monitor_interval=value)).startswith(
         "argument --gradinit-monitor-interval: invalid value")
     assert monitor_option_error(SimpleNamespace(gradinit_monitor_interval=5)) is None
+
+
+def test_negative_monitor_interval_is_an_argument_error(capsys):
+    from fairseq import options
+
+    import fairseq_gradinit.fairseq_plugin.task  # noqa: F401  (serves fairseq's tasks)
+
+    argv = ["/nonexistent-data", "--task", "translation", "--arch", "transformer_iwslt_de_en"]
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv + ["--gradinit-monitor-interval", "7"])
+    assert args.gradinit_monitor_interval == 7
+    with pytest.raises(SystemExit) as e:
+        options.parse_args_and_arch(options.get_training_parser(), input_args=argv + ["--gradinit-monitor-interval", "-1"])
+    assert e.value.code == 2
+    assert "argument --gradinit-monitor-interval: invalid value -1" in capsys.readouterr().err
