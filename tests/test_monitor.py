@@ -266,7 +266,7 @@ def test_overflow_records_are_capped_per_interval_and_all_overflows_counted(tmp_
     torch.manual_seed(0)
     model = Tiny()
     task = make_task(tmp_path, interval=1)
-    opt = fp16_optimizer(list(model.parameters()), init_scale=2.0 ** 10)
+    opt = fp16_optimizer(list(model.parameters()), init_scale=2.0 ** 24)
     inject = {"on": True}
     model.encoder.layers[0].fc1.bias.register_hook(lambda g: g * math.inf if inject["on"] else g)
     for step in range(3):
@@ -276,7 +276,7 @@ def test_overflow_records_are_capped_per_interval_and_all_overflows_counted(tmp_
     recs = records(tmp_path)
     assert [r["type"] for r in recs] == ["start", "overflow", "overflow", "interval"]
     assert (recs[-1]["overflows"], recs[-1]["overflows_recorded"], recs[-1]["skipped_updates"]) == (3, 2, 3)
-    assert recs[-1]["loss_scale"] == 2.0 ** 7
+    assert recs[1]["loss_scale"] == 2.0 ** 24 and recs[-1]["loss_scale"] == 2.0 ** 21  # exact, not rounded
 
 
 def test_fixed_batch_passes_leave_batchnorm_statistics_alone(tmp_path):

@@ -176,18 +176,23 @@ def norm_statistics_kept(model: nn.Module):
                 b.copy_(v)
 
 
-def finite_or_text(value):
-    """JSON has no inf/NaN: such floats become the strings "inf", "-inf", "nan"; others 6 digits."""
+#: Blocks of measured statistics, written with 6 significant digits (loss scales and counts stay exact).
+ROUNDED_BLOCKS = ("fixed_batch_loss", "groups", "norms", "summary")
+
+
+def finite_or_text(value, digits: Optional[int] = None):
+    """JSON has no inf/NaN: such floats become the strings "inf", "-inf", "nan"; other floats are
+    rounded to ``digits`` significant digits when given."""
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
         if math.isinf(value):
             return "inf" if value > 0 else "-inf"
-        return float(f"{value:.6g}")
+        return float(f"{value:.{digits}g}") if digits else value
     if isinstance(value, dict):
-        return {k: finite_or_text(v) for k, v in value.items()}
+        return {k: finite_or_text(v, 6 if k in ROUNDED_BLOCKS else digits) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [finite_or_text(v) for v in value]
+        return [finite_or_text(v, digits) for v in value]
     return value
 
 
