@@ -284,7 +284,7 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     argv = [str(tiny_bin), "--out", str(out), "--cpu", "--parallel", "3", "--max-update", "4",
             "--valid-every", "2", "--save-every", "2", "--time-budget", "1", "--finish-margin", "20",
             "--base-args", " ".join(f"'{t}'" if " " in t else t for t in TINY_BASE),
-            "--arm", "gA=" + " ".join(GI_TINY),
+            "--arm", "gA=" + " ".join(GI_TINY) + " --gradinit-monitor-interval 2",
             "--arm", "gB=" + " ".join(GI_TINY) + " --adam-betas '(0.9, 0.999)'",
             "--arm", "long=--max-update 100000",
             "--bleu-args", "--max-len-b 5", "--export", str(tmp_path / "export")]
@@ -316,6 +316,10 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     assert {r["arm"] for r in rows} == {"gA", "gB", "long"}
     ga = {int(r["num_updates"]): r for r in rows if r["arm"] == "gA"}
     assert set(ga) >= {2, 4} and float(ga[4]["valid_loss"]) > 0 and float(ga[2]["train_loss"]) > 0
+    # gA's training monitor, beside its loss (the monitor does not split the GradInit group)
+    assert float(ga[4]["monitor_max_ln_gain_eval"]) > 0 and float(ga[2]["monitor_max_update_ratio"]) > 0
+    assert float(ga[4]["monitor_overflows"]) == 0 and all(r["monitor_max_ln_gain_eval"] == "" for r in rows
+                                                     if r["arm"] == "gB")
     assert (out / "curves.md").read_text().count("|") > 10
     pytest.importorskip("matplotlib")
     assert (out / "curves.png").stat().st_size > 1000
@@ -327,6 +331,10 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
         assert bleu["arms"][arm]["checkpoint"].endswith("_4.pt")
     exported = {p.name for p in (tmp_path / "export").iterdir()}
     assert {"study.json", "curves.csv", "bleu.json", "logs.tar.gz", "gradinit.tar.gz"} <= exported
+    import tarfile
+
+    with tarfile.open(tmp_path / "export" / "logs.tar.gz") as tar:
+        assert "gA/monitor.jsonl" in tar.getnames()
 
     # the same study again: the scales are reused (fingerprint unchanged), nothing to compute
     cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path / "again", base=TINY_BASE, cpu=True,

@@ -237,7 +237,6 @@ class TrainingMonitor:
         self.overflows_recorded = 0
         self.attempt_overflowed = False
         self.current_update: Optional[int] = None  # updates completed before the step under way
-        self._optimizers = set()
 
     @property
     def writes(self) -> bool:
@@ -255,7 +254,7 @@ class TrainingMonitor:
         """Before the forward/backward of a step: on the first one, keep the fixed batch, wrap the
         optimizer's ``clip_grad_norm`` and write the ``start`` record."""
         self.current_update = int(update_num)
-        if id(optimizer) not in self._optimizers:
+        if getattr(vars(optimizer).get("clip_grad_norm"), "watched_by", None) is not self:
             self.watch(optimizer, model)
         if self.fixed_batch is None and not ignore_grad and sample:
             self.fixed_batch, self.criterion = sample, criterion
@@ -289,8 +288,8 @@ class TrainingMonitor:
                 monitor.on_overflow(model, optimizer, scale, norm, None)
             return norm
 
+        clip_grad_norm.watched_by = monitor
         optimizer.clip_grad_norm = clip_grad_norm
-        self._optimizers.add(id(optimizer))
 
     def on_overflow(self, model, optimizer, scale, norm, error: Optional[str]) -> None:
         self.overflows += 1
