@@ -210,8 +210,8 @@ def test_interval_record_matches_hand_computed_norms_ratios_and_layernorm_statis
     model.eval()
     expected = norm_input_stats(model, lambda m: m(**fixed["net_input"]))
     model.train()
-    assert set(rec["norms"]) == set(expected) == {"encoder.layers.0.final_layer_norm", "encoder.layers.1.final_layer_norm",
-                                                  "decoder.layers.0.final_layer_norm"}
+    assert set(rec["norms"]) == set(expected) == {
+        "encoder.layers.0.final_layer_norm", "encoder.layers.1.final_layer_norm", "decoder.layers.0.final_layer_norm"}
     for name, s in expected.items():
         assert rec["norms"][name]["eval"]["input_std"] == pytest.approx(s.input_std, rel=1e-5)
         assert rec["norms"][name]["eval"]["gain"] == pytest.approx(s.gain, rel=1e-5)
@@ -310,9 +310,11 @@ def test_negative_monitor_interval_is_an_argument_error(capsys):
     import fairseq_gradinit.fairseq_plugin.task  # noqa: F401  (serves fairseq's tasks)
 
     argv = ["/nonexistent-data", "--task", "translation", "--arch", "transformer_iwslt_de_en"]
-    args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv + ["--gradinit-monitor-interval", "7"])
-    assert args.gradinit_monitor_interval == 7
+    def parse(extra):
+        return options.parse_args_and_arch(options.get_training_parser(), input_args=argv + extra)
+
+    assert parse(["--gradinit-monitor-interval", "7"]).gradinit_monitor_interval == 7
     with pytest.raises(SystemExit) as e:
-        options.parse_args_and_arch(options.get_training_parser(), input_args=argv + ["--gradinit-monitor-interval", "-1"])
+        parse(["--gradinit-monitor-interval", "-1"])
     assert e.value.code == 2
     assert "argument --gradinit-monitor-interval: invalid value -1" in capsys.readouterr().err

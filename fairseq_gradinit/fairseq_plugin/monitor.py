@@ -264,9 +264,10 @@ class TrainingMonitor:
             from fairseq.optim.amp_optimizer import AMPOptimizer
 
             precision = "amp" if isinstance(optimizer, AMPOptimizer) else str(dtype).replace("torch.", "")
+            source = training_weights(optimizer, unwrapped(model))[1]
             self.write({"type": "start", "update": int(update_num), "time": int(time.time()), "version": __version__,
                         "interval": self.interval, "precision": precision, "loss_scale": loss_scale(optimizer),
-                        "optimizer": type(optimizer).__name__, "weights": training_weights(optimizer, unwrapped(model))[1],
+                        "optimizer": type(optimizer).__name__, "weights": source,
                         "fixed_batch": {k: _number(sample.get(k)) for k in ("nsentences", "ntokens")}})
 
     def watch(self, optimizer, model) -> None:
