@@ -14,7 +14,9 @@ num_updates=100, lr=0.0005, gnorm=0.604, loss_scale=64, train_wall=39, gb_free=1
       ... | INFO | train_inner | {"epoch": 1, "update": 0.54, "loss": "10.191", ..., "num_updates": "100"}
 
 Validation statistics are fairseq's own, computed in eval mode (dropout off); ``train_inner``
-statistics are averages over the last ``--log-interval`` updates, with dropout on.
+statistics are averages over the last ``--log-interval`` updates, with dropout on. The training
+monitor's ``monitor.jsonl`` (``--gradinit-monitor-interval``) gives further curves
+(:func:`parse_monitor`).
 """
 
 from __future__ import annotations
@@ -140,6 +142,52 @@ def parse_training_log(lines: Iterable[str], *, subset: str = "valid",
     return {k: dict(sorted(v.items())) for k, v in curves.items()}
 
 
+#: The series of a training monitor's ``monitor.jsonl`` (``--gradinit-monitor-interval``) that curves
+#: plot, by key (``monitor_<name>``) and where an ``interval`` record holds them.
+MONITOR_SERIES = {
+    "monitor_loss_scale": ("loss_scale",),
+    "monitor_overflows": ("overflows",),
+    "monitor_skipped_updates": ("skipped_updates",),
+    "monitor_fixed_loss_eval": ("fixed_batch_loss", "eval"),
+    "monitor_fixed_loss_train": ("fixed_batch_loss", "train"),
+    "monitor_max_update_ratio": ("summary", "max_update_ratio"),
+    "monitor_max_ln_gain_eval": ("summary", "max_ln_gain_eval"),
+    "monitor_max_ln_gain_train": ("summary", "max_ln_gain_train"),
+    "monitor_min_ln_input_std_eval": ("summary", "min_ln_input_std_eval"),
+    "monitor_min_ln_input_std_train": ("summary", "min_ln_input_std_train"),
+}
+
+
+def parse_monitor(lines: Iterable[str]) -> Dict[str, Curve]:
+    """The :data:`MONITOR_SERIES` of a ``monitor.jsonl``, each ``{update: value}`` from its ``interval``
+    records ("inf"/"nan" strings become floats). A repeated update (a run resumed from an earlier
+    checkpoint appends to the same file) keeps the later record; unreadable lines are skipped."""
+    curves: Dict[str, Curve] = {k: {} for k in MONITOR_SERIES}
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if not isinstance(record, dict) or record.get("type") != "interval":
+            continue
+        update = _to_float(record.get("update"))
+        if update is None:
+            continue
+        for key, path in MONITOR_SERIES.items():
+            value = record
+            for part in path:
+                value = value.get(part) if isinstance(value, dict) else None
+            value = _to_float(value)
+            if value is not None:
+                curves[key][int(update)] = value
+    return {k: dict(sorted(v.items())) for k, v in curves.items()}
+
+
+def parse_monitor_file(path: Path) -> Dict[str, Curve]:
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return parse_monitor(f)
+
+
 def _fmt(value: Optional[float]) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"
@@ -193,12 +241,13 @@ def plot_panels(panels: Sequence[Tuple[str, Dict[str, Curve], bool]], path: Path
     colours = {l: f"C{i % 10}" for i, l in enumerate(labels)}
     for ax, (ylabel, curves, logy) in zip(axes[0], panels):
         for label, curve in curves.items():
+            curve = {u: v for u, v in curve.items() if math.isfinite(v)}
             if curve:
                 ax.plot(list(curve), list(curve.values()), marker="o", markersize=3, label=label,
                         color=colours[label])
         ax.set_xlabel("updates")
         ax.set_ylabel(ylabel)
-        if logy and any(v > 0 for c in curves.values() for v in c.values()):
+        if logy and any(0 < v < math.inf for c in curves.values() for v in c.values()):
             ax.set_yscale("log")
         ax.grid(True, alpha=0.3)
         if any(curves.values()):

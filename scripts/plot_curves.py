@@ -18,12 +18,17 @@ Both forms are recognised. Usage::
 writes runs/curves.json ({label: {update: loss}}), runs/curves.md and, when matplotlib is
 importable, runs/curves.png. If a log holds the same update twice (a resumed run appended to
 the same file), the later value wins.
+
+``--monitor LABEL=PATH`` adds a run's training monitor (``monitor.jsonl`` of
+``--gradinit-monitor-interval``): its series go into the JSON (``runs[LABEL]["monitor"]``) and the PNG
+gets three more panels (loss scale, largest LayerNorm gain in eval mode, largest update ratio).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
@@ -39,11 +44,18 @@ from fairseq_gradinit.curves import (  # noqa: E402,F401  (re-exported: this scr
     markdown_table,
     parse_log,
     parse_log_file,
+    parse_monitor_file,
     parse_stats_pipes,
     parse_train_inner_line,
     parse_valid_line,
+    plot_panels,
     plot_png,
 )
+
+#: The monitor panels of the PNG: (y label, series, log scale).
+MONITOR_PANELS = (("loss scale (monitor)", "monitor_loss_scale", True),
+                  ("max LayerNorm gain (fixed batch, eval)", "monitor_max_ln_gain_eval", True),
+                  ("max update/weight ratio (last update)", "monitor_max_update_ratio", True))
 
 
 def parse_run_spec(spec: str) -> Tuple[str, Path]:
@@ -54,18 +66,14 @@ def parse_run_spec(spec: str) -> Tuple[str, Path]:
 
 
 def curves_to_json(curves: Dict[str, Curve], metric: str, subset: str,
-                   sources: Dict[str, str]) -> dict:
-    return {
-        "metric": metric,
-        "subset": subset,
-        "runs": {
-            label: {
-                "log": sources.get(label),
-                "curve": {str(u): v for u, v in curve.items()},
-            }
-            for label, curve in curves.items()
-        },
-    }
+                   sources: Dict[str, str], monitors: Optional[Dict[str, Dict[str, Curve]]] = None) -> dict:
+    runs = {label: {"log": sources.get(label), "curve": {str(u): v for u, v in curve.items()}}
+            for label, curve in curves.items()}
+    for label, series in (monitors or {}).items():
+        # JSON has no inf/NaN: such values are written as strings, as in monitor.jsonl
+        runs[label]["monitor"] = {k: {str(u): (v if math.isfinite(v) else str(v)) for u, v in c.items()}
+                                  for k, c in series.items()}
+    return {"metric": metric, "subset": subset, "runs": runs}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,6 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", action="append", required=True, type=parse_run_spec,
                    metavar="LABEL=PATH",
                    help="a run label and its fairseq-train log file; repeat for several runs")
+    p.add_argument("--monitor", action="append", default=[], type=parse_run_spec, metavar="LABEL=PATH",
+                   help="a run label (one of --run) and the monitor.jsonl its --gradinit-monitor-interval wrote")
     p.add_argument("--out", type=Path, default=Path("curves"),
                    help="output prefix: writes PREFIX.json, PREFIX.md and PREFIX.png")
     p.add_argument("--metric", default="loss",
@@ -105,6 +115,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"warning: no '{args.subset}' {args.metric} entries found in {path}",
                   file=sys.stderr)
 
+    monitors: Dict[str, Dict[str, Curve]] = {}
+    for label, path in args.monitor:
+        if label not in curves:
+            print(f"error: --monitor {label}: no --run with that label (runs: {', '.join(labels)})", file=sys.stderr)
+            return 2
+        if not path.is_file():
+            print(f"error: monitor file not found for run {label!r}: {path}", file=sys.stderr)
+            return 1
+        monitors[label] = parse_monitor_file(path)
+
     out: Path = args.out
     out.parent.mkdir(parents=True, exist_ok=True)
     json_path = out.with_name(out.name + ".json")
@@ -112,14 +132,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     png_path = out.with_name(out.name + ".png")
 
     json_path.write_text(
-        json.dumps(curves_to_json(curves, args.metric, args.subset, sources), indent=2) + "\n",
+        json.dumps(curves_to_json(curves, args.metric, args.subset, sources, monitors), indent=2) + "\n",
         encoding="utf-8",
     )
     table = markdown_table(curves, args.metric, args.subset)
     md_path.write_text(table, encoding="utf-8")
     print(table)
     written = [json_path, md_path]
-    if not args.no_png and plot_png(curves, png_path, args.metric, args.subset, args.logy):
+    if monitors:
+        panels = [(f"{args.subset} {args.metric}", curves, args.logy)]
+        panels += [(name, {l: m.get(key, {}) for l, m in monitors.items()}, logy) for name, key, logy in MONITOR_PANELS]
+        if not args.no_png and plot_panels(panels, png_path):
+            written.append(png_path)
+    elif not args.no_png and plot_png(curves, png_path, args.metric, args.subset, args.logy):
         written.append(png_path)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0

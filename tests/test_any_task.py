@@ -88,14 +88,19 @@ def test_language_model_gradinit_then_resume(lm_data, tmp_path, caplog, arch, po
     GradInitTaskMixin.run_gradinit = spy
     try:
         saved = train_then_resume([str(lm_data), "--arch", arch, *TINY_LM, "--save-dir", str(save),
-                                   "--gradinit-iters", "2"], save, caplog)
+                                   "--gradinit-iters", "2", "--gradinit-monitor-interval", "1"], save, caplog)
     finally:
         GradInitTaskMixin.run_gradinit = original
     assert built == {"post_ln": post_ln, "task": "LanguageModelingTaskWithGradInit"}
     assert saved["fingerprint"]["data"]["tokens_per_sample"] == 32
     assert "decoder.layers.1.fc2.weight" in saved["scales"]
+    # the training monitor on a language model, continued by the resumed run
+    monitor = (save / "monitor.jsonl").read_text()
+    records = [json.loads(line) for line in monitor.splitlines()]
+    assert [(r["type"], r["update"]) for r in records] == [("start", 0), ("interval", 1), ("start", 1), ("interval", 2)]
+    assert "decoder.1.fc2" in records[-1]["groups"] and "decoder.layers.1.final_layer_norm" in records[-1]["norms"]
 
-    # Loading the checkpoint for inference (fairseq-eval-lm) never runs GradInit.
+    # Loading the checkpoint for inference (fairseq-eval-lm) never runs GradInit, nor the monitor.
     from fairseq_cli import eval_lm
 
     caplog.clear()
@@ -105,6 +110,7 @@ def test_language_model_gradinit_then_resume(lm_data, tmp_path, caplog, arch, po
     eval_lm.main(convert_namespace_to_omegaconf(args))
     assert "Perplexity" in caplog.text
     assert "gradinit iter" not in caplog.text and "gradinit:" not in caplog.text
+    assert (save / "monitor.jsonl").read_text() == monitor
 
 
 @pytest.mark.parametrize("criterion", [["--criterion", "cross_entropy"],
@@ -219,6 +225,10 @@ def test_legacy_task_refuses_gradinit_when_parsed(capsys):
     parse(base)  # unchanged without --gradinit-*
     with pytest.raises(SystemExit) as e:
         parse(base + ["--gradinit-iters", "2", "--max-tokens", "100"])
+    assert e.value.code == 2
+    assert "declares its options with add_args (no dataclass config)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # the training monitor needs the plugin's task hooks too
+        parse(base + ["--gradinit-monitor-interval", "10"])
     assert e.value.code == 2
     assert "declares its options with add_args (no dataclass config)" in capsys.readouterr().err
 

@@ -145,7 +145,7 @@ def test_first_update_starts_from_gradinit_weights_and_init_file(tiny_data, tmp_
 def test_train_then_resume_does_not_rerun(tiny_data, tmp_path, caplog):
     save = tmp_path / "ck"
     argv = [str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
-            "--save-dir", str(save), "--gradinit-iters", "3"]
+            "--save-dir", str(save), "--gradinit-iters", "3", "--gradinit-monitor-interval", "2"]
     train_inprocess(argv + ["--max-update", "2"])
     gi = save / "gradinit.json"
     first = gi.read_text()
@@ -161,6 +161,36 @@ def test_train_then_resume_does_not_rerun(tiny_data, tmp_path, caplog):
     assert "a checkpoint will be restored; not running GradInit" in caplog.text
     state = torch.load(save / "checkpoint_last.pt", map_location="cpu", weights_only=False)
     assert state["optimizer_history"][-1]["num_updates"] == 4
+    # the training monitor beside GradInit; the resumed run continues its file
+    monitor = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    assert [(r["type"], r["update"]) for r in monitor] == [("start", 0), ("interval", 2), ("start", 2), ("interval", 4)]
+
+
+def test_training_monitor_without_gradinit(tiny_data, tmp_path):
+    """--gradinit-monitor-interval on fairseq's plain translation task (no GradInit): the records' fields."""
+    save = tmp_path / "ck"
+    train_inprocess([str(tiny_data), "--user-dir", "fairseq_gradinit", *TINY_MODEL, "--lr", "1e-3",
+                     "--max-update", "4", "--save-dir", str(save), "--gradinit-monitor-interval", "2"])
+    assert not (save / "gradinit.json").exists()
+    start, *intervals = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    assert start["type"] == "start" and start["update"] == 0 and start["interval"] == 2
+    assert start["precision"] == "float32" and start["loss_scale"] is None and start["weights"] == "model"
+    assert start["fixed_batch"]["ntokens"] > 0
+    assert [(r["type"], r["update"]) for r in intervals] == [("interval", 2), ("interval", 4)]
+    for r in intervals:
+        assert r["loss_scale"] is None and r["overflows"] == 0 and r["skipped_updates"] == 0
+        assert {"encoder.embed_tokens", "encoder.0.self_attn.q", "encoder.1.fc2", "decoder.1.encoder_attn.v",
+                "decoder.0.final_layer_norm"} <= set(r["groups"])
+        assert all(g["weight_norm"] > 0 for g in r["groups"].values())
+        assert 0 < r["summary"]["max_update_ratio"] < 1
+        assert set(r["norms"]) == {f"encoder.layers.{i}.{k}" for i in (0, 1) for k in ("self_attn_layer_norm",
+                                                                                           "final_layer_norm")} | \
+            {f"decoder.layers.{i}.{k}" for i in (0, 1) for k in ("self_attn_layer_norm", "encoder_attn_layer_norm",
+                                                                  "final_layer_norm")}
+        for n in r["norms"].values():
+            assert n["eval"]["input_std"] > 0 and n["train"]["gain"] > 0
+        assert r["fixed_batch_loss"]["eval"] > 0 and r["fixed_batch_loss"]["train"] > 0
+    assert intervals[1]["fixed_batch_loss"]["eval"] < intervals[0]["fixed_batch_loss"]["eval"]  # it learns
 
 
 def test_literal_usage_line_and_generate(tiny_data, tmp_path, monkeypatch, capsys, caplog):
@@ -206,7 +236,7 @@ def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
         cmd = [sys.executable, str(driver), str(tmp_path / f"rank{rank}.pt"), str(tiny_data),
                "--user-dir", str(REPO / "fairseq_gradinit"), "--task", "translation_gradinit", *model_args,
                "--lr", "1e-3", "--max-update", "2", "--save-dir", str(save), "--gradinit-iters", "3",
-               "--distributed-world-size", "2", "--distributed-rank", str(rank),
+               "--gradinit-monitor-interval", "2", "--distributed-world-size", "2", "--distributed-rank", str(rank),
                "--distributed-backend", "nccl" if on_gpu else "gloo",
                "--distributed-init-method", f"tcp://127.0.0.1:{port}",
                *(["--device-id", str(rank)] if on_gpu else []),
@@ -224,6 +254,10 @@ def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
     # each rank evaluated its own shard: the rank-0 losses differ from rank 1's before averaging
     assert r0["local_losses"] != r1["local_losses"]
     assert json.loads((save / "gradinit.json").read_text())["world_size"] == 2
+    # the training monitor (measuring on rank 0 only) left the ranks identical; rank 0 alone wrote
+    monitor = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    assert [(r["type"], r["update"]) for r in monitor] == [("start", 0), ("interval", 2)]
+    assert "encoder.0.fc1" in monitor[1]["groups"]
 
 
 def test_config_translation_and_groups():
@@ -324,6 +358,28 @@ def test_half_precision_starts_from_gradinit_weights(tiny_data, tmp_path, precis
     dtype = torch.float16 if precision == "--fp16" else torch.bfloat16
     model.to(dtype)
     assert_same_weights(model, checkpoint_state(save / "checkpoint_last.pt"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="fp16 training in fairseq needs CUDA")
+def test_training_monitor_records_fp16_overflows(tiny_data, tmp_path):
+    """A loss scale far too large makes the first fp16 steps overflow: each is recorded with the scale
+    and the parameters whose gradient overflowed, and the interval record counts them as skipped."""
+    model_args = [a for a in TINY_MODEL if a != "--cpu"]
+    save = tmp_path / "ck"
+    train_inprocess([str(tiny_data), "--task", "translation_gradinit", *model_args, "--lr", "1e-3",
+                     "--max-update", "2", "--fp16", "--fp16-init-scale", str(2 ** 24), "--save-dir", str(save),
+                     "--gradinit-monitor-interval", "2"])
+    recs = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    start, overflows, interval = recs[0], [r for r in recs if r["type"] == "overflow"], recs[-1]
+    assert start["precision"] == "float16" and start["weights"] == "fp32 master"
+    assert start["loss_scale"] == 2 ** 24 and start["optimizer"] == "FP16Optimizer"
+    assert overflows and overflows[0]["update"] == 0 and overflows[0]["error"] == "OverflowError"
+    assert (overflows[0]["loss_scale"], overflows[0]["loss_scale_after"]) == (2 ** 24, 2 ** 23)
+    assert overflows[0]["nonfinite"]["count"] >= 1
+    assert overflows[0]["nonfinite"]["first"]["param"].startswith(("encoder.", "decoder."))
+    assert interval["type"] == "interval" and interval["update"] == 2
+    assert interval["overflows"] >= len(overflows) and interval["skipped_updates"] == interval["overflows"]
+    assert interval["loss_scale"] <= 2 ** 23 and "decoder.1.fc1" in interval["groups"]
 
 
 def _readme_train_commands(text):

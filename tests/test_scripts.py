@@ -229,6 +229,33 @@ def test_plot_curves_main_writes_json_and_markdown(tmp_path, capsys):
         plot_curves.main(["--run", "no-equals-sign"])
 
 
+def test_plot_curves_adds_a_training_monitor(tmp_path, capsys):
+    (tmp_path / "a.log").write_text(SIMPLE_LOG, encoding="utf-8")
+    records = [{"type": "start", "update": 0},
+               {"type": "interval", "update": 100, "loss_scale": 64.0, "overflows": 0,
+                "summary": {"max_ln_gain_eval": 1.2, "max_update_ratio": 0.01}},
+               {"type": "overflow", "update": 150},
+               {"type": "interval", "update": 200, "loss_scale": 32.0, "overflows": 1,
+                "summary": {"max_ln_gain_eval": "inf", "max_update_ratio": 0.9}}]
+    (tmp_path / "monitor.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    prefix = tmp_path / "out" / "curves"
+    assert plot_curves.main(["--run", f"gi={tmp_path / 'a.log'}", "--monitor", f"gi={tmp_path / 'monitor.jsonl'}",
+                             "--out", str(prefix)]) == 0
+    run = json.loads(prefix.with_suffix(".json").read_text(encoding="utf-8"))["runs"]["gi"]
+    assert run["curve"]["100"] == 9.84
+    assert run["monitor"]["monitor_loss_scale"] == {"100": 64.0, "200": 32.0}
+    assert run["monitor"]["monitor_max_ln_gain_eval"] == {"100": 1.2, "200": "inf"}
+    assert run["monitor"]["monitor_overflows"] == {"100": 0.0, "200": 1.0}
+    try:
+        import matplotlib  # noqa: F401
+        assert prefix.with_suffix(".png").stat().st_size > 1000
+    except ImportError:
+        pass
+    assert plot_curves.main(["--run", f"gi={tmp_path / 'a.log'}", "--monitor", f"other={tmp_path / 'monitor.jsonl'}",
+                             "--out", str(prefix)]) == 2
+    assert "--monitor other: no --run with that label" in capsys.readouterr().err
+
+
 # --------------------------------------------------------------------------------------------
 # prepare_iwslt14.sh / prepare_corpus.py
 # --------------------------------------------------------------------------------------------

@@ -202,6 +202,76 @@ def test_common_update_and_curve_rows(tmp_path):
     assert rows[1]["valid_loss"] == 9.76 and rows[1]["train_loss"] == "" and rows[1]["loss_scale"] == ""
 
 
+def _interval(update, scale, gain, ratio, overflows=0):
+    return json.dumps({"type": "interval", "update": update, "loss_scale": scale, "overflows": overflows,
+                       "skipped_updates": overflows, "fixed_batch_loss": {"eval": 9.0, "train": 9.5},
+                       "groups": {"decoder.4.fc1": {"weight_norm": 3.0, "update_ratio": ratio}},
+                       "norms": {}, "summary": {"max_update_ratio": ratio, "max_update_ratio_group": "decoder.4.fc1",
+                                                "max_ln_gain_eval": gain, "min_ln_input_std_eval": 1 / gain,
+                                                "max_ln_gain_train": gain, "min_ln_input_std_train": 1 / gain}})
+
+
+def test_curves_include_the_training_monitor_beside_the_loss(tmp_path):
+    """An arm whose save dir has monitor.jsonl gets its series in curves.csv (and two more PNG panels);
+    an arm without one keeps the plain columns; the export packs the monitor with the logs."""
+    import tarfile
+
+    from fairseq_gradinit import curves
+
+    log_lines = [
+        "2026-11-26 18:53:44 | INFO | train_inner | epoch 001:    101 / 187 loss=10.191, nll_loss=9.784, "
+        "num_updates=100, lr=0.0005, gnorm=0.604, loss_scale=64, train_wall=39, wall=46",
+        "2026-11-26 18:53:45 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.86 | nll_loss 9.5 | "
+        "ppl 1 | num_updates 100",
+    ]
+    for arm in ("gi", "warm"):
+        (tmp_path / "arms" / arm).mkdir(parents=True)
+        (tmp_path / "arms" / arm / "train.log").write_text("\n".join(log_lines) + "\n")
+    (tmp_path / "arms" / "gi" / "monitor.jsonl").write_text("\n".join([
+        json.dumps({"type": "start", "update": 0}),
+        _interval(100, 64.0, 2.0, 0.01),
+        json.dumps({"type": "overflow", "update": 150, "nonfinite": None}),
+        _interval(200, 32.0, 8.6, 0.5, overflows=1),
+        json.dumps({"type": "start", "update": 100}),  # resumed from the checkpoint at 100
+        _interval(200, 16.0, 14.4, "inf", overflows=2),
+        "{not json",
+    ]) + "\n")
+    all_curves = {arm: study_results.arm_curves(tmp_path / "arms" / arm / "train.log") for arm in ("gi", "warm")}
+    gi = all_curves["gi"]
+    assert gi["monitor_loss_scale"] == {100: 64.0, 200: 16.0}  # the resumed run's record of 200 wins
+    assert gi["monitor_max_ln_gain_eval"] == {100: 2.0, 200: 14.4}
+    assert gi["monitor_max_update_ratio"][200] == float("inf") and gi["monitor_overflows"] == {100: 0, 200: 2}
+    assert gi["monitor_fixed_loss_train"] == {100: 9.5, 200: 9.5}
+    assert gi["valid_loss"] == {100: 9.86} and not any(k.startswith("monitor_") for k in all_curves["warm"])
+    assert curves.parse_monitor(["{}", "[]"]) == {k: {} for k in curves.MONITOR_SERIES}
+
+    written = study_results.write_curves(tmp_path, all_curves)
+    with open(written["csv"], newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == list(study_results.CSV_FIELDS + study_results.MONITOR_FIELDS)
+    by = {(r["arm"], r["num_updates"]): r for r in rows}
+    assert by[("gi", "100")]["monitor_max_ln_gain_eval"] == "2.0" and by[("gi", "100")]["loss_scale"] == "64.0"
+    assert by[("gi", "200")]["loss_scale"] == "" and by[("gi", "200")]["monitor_loss_scale"] == "16.0"
+    assert by[("gi", "200")]["monitor_min_ln_input_std_eval"] == str(1 / 14.4)
+    assert by[("warm", "100")]["monitor_max_ln_gain_eval"] == "" and ("warm", "200") not in by
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "png" not in written
+    else:
+        assert Path(written["png"]).stat().st_size > 0
+
+    # without any monitor the CSV keeps its columns
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    with open(study_results.write_curves(plain, {"warm": all_curves["warm"]})["csv"], newline="") as f:
+        assert tuple(next(csv.reader(f))) == study_results.CSV_FIELDS
+
+    study_results.export_results(tmp_path, tmp_path / "export", [], tmp_path / "cache")
+    with tarfile.open(tmp_path / "export" / "logs.tar.gz") as tar:
+        assert {"gi/monitor.jsonl", "gi/train.log", "warm/train.log"} <= set(tar.getnames())
+
+
 # ------------------------------------------------------------------------------------------------
 # end to end (CPU, tiny model)
 # ------------------------------------------------------------------------------------------------
@@ -214,7 +284,7 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     argv = [str(tiny_bin), "--out", str(out), "--cpu", "--parallel", "3", "--max-update", "4",
             "--valid-every", "2", "--save-every", "2", "--time-budget", "1", "--finish-margin", "20",
             "--base-args", " ".join(f"'{t}'" if " " in t else t for t in TINY_BASE),
-            "--arm", "gA=" + " ".join(GI_TINY),
+            "--arm", "gA=" + " ".join(GI_TINY) + " --gradinit-monitor-interval 2",
             "--arm", "gB=" + " ".join(GI_TINY) + " --adam-betas '(0.9, 0.999)'",
             "--arm", "long=--max-update 100000",
             "--bleu-args", "--max-len-b 5", "--export", str(tmp_path / "export")]
@@ -246,6 +316,10 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     assert {r["arm"] for r in rows} == {"gA", "gB", "long"}
     ga = {int(r["num_updates"]): r for r in rows if r["arm"] == "gA"}
     assert set(ga) >= {2, 4} and float(ga[4]["valid_loss"]) > 0 and float(ga[2]["train_loss"]) > 0
+    # gA's training monitor, beside its loss (the monitor does not split the GradInit group)
+    assert float(ga[4]["monitor_max_ln_gain_eval"]) > 0 and float(ga[2]["monitor_max_update_ratio"]) > 0
+    assert float(ga[4]["monitor_overflows"]) == 0 and all(r["monitor_max_ln_gain_eval"] == "" for r in rows
+                                                     if r["arm"] == "gB")
     assert (out / "curves.md").read_text().count("|") > 10
     pytest.importorskip("matplotlib")
     assert (out / "curves.png").stat().st_size > 1000
@@ -257,6 +331,10 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
         assert bleu["arms"][arm]["checkpoint"].endswith("_4.pt")
     exported = {p.name for p in (tmp_path / "export").iterdir()}
     assert {"study.json", "curves.csv", "bleu.json", "logs.tar.gz", "gradinit.tar.gz"} <= exported
+    import tarfile
+
+    with tarfile.open(tmp_path / "export" / "logs.tar.gz") as tar:
+        assert "gA/monitor.jsonl" in tar.getnames()
 
     # the same study again: the scales are reused (fingerprint unchanged), nothing to compute
     cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path / "again", base=TINY_BASE, cpu=True,

@@ -28,6 +28,7 @@ from .groups import transformer_group
 from .health_report import measure_health
 from .init_file import clamped_init_file
 from .phase_state import load_phase_state, save_phase_state, state_path
+from .monitor import monitor_from_cfg
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
@@ -108,6 +109,19 @@ class GradInitTaskMixin:
         self._gradinit_model_args = None
         self._gradinit_criterion_cfg = None
         self.gradinit_result = None
+        self.gradinit_monitor = monitor_from_cfg(self.gradinit_cfg)  # --gradinit-monitor-interval; None: off
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, *args, **kwargs):
+        if self.gradinit_monitor is not None:
+            ignore_grad = bool(kwargs.get("ignore_grad", args[0] if args else False))
+            self.gradinit_monitor.on_train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+        return super().train_step(sample, model, criterion, optimizer, update_num, *args, **kwargs)
+
+    def optimizer_step(self, optimizer, model, update_num):
+        if self.gradinit_monitor is None:
+            return super().optimizer_step(optimizer, model, update_num)
+        with self.gradinit_monitor.around_optimizer_step(optimizer, model, update_num):
+            return super().optimizer_step(optimizer, model, update_num)
 
     def build_model(self, cfg, *args, **kwargs):
         # Tasks differ in whether they take from_checkpoint; pass on exactly what was given.

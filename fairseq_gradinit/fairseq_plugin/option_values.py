@@ -11,6 +11,7 @@ from .cfg import cfg_value
 from .init_file import (  # noqa: F401  (read_init_file: re-exported)
     combination_error, compute_only_defaults, read_init_file, read_usable_init_file,
 )
+from .monitor import monitor_option_error
 from .options import ENGINE_OPTIONS, ETA_PER_LR, LOSS_CHANGE_BOUND, GradInitOptions
 from .wskip import wskip_argument_error
 
@@ -124,6 +125,9 @@ def gradinit_option_error(cfg) -> Optional[str]:
     :class:`GradInitConfig`; ``--lr`` is checked as GradInit's eta only when GradInit computes
     (``--gradinit-iters`` > 0).
     """
+    monitor_error = monitor_option_error(cfg)
+    if monitor_error:
+        return monitor_error
     iters = cfg.gradinit_iters
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
         return f"argument --gradinit-iters: invalid value {iters!r}: expected an integer >= 0 (0 = GradInit off)"

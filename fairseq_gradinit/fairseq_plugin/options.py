@@ -82,6 +82,11 @@ class PluginOptions(FairseqDataclass):
         "syntax as --gradinit-scale-bounds (first match wins; tensors no bound selects keep their scale), e.g. "
         "\"[('norm', 0.3, None), ('re:.', 0.1, None)]\"; the clamped scales are written to --save-dir's "
         "gradinit.json with the source file, its sha256, the bounds and every changed scale"))
+    gradinit_monitor_interval: int = option(0, result=False, help=(
+        "every N updates, append a record of the training's health to monitor.jsonl in --save-dir (0: off): fp16 "
+        "overflows, skipped updates and the loss scale, the parameters whose gradient was not finite at each "
+        "overflow, per layer the weight norm and the update/weight ratio of the last update, LayerNorm input "
+        "std and gain on a fixed batch in eval and train mode; with or without GradInit (docs/monitor.md)"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
     # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.

@@ -4,7 +4,8 @@ replaced by a subclass with :class:`~.hook.GradInitTaskMixin` whose config adds 
 ``--gradinit-init-file``), so runs without those options are unchanged.
 
 Tasks that declare their options with ``add_args`` only (fairseq's legacy tasks, no dataclass)
-accept the ``--gradinit-*`` flags and refuse them, with an argument error, when GradInit is on.
+accept the ``--gradinit-*`` flags and refuse them, with an argument error, when GradInit or the
+training monitor is on.
 """
 import dataclasses
 import logging
@@ -15,6 +16,7 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import TASK_CLASS_NAMES, TASK_DATACLASS_REGISTRY, TASK_REGISTRY
 
 from .hook import GradInitTaskMixin
+from .monitor import monitor_interval
 from .option_values import check_when_parsed, gradinit_enabled
 from .options import GradInitOptions
 
@@ -58,9 +60,10 @@ def _legacy_add_args(cls, parser):
 
 
 def _legacy_task_error(ns) -> Optional[str]:
-    if hasattr(ns, "gradinit_iters") and gradinit_enabled(ns):
+    if hasattr(ns, "gradinit_iters") and (gradinit_enabled(ns) or monitor_interval(ns) > 0):
         return (f"argument --task: task {getattr(ns, 'task', '?')!r} declares its options with "
-                "add_args (no dataclass config), which --gradinit-iters/--gradinit-init-file does not "
+                "add_args (no dataclass config), which --gradinit-iters/--gradinit-init-file/"
+                "--gradinit-monitor-interval does not "
                 "support; use a task with a dataclass config (e.g. translation, language_modeling, "
                 "masked_lm) or drop the --gradinit-* options")
     return None

@@ -20,31 +20,50 @@ _STOP_TIME_MSG = "Stopping training due to cumulative_training_time"
 # ------------------------------------------------------------------------------------------------
 CSV_FIELDS = ("arm", "num_updates", "valid_loss", "valid_nll_loss", "train_loss", "train_nll_loss",
               "loss_scale", "lr", "gnorm", "wall_s")
+#: Columns added when an arm's save dir has the training monitor's ``monitor.jsonl``
+#: (``--gradinit-monitor-interval``): its series, named as in :data:`~fairseq_gradinit.curves.MONITOR_SERIES`.
+MONITOR_FIELDS = tuple(curve_logs.MONITOR_SERIES)
+MONITOR_JSONL = "monitor.jsonl"
 
 
 def arm_curves(log: Path) -> Dict[str, curve_logs.Curve]:
+    """The curves of an arm's ``train.log``, and of the ``monitor.jsonl`` beside it if there is one."""
     if not log.is_file():
         return {}
     with open(log, encoding="utf-8", errors="replace") as f:
-        return curve_logs.parse_training_log(f)
+        curves = curve_logs.parse_training_log(f)
+    monitor = log.parent / MONITOR_JSONL
+    if monitor.is_file():
+        curves.update(curve_logs.parse_monitor_file(monitor))
+    return curves
+
+
+def has_monitor(curves: Mapping[str, curve_logs.Curve]) -> bool:
+    return any(curves.get(k) for k in curve_logs.MONITOR_SERIES)
 
 
 def curve_rows(name: str, curves: Mapping[str, curve_logs.Curve]) -> List[dict]:
-    """One CSV row per logged update of one arm (validation and train_inner lines merged)."""
+    """One CSV row per logged update of one arm (validation, train_inner and, with a training monitor,
+    its records merged)."""
     columns = {"valid_loss": "valid_loss", "valid_nll_loss": "valid_nll_loss", "train_loss": "train_loss",
                "train_nll_loss": "train_nll_loss", "loss_scale": "train_loss_scale", "lr": "train_lr",
                "gnorm": "train_gnorm", "wall_s": "train_wall"}
+    if has_monitor(curves):
+        columns.update({f: f for f in MONITOR_FIELDS})
     updates = sorted({u for c in curves.values() for u in c})
     return [{"arm": name, "num_updates": u, **{col: curves.get(key, {}).get(u, "") for col, key in columns.items()}}
             for u in updates]
 
 
 def write_curves(out: Path, all_curves: Mapping[str, Mapping[str, curve_logs.Curve]]) -> Dict[str, str]:
-    """``curves.csv``, ``curves.md`` (validation loss table) and ``curves.png`` (three panels)."""
+    """``curves.csv``, ``curves.md`` (validation loss table) and ``curves.png``: three panels, and two
+    more from the training monitor when an arm has one (the largest LayerNorm gain on the fixed batch in
+    eval mode, the largest update/weight ratio of a group)."""
     written = {}
     csv_path = out / "curves.csv"
+    monitored = any(has_monitor(c) for c in all_curves.values())
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + (MONITOR_FIELDS if monitored else ()), restval="")
         w.writeheader()
         for name, curves in all_curves.items():
             w.writerows(curve_rows(name, curves))
@@ -57,6 +76,11 @@ def write_curves(out: Path, all_curves: Mapping[str, Mapping[str, curve_logs.Cur
     panels = [("valid loss (eval mode)", valid, False),
               ("train loss (dropout on)", {n: c.get("train_loss", {}) for n, c in all_curves.items()}, False),
               ("fp16 loss scale", {n: c.get("train_loss_scale", {}) for n, c in all_curves.items()}, True)]
+    if monitored:
+        panels += [("max LayerNorm gain |w|/std (fixed batch, eval)",
+                    {n: c.get("monitor_max_ln_gain_eval", {}) for n, c in all_curves.items()}, True),
+                   ("max update/weight ratio of a group (last update)",
+                    {n: c.get("monitor_max_update_ratio", {}) for n, c in all_curves.items()}, True)]
     if curve_logs.plot_panels(panels, png):
         written["png"] = str(png)
     return written
@@ -96,7 +120,7 @@ def arm_outcome(job: Job, curves: Mapping[str, curve_logs.Curve], log: Path, max
 
 def export_results(out: Path, dest: Path, groups: Sequence[str], cache_dir: Path) -> List[str]:
     """Copy the summary files to ``dest`` and pack the logs (``logs.tar.gz``: every arm's
-    ``train.log``/``bleu.json``/``bleu.log``) and the GradInit groups of this study
+    ``train.log``/``bleu.json``/``bleu.log``/``monitor.jsonl``) and the GradInit groups of this study
     (``gradinit.tar.gz``, to unpack into a ``--gradinit-cache`` folder): few files, no checkpoints."""
     dest.mkdir(parents=True, exist_ok=True)
     written = []
@@ -106,7 +130,7 @@ def export_results(out: Path, dest: Path, groups: Sequence[str], cache_dir: Path
             written.append(str(dest / name))
     with tarfile.open(dest / "logs.tar.gz", "w:gz") as tar:
         for arm_dir in sorted((out / "arms").iterdir()) if (out / "arms").is_dir() else []:
-            for name in ("train.log", "bleu.json", "bleu.log"):
+            for name in ("train.log", "bleu.json", "bleu.log", MONITOR_JSONL):
                 if (arm_dir / name).is_file():
                     tar.add(arm_dir / name, arcname=f"{arm_dir.name}/{name}")
     written.append(str(dest / "logs.tar.gz"))

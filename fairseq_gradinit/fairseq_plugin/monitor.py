@@ -1,0 +1,375 @@
+"""A training monitor for long runs (``--gradinit-monitor-interval N``): ``monitor.jsonl`` in ``--save-dir``.
+
+Every N updates, rank 0 appends one ``interval`` record: the loss scale, fp16 overflows and skipped
+updates since the previous record, per group (encoder/decoder x layer x kind) the weight norm and
+the update/weight ratio of the last update, and the input standard deviation and gain of every
+LayerNorm on a fixed batch (the first training batch this process saw) in eval and in train mode.
+Each step whose gradient norm is not finite adds an ``overflow`` record naming the parameters
+whose gradients were not finite, written before fairseq zeroes them. A ``start`` record opens each
+run's part of the file (a resumed run appends). The schema is in ``docs/monitor.md``.
+
+Cost: per update, one call around the optimizer's ``clip_grad_norm`` and a counter; every N
+updates a copy of the weights before the step, two forward passes without gradients on the fixed
+batch and one norm per tensor. Nothing when the option is 0.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.modules.batchnorm import _NormBase
+
+from ..core.norm_stats import norm_input_stats
+from ..version import __version__
+from .cfg import cfg_value
+from .groups import transformer_place
+
+logger = logging.getLogger(__name__)
+
+MONITOR_JSONL = "monitor.jsonl"
+#: Overflow records written per interval; further overflows are only counted (a run whose loss scale
+#: collapses overflows on most steps, and the first ones of each interval say where).
+MAX_OVERFLOW_RECORDS = 20
+
+
+def monitor_interval(cfg) -> int:
+    """``--gradinit-monitor-interval`` of a task config (0 when absent)."""
+    value = cfg_value(cfg, "gradinit_monitor_interval", 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def monitor_option_error(cfg) -> Optional[str]:
+    """'argument --gradinit-monitor-interval: ...' for a value that is not an integer >= 0, else None."""
+    value = getattr(cfg, "gradinit_monitor_interval", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return (f"argument --gradinit-monitor-interval: invalid value {value!r}: expected an integer >= 0 "
+                "(0 = monitor off)")
+    return None
+
+
+def monitor_from_cfg(cfg) -> Optional["TrainingMonitor"]:
+    """The monitor a task config asks for, or None when ``--gradinit-monitor-interval`` is 0."""
+    interval = monitor_interval(cfg)
+    if interval <= 0:
+        return None
+    save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
+    seed = cfg_value(cfg, "gradinit_seed", 1)
+    return TrainingMonitor(interval=interval, path=os.path.join(str(save_dir), MONITOR_JSONL),
+                           seed=int(seed) if isinstance(seed, int) else 1)
+
+
+# --------------------------------------------------------------------------------------------
+# what the records are made of
+# --------------------------------------------------------------------------------------------
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside data-parallel wrappers (their parameter names carry a ``module.`` prefix)."""
+    from fairseq.distributed import LegacyDistributedDataParallel, ModuleProxyWrapper
+
+    wrappers = (nn.parallel.DistributedDataParallel, ModuleProxyWrapper, LegacyDistributedDataParallel)
+    while isinstance(model, wrappers):
+        model = model.module
+    return model
+
+
+def group_of(name: str) -> str:
+    """The record's group of a parameter: ``side.layer.kind`` (``decoder.3.self_attn.q``), or
+    ``side.kind`` outside the layers (``encoder.embed_tokens``); weight and bias together."""
+    place = transformer_place(name)
+    return f"{place.side}.{place.kind}" if place.layer is None else f"{place.side}.{place.layer}.{place.kind}"
+
+
+def loss_scale(optimizer) -> Optional[float]:
+    """The current loss scale of fairseq's FP16/MemoryEfficientFP16 (``scaler.loss_scale``) or AMP
+    (``scaler.get_scale()``) optimizer; None without a scaler (fp32, bf16)."""
+    scaler = getattr(optimizer, "scaler", None)
+    if scaler is None:
+        return None
+    if hasattr(scaler, "loss_scale"):
+        return float(scaler.loss_scale)
+    if hasattr(scaler, "get_scale"):
+        return float(scaler.get_scale())
+    return None
+
+
+def training_weights(optimizer, model: nn.Module) -> Tuple[List[Tuple[str, torch.Tensor]], str]:
+    """``([(name, tensor)], source)``: the weights the optimizer updates, by parameter name. Under
+    fairseq's FP16Optimizer these are its fp32 master copies (views into its flat buffer), so that
+    small updates are not lost to fp16 rounding (``source`` "fp32 master"); otherwise the model's
+    own trainable parameters ("model")."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    names = {id(p): n for n, p in named}
+    fp16, fp32 = getattr(optimizer, "fp16_params", None), getattr(optimizer, "fp32_params", None)
+    if fp16 is not None and fp32 is not None:
+        if isinstance(fp32, dict) and len(fp32) == 1:
+            flat = next(iter(fp32.values())).detach()
+            if sum(p.numel() for p in fp16) == flat.numel():
+                out, offset = [], 0
+                for p in fp16:
+                    if id(p) in names:
+                        out.append((names[id(p)], flat[offset:offset + p.numel()].view(p.shape)))
+                    offset += p.numel()
+                return out, "fp32 master"
+        elif isinstance(fp32, (list, tuple)) and len(fp32) == len(fp16):
+            return [(names[id(p)], q.detach()) for p, q in zip(fp16, fp32) if id(p) in names], "fp32 master"
+    return [(n, p.detach()) for n, p in named], "model"
+
+
+def sum_of_squares(tensors: Sequence[torch.Tensor]) -> List[float]:
+    """Each tensor's sum of squares (in fp32), with one transfer to the host."""
+    if not tensors:
+        return []
+    return torch.stack([t.float().pow(2).sum() for t in tensors]).tolist()
+
+
+def group_update_stats(names: Sequence[str], before: Sequence[torch.Tensor],
+                       after: Sequence[torch.Tensor]) -> Dict[str, dict]:
+    """Per group: ``weight_norm`` ||theta|| after the update and ``update_ratio``
+    ||theta_after - theta_before|| / ||theta_before|| (None where ||theta_before|| = 0)."""
+    w_after = sum_of_squares(after)
+    w_before = sum_of_squares(before)
+    delta = sum_of_squares([a.float() - b.float() for a, b in zip(after, before)])
+    acc: Dict[str, List[float]] = {}
+    for name, wa, wb, d in zip(names, w_after, w_before, delta):
+        g = acc.setdefault(group_of(name), [0.0, 0.0, 0.0])
+        g[0] += wa
+        g[1] += wb
+        g[2] += d
+    return {g: {"weight_norm": math.sqrt(wa), "update_ratio": math.sqrt(d) / math.sqrt(wb) if wb > 0 else None}
+            for g, (wa, wb, d) in acc.items()}
+
+
+def nonfinite_gradients(model: nn.Module) -> Optional[dict]:
+    """Which parameters of ``model`` have a gradient with an inf or NaN entry: their count, the number
+    of parameters with a gradient, and the first and last of them in module order (``param``,
+    ``module``, ``group``). None when every gradient is finite."""
+    named = [(n, p.grad) for n, p in model.named_parameters() if p.grad is not None]
+    if not named:
+        return None
+    bad = torch.stack([~torch.isfinite(g).all() for _, g in named]).tolist()
+    hits = [n for (n, _), b in zip(named, bad) if b]
+    if not hits:
+        return None
+
+    def where(name):
+        return {"param": name, "module": name.rpartition(".")[0], "group": group_of(name)}
+
+    return {"count": len(hits), "of": len(named), "first": where(hits[0]), "last": where(hits[-1])}
+
+
+@contextlib.contextmanager
+def norm_statistics_kept(model: nn.Module):
+    """Restores BatchNorm running statistics that a train-mode forward pass would change."""
+    saved = [(b, b.detach().clone()) for m in model.modules() if isinstance(m, _NormBase) for b in m.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for b, v in saved:
+                b.copy_(v)
+
+
+#: Blocks of measured statistics, written with 6 significant digits (loss scales and counts stay exact).
+ROUNDED_BLOCKS = ("fixed_batch_loss", "groups", "norms", "summary")
+
+
+def finite_or_text(value, digits: Optional[int] = None):
+    """JSON has no inf/NaN: such floats become the strings "inf", "-inf", "nan"; other floats are
+    rounded to ``digits`` significant digits when given."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return float(f"{value:.{digits}g}") if digits else value
+    if isinstance(value, dict):
+        return {k: finite_or_text(v, 6 if k in ROUNDED_BLOCKS else digits) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite_or_text(v, digits) for v in value]
+    return value
+
+
+def _extreme(entries: Dict[str, Optional[float]], pick) -> Tuple[Optional[float], Optional[str]]:
+    finite = {k: v for k, v in entries.items() if v is not None and math.isfinite(v)}
+    if not finite:
+        return None, None
+    key = pick(finite, key=finite.get)
+    return finite[key], key
+
+
+def summary_of(groups: Dict[str, dict], norms: Dict[str, dict]) -> dict:
+    """The extremes a curve plots: largest update ratio, smallest LayerNorm input std and largest
+    LayerNorm gain in eval and train mode, each with where it was."""
+    out = {}
+    out["max_update_ratio"], out["max_update_ratio_group"] = _extreme(
+        {g: s["update_ratio"] for g, s in groups.items()}, max)
+    for mode in ("eval", "train"):
+        out[f"min_ln_input_std_{mode}"], out[f"min_ln_input_std_{mode}_module"] = _extreme(
+            {m: s[mode]["input_std"] for m, s in norms.items() if mode in s}, min)
+        out[f"max_ln_gain_{mode}"], out[f"max_ln_gain_{mode}_module"] = _extreme(
+            {m: s[mode]["gain"] for m, s in norms.items() if mode in s}, max)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the monitor
+# --------------------------------------------------------------------------------------------
+class TrainingMonitor:
+    """Writes ``monitor.jsonl`` (see the module docstring); driven by the task's ``train_step`` and
+    ``optimizer_step`` (:class:`~.hook.GradInitTaskMixin`)."""
+
+    def __init__(self, *, interval: int, path: str, seed: int = 1):
+        self.interval = int(interval)
+        self.path = path
+        self.seed = seed
+        self.fixed_batch = None
+        self.criterion = None
+        self.last_update: Optional[int] = None  # update of the start or the last interval record
+        self.attempts = 0  # clip_grad_norm calls (one per trainer step) since the last record
+        self.overflows = 0
+        self.overflows_recorded = 0
+        self.attempt_overflowed = False
+        self.current_update: Optional[int] = None  # updates completed before the step under way
+
+    @property
+    def writes(self) -> bool:
+        return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+    def write(self, record: dict) -> None:
+        if not self.writes:
+            return
+        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(finite_or_text(record)) + "\n")
+
+    # ---- per trainer step ------------------------------------------------------------------
+    def on_train_step(self, sample, model, criterion, optimizer, update_num: int, ignore_grad: bool) -> None:
+        """Before the forward/backward of a step: on the first one, keep the fixed batch, wrap the
+        optimizer's ``clip_grad_norm`` and write the ``start`` record."""
+        self.current_update = int(update_num)
+        if getattr(vars(optimizer).get("clip_grad_norm"), "watched_by", None) is not self:
+            self.watch(optimizer, model)
+        if self.fixed_batch is None and not ignore_grad and sample:
+            self.fixed_batch, self.criterion = sample, criterion
+            self.last_update = int(update_num)
+            params = list(unwrapped(model).parameters())
+            dtype = params[0].dtype if params else torch.float32
+            from fairseq.optim.amp_optimizer import AMPOptimizer
+
+            precision = "amp" if isinstance(optimizer, AMPOptimizer) else str(dtype).replace("torch.", "")
+            source = training_weights(optimizer, unwrapped(model))[1]
+            self.write({"type": "start", "update": int(update_num), "time": int(time.time()), "version": __version__,
+                        "interval": self.interval, "precision": precision, "loss_scale": loss_scale(optimizer),
+                        "optimizer": type(optimizer).__name__, "weights": source,
+                        "fixed_batch": {k: _number(sample.get(k)) for k in ("nsentences", "ntokens")}})
+
+    def watch(self, optimizer, model) -> None:
+        """Wrap ``optimizer.clip_grad_norm`` (on this instance) so that a non-finite gradient norm is
+        examined before fairseq's loss scaler raises and the trainer zeroes the gradients."""
+        original = optimizer.clip_grad_norm
+        monitor = self
+
+        def clip_grad_norm(max_norm, *args, **kwargs):
+            scale = loss_scale(optimizer)
+            monitor.attempts += 1
+            monitor.attempt_overflowed = False
+            try:
+                norm = original(max_norm, *args, **kwargs)
+            except (OverflowError, FloatingPointError) as e:
+                monitor.on_overflow(model, optimizer, scale, None, type(e).__name__)
+                raise
+            if not bool(torch.isfinite(torch.as_tensor(norm)).all()):
+                monitor.on_overflow(model, optimizer, scale, norm, None)
+            return norm
+
+        clip_grad_norm.watched_by = monitor
+        optimizer.clip_grad_norm = clip_grad_norm
+
+    def on_overflow(self, model, optimizer, scale, norm, error: Optional[str]) -> None:
+        self.overflows += 1
+        self.attempt_overflowed = True
+        if self.overflows_recorded >= MAX_OVERFLOW_RECORDS or not self.writes:
+            return
+        self.overflows_recorded += 1
+        self.write({"type": "overflow", "update": self.current_update, "time": int(time.time()),
+                    "loss_scale": scale, "loss_scale_after": loss_scale(optimizer), "error": error,
+                    "grad_norm": None if norm is None else float(torch.as_tensor(norm).float().max()),
+                    "nonfinite": nonfinite_gradients(unwrapped(model))})
+
+    @contextlib.contextmanager
+    def around_optimizer_step(self, optimizer, model, update_num: int):
+        """Around ``optimizer.step()``: the step that makes update ``update_num + 1`` a multiple of
+        the interval is measured (weights before it, then the record after it)."""
+        update = int(update_num) + 1
+        due = update % self.interval == 0 and (self.last_update is None or update > self.last_update)
+        if not due or not self.writes or self.fixed_batch is None:
+            yield
+            return
+        weights, _ = training_weights(optimizer, unwrapped(model))
+        before = [t.detach().clone() for _, t in weights]
+        yield
+        if self.attempt_overflowed:  # AMP steps through an overflow; its scaler skipped the update
+            return
+        self.record(update, optimizer, unwrapped(model), [n for n, _ in weights], before,
+                    [t for _, t in training_weights(optimizer, unwrapped(model))[0]])
+
+    def record(self, update: int, optimizer, model: nn.Module, names, before, after) -> None:
+        groups = group_update_stats(names, before, after)
+        norms, losses = self.fixed_batch_stats(model, optimizer)
+        advanced = update - (self.last_update if self.last_update is not None else update - 1)
+        self.write({"type": "interval", "update": update, "time": int(time.time()), "loss_scale": loss_scale(optimizer),
+                    "overflows": self.overflows, "skipped_updates": max(self.attempts - advanced, 0),
+                    "overflows_recorded": self.overflows_recorded,
+                    "fixed_batch_loss": losses, "groups": groups, "norms": norms,
+                    "summary": summary_of(groups, norms)})
+        self.last_update = update
+        self.attempts = self.overflows = self.overflows_recorded = 0
+
+    def fixed_batch_stats(self, model: nn.Module, optimizer) -> Tuple[Dict[str, dict], Dict[str, float]]:
+        """LayerNorm input statistics and the criterion's loss on the fixed batch, in eval and in train
+        mode (dropout with a fixed seed, so records compare; the training RNG is left as it was)."""
+        from fairseq.optim.amp_optimizer import AMPOptimizer
+
+        sample, criterion = self.fixed_batch, self.criterion
+        device = next(model.parameters()).device
+        amp = isinstance(optimizer, AMPOptimizer)
+        norms: Dict[str, dict] = {}
+        losses: Dict[str, float] = {}
+        was_training = model.training
+
+        def forward(net):
+            with torch.autocast(device.type, enabled=amp):
+                loss, sample_size, _ = criterion(net, sample)
+            size = float(sample_size) if not torch.is_tensor(sample_size) else float(sample_size.float().item())
+            return float(loss.float().item()) / max(size, 1.0) / math.log(2)
+
+        devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+            if device.type == "cuda" else []
+        try:
+            with torch.random.fork_rng(devices=devices), norm_statistics_kept(model):
+                for mode in ("eval", "train"):
+                    model.train(mode == "train")
+                    torch.default_generator.manual_seed(self.seed)
+                    if devices:
+                        torch.cuda.manual_seed(self.seed)
+                    box = []
+                    stats = norm_input_stats(model, lambda net: box.append(forward(net)))
+                    losses[mode] = box[0]
+                    for name, s in stats.items():
+                        norms.setdefault(name, {})[mode] = {"input_std": s.input_std, "gain": s.gain}
+        finally:
+            model.train(was_training)
+        return norms, losses
+
+
+def _number(value):
+    if torch.is_tensor(value):
+        return value.item() if value.numel() == 1 else None
+    return value if isinstance(value, (int, float)) else None

@@ -1,0 +1,320 @@
+"""The training monitor (``--gradinit-monitor-interval``): records driven through a fairseq task's own
+``train_step``/``optimizer_step`` and fairseq's fp16 optimizer and loss scaler, on CPU, with non-finite
+gradients injected."""
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+pytest.importorskip("fairseq")
+
+from fairseq.models import BaseFairseqModel  # noqa: E402
+from fairseq.optim.fp16_optimizer import MemoryEfficientFP16Optimizer  # noqa: E402
+from fairseq.optim.sgd import SGD  # noqa: E402
+from fairseq.tasks import FairseqTask  # noqa: E402
+from omegaconf import OmegaConf  # noqa: E402
+
+from fairseq_gradinit.core.norm_stats import norm_input_stats  # noqa: E402
+from fairseq_gradinit.fairseq_plugin import monitor  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.monitor import (  # noqa: E402
+    MONITOR_JSONL, group_of, monitor_option_error, training_weights,
+)
+
+VOCAB, DIM = 11, 8
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(DIM, 2 * DIM), nn.Linear(2 * DIM, DIM)
+        self.final_layer_norm = nn.LayerNorm(DIM)
+
+    def forward(self, x):
+        return self.final_layer_norm(x + self.fc2(F.dropout(F.relu(self.fc1(x)), 0.3, self.training)))
+
+
+class Tiny(BaseFairseqModel):
+    """Parameter names as a fairseq Transformer's: encoder/decoder, layers.N.fc1, final_layer_norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder, self.decoder = nn.Module(), nn.Module()
+        self.encoder.embed_tokens = nn.Embedding(VOCAB, DIM)
+        self.encoder.layers = nn.ModuleList([Block(), Block()])
+        self.decoder.layers = nn.ModuleList([Block()])
+        self.decoder.output_projection = nn.Linear(DIM, VOCAB, bias=False)
+
+    def forward(self, src_tokens):
+        x = self.encoder.embed_tokens(src_tokens)
+        for layer in [*self.encoder.layers, *self.decoder.layers]:
+            x = layer(x)
+        return self.decoder.output_projection(x)
+
+
+def criterion(model, sample):
+    logits = model(**sample["net_input"])
+    loss = F.cross_entropy(logits.reshape(-1, VOCAB), sample["target"].reshape(-1), reduction="sum")
+    return loss, sample["ntokens"], {}
+
+
+class MonitoredTask(GradInitTaskMixin, FairseqTask):
+    pass
+
+
+def make_task(save_dir, interval=2):
+    return MonitoredTask(SimpleNamespace(gradinit_monitor_interval=interval, gradinit_save_dir=str(save_dir),
+                                         gradinit_seed=1, gradinit_tied_embeddings="shared"))
+
+
+def sample_batch(seed):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, VOCAB, (4, 5), generator=g)
+    return {"net_input": {"src_tokens": tokens}, "target": tokens.roll(1, dims=1), "ntokens": 20, "nsentences": 4}
+
+
+def fp16_optimizer(params, *, init_scale=128.0, min_loss_scale=1e-4):
+    """fairseq's MemoryEfficientFP16Optimizer (dynamic loss scaling) around fairseq's SGD; it runs on
+    CPU with fp32 weights, the loss scaling arithmetic is the same."""
+    ocfg = OmegaConf.create({"lr": [0.05], "momentum": 0.0, "weight_decay": 0.0})
+    cfg = OmegaConf.create({
+        "optimizer": ocfg, "optimization": {"update_freq": [1]}, "distributed_training": {"distributed_world_size": 1},
+        "common": {"fp16_scale_window": None, "fp16_init_scale": init_scale, "fp16_scale_tolerance": 0.0,
+                   "threshold_loss_scale": None, "min_loss_scale": min_loss_scale, "bf16": False,
+                   "model_parallel_size": 1}})
+    return MemoryEfficientFP16Optimizer(cfg, params, SGD(ocfg, params), allow_unsupported=True)
+
+
+def trainer_step(task, model, optimizer, sample, update):
+    """What fairseq's Trainer.train_step does around the task (its overflow branch needs CUDA)."""
+    optimizer.zero_grad()
+    model.train()
+    task.train_step(sample, model, criterion, optimizer, update)
+    optimizer.multiply_grads(1.0 / sample["ntokens"])
+    try:
+        norm = optimizer.clip_grad_norm(0.0)
+        if not torch.isfinite(norm):
+            raise FloatingPointError("gradients are Nan/Inf")
+        task.optimizer_step(optimizer, model, update)
+    except OverflowError:
+        optimizer.zero_grad()
+        return update
+    return update + 1
+
+
+def records(save_dir):
+    return [json.loads(line) for line in (save_dir / MONITOR_JSONL).read_text().splitlines()]
+
+
+def test_overflow_record_names_the_parameter_whose_gradient_is_not_finite(tmp_path):
+    torch.manual_seed(0)
+    model = Tiny()
+    task = make_task(tmp_path)
+    opt = fp16_optimizer(list(model.parameters()))
+    target = model.decoder.layers[0].fc2.weight
+    inject = {"on": False}
+    target.register_hook(lambda g: torch.full_like(g, math.inf) if inject["on"] else g)
+
+    update, steps = 0, 0
+    while update < 4:
+        inject["on"] = steps == 1
+        update = trainer_step(task, model, opt, sample_batch(steps), update)
+        steps += 1
+    recs = records(tmp_path)
+    assert [r["type"] for r in recs] == ["start", "overflow", "interval", "interval"]
+    over = recs[1]
+    assert over["update"] == 1 and over["error"] == "OverflowError"
+    assert over["loss_scale"] == 128.0 and over["loss_scale_after"] == 64.0
+    assert over["nonfinite"]["count"] == 1 and over["nonfinite"]["of"] == len(list(model.parameters()))
+    assert over["nonfinite"]["first"] == {"param": "decoder.layers.0.fc2.weight", "module": "decoder.layers.0.fc2",
+                                          "group": "decoder.0.fc2"}
+    assert over["nonfinite"]["last"] == over["nonfinite"]["first"]
+    first, second = recs[2], recs[3]
+    assert (first["update"], first["overflows"], first["skipped_updates"], first["loss_scale"]) == (2, 1, 1, 64.0)
+    assert (second["update"], second["overflows"], second["skipped_updates"], second["loss_scale"]) == (4, 0, 0, 64.0)
+    assert recs[0]["loss_scale"] == 128.0 and recs[0]["fixed_batch"] == {"nsentences": 4, "ntokens": 20}
+
+    # The last overflow fairseq allows: the scaler stops training at its minimum loss scale.
+    opt.scaler.min_loss_scale = 40.0
+    inject["on"] = True
+    with pytest.raises(FloatingPointError):
+        trainer_step(task, model, opt, sample_batch(9), update)
+    last = records(tmp_path)[-1]
+    assert last["type"] == "overflow" and last["error"] == "FloatingPointError" and last["update"] == 4
+    assert last["nonfinite"]["first"]["param"] == "decoder.layers.0.fc2.weight"
+
+
+def test_overflow_inside_a_layer_names_first_and_last_parameter_in_module_order(tmp_path):
+    """An inf in the gradient of a layer's output reaches that layer's weights and everything below it:
+    the last non-finite parameter in module order is where backward met it first."""
+    torch.manual_seed(0)
+    model = Tiny()
+    task = make_task(tmp_path)
+    opt = fp16_optimizer(list(model.parameters()))
+
+    def poison_output_gradient(module, inputs, out):
+        out.register_hook(lambda g: g * math.inf)
+
+    model.encoder.layers[1].fc2.register_forward_hook(poison_output_gradient)
+    trainer_step(task, model, opt, sample_batch(0), 0)
+    over = records(tmp_path)[-1]
+    assert over["type"] == "overflow"
+    assert over["nonfinite"]["first"]["param"] == "encoder.embed_tokens.weight"
+    assert over["nonfinite"]["last"]["module"] == "encoder.layers.1.fc2"
+    assert over["nonfinite"]["count"] >= 5  # embedding, layer 0 and layer 1's fc1/fc2
+
+
+def test_fp32_non_finite_norm_is_recorded_before_training_stops(tmp_path):
+    """Without a loss scaler the optimizer returns the non-finite norm and fairseq stops the run."""
+    model = Tiny()
+    task = make_task(tmp_path)
+    opt = SGD(OmegaConf.create({"lr": [0.05], "momentum": 0.0, "weight_decay": 0.0}), list(model.parameters()))
+    model.encoder.layers[0].final_layer_norm.weight.register_hook(lambda g: g * math.nan)
+    with pytest.raises(FloatingPointError):
+        trainer_step(task, model, opt, sample_batch(0), 0)
+    start, over = records(tmp_path)
+    assert start["loss_scale"] is None and start["precision"] == "float32"
+    assert over["error"] is None and over["grad_norm"] == "nan" and over["loss_scale"] is None
+    assert over["nonfinite"]["first"]["group"] == "encoder.0.final_layer_norm"
+
+
+def test_interval_record_matches_hand_computed_norms_ratios_and_layernorm_statistics(tmp_path):
+    torch.manual_seed(0)
+    model = Tiny()
+    task = make_task(tmp_path, interval=3)
+    opt = SGD(OmegaConf.create({"lr": [0.5], "momentum": 0.0, "weight_decay": 0.0}), list(model.parameters()))
+    update = 0
+    while update < 2:
+        update = trainer_step(task, model, opt, sample_batch(update), update)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    rng = torch.get_rng_state()
+    update = trainer_step(task, model, opt, sample_batch(update), update)
+    rec = records(tmp_path)[-1]
+    assert rec["type"] == "interval" and rec["update"] == 3 and rec["overflows"] == 0 and rec["skipped_updates"] == 0
+
+    for group in ("encoder.1.fc1", "decoder.0.final_layer_norm", "encoder.embed_tokens", "decoder.output_projection"):
+        names = [n for n in before if group_of(n) == group]
+        assert names
+        w_before = math.sqrt(sum(before[n].pow(2).sum().item() for n in names))
+        w_after = math.sqrt(sum(dict(model.named_parameters())[n].pow(2).sum().item() for n in names))
+        delta = math.sqrt(sum((dict(model.named_parameters())[n] - before[n]).pow(2).sum().item() for n in names))
+        assert rec["groups"][group]["weight_norm"] == pytest.approx(w_after, rel=1e-5)
+        assert rec["groups"][group]["update_ratio"] == pytest.approx(delta / w_before, rel=1e-5)
+    assert set(rec["groups"]) == {group_of(n) for n in before}
+
+    fixed = sample_batch(0)  # the first batch the monitor saw
+    model.eval()
+    expected = norm_input_stats(model, lambda m: m(**fixed["net_input"]))
+    model.train()
+    assert set(rec["norms"]) == set(expected) == {
+        "encoder.layers.0.final_layer_norm", "encoder.layers.1.final_layer_norm", "decoder.layers.0.final_layer_norm"}
+    for name, s in expected.items():
+        assert rec["norms"][name]["eval"]["input_std"] == pytest.approx(s.input_std, rel=1e-5)
+        assert rec["norms"][name]["eval"]["gain"] == pytest.approx(s.gain, rel=1e-5)
+        assert rec["norms"][name]["train"]["input_std"] != rec["norms"][name]["eval"]["input_std"]  # dropout on
+    loss, size, _ = criterion(model.eval(), fixed)
+    assert rec["fixed_batch_loss"]["eval"] == pytest.approx(loss.item() / size / math.log(2), rel=1e-5)
+    s = rec["summary"]
+    assert s["max_update_ratio"] == max(g["update_ratio"] for g in rec["groups"].values() if g["update_ratio"])
+    assert rec["groups"][s["max_update_ratio_group"]]["update_ratio"] == s["max_update_ratio"]
+    assert s["max_ln_gain_eval"] == max(n["eval"]["gain"] for n in rec["norms"].values())
+    assert s["min_ln_input_std_train"] == min(n["train"]["input_std"] for n in rec["norms"].values())
+
+    # The fixed-batch passes leave the training's random state alone: the step after a record draws
+    # the same dropout masks as it would have without the monitor.
+    torch.set_rng_state(rng)
+    model.train()
+    task.gradinit_monitor.fixed_batch_stats(model, opt)
+    assert model.training
+    assert torch.equal(torch.get_rng_state(), rng)
+    again = task.gradinit_monitor.fixed_batch_stats(model, opt)[0]
+    assert again == task.gradinit_monitor.fixed_batch_stats(model, opt)[0]  # fixed dropout seed
+
+
+def test_fp32_master_weights_of_the_fp16_optimizer_are_measured():
+    model = Tiny()
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params]) * 2  # a master copy that differs from the model
+    optimizer = SimpleNamespace(fp16_params=params, fp32_params={0: nn.Parameter(flat)})
+    weights, source = training_weights(optimizer, model)
+    assert source == "fp32 master"
+    named = dict(model.named_parameters())
+    assert [n for n, _ in weights] == list(named)
+    for n, t in weights:
+        assert torch.equal(t, 2 * named[n].detach())
+    optimizer = SimpleNamespace(fp16_params=params, fp32_params=[p.detach().double() for p in params])
+    assert all(t.dtype == torch.float64 for _, t in training_weights(optimizer, model)[0])
+    assert training_weights(SimpleNamespace(), model)[1] == "model"
+
+
+def test_monitor_off_changes_nothing(tmp_path):
+    model = Tiny()
+    task = make_task(tmp_path, interval=0)
+    assert task.gradinit_monitor is None
+    opt = SGD(OmegaConf.create({"lr": [0.05], "momentum": 0.0, "weight_decay": 0.0}), list(model.parameters()))
+    trainer_step(task, model, opt, sample_batch(0), 0)
+    assert "clip_grad_norm" not in vars(opt)
+    assert not (tmp_path / MONITOR_JSONL).exists()
+
+
+def test_overflow_records_are_capped_per_interval_and_all_overflows_counted(tmp_path, monkeypatch):
+    monkeypatch.setattr(monitor, "MAX_OVERFLOW_RECORDS", 2)
+    torch.manual_seed(0)
+    model = Tiny()
+    task = make_task(tmp_path, interval=1)
+    opt = fp16_optimizer(list(model.parameters()), init_scale=2.0 ** 24)
+    inject = {"on": True}
+    model.encoder.layers[0].fc1.bias.register_hook(lambda g: g * math.inf if inject["on"] else g)
+    for step in range(3):
+        assert trainer_step(task, model, opt, sample_batch(step), 0) == 0
+    inject["on"] = False
+    assert trainer_step(task, model, opt, sample_batch(3), 0) == 1
+    recs = records(tmp_path)
+    assert [r["type"] for r in recs] == ["start", "overflow", "overflow", "interval"]
+    assert (recs[-1]["overflows"], recs[-1]["overflows_recorded"], recs[-1]["skipped_updates"]) == (3, 2, 3)
+    assert recs[1]["loss_scale"] == 2.0 ** 24 and recs[-1]["loss_scale"] == 2.0 ** 21  # exact, not rounded
+
+
+def test_fixed_batch_passes_leave_batchnorm_statistics_alone(tmp_path):
+    net = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.LayerNorm(4))
+    mon = monitor.TrainingMonitor(interval=1, path=str(tmp_path / MONITOR_JSONL))
+    mon.fixed_batch = {"x": torch.randn(8, 4) * 3 + 1}
+    mon.criterion = lambda m, s: (m(s["x"]).pow(2).sum(), 8, {})
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    norms, losses = mon.fixed_batch_stats(net, optimizer=None)
+    assert set(norms) == {"1", "2"} and set(norms["1"]) == {"eval", "train"}
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_monitor_is_not_part_of_the_gradinit_fingerprint():
+    from fairseq_gradinit.fairseq_plugin.options import plugin_result_options
+
+    assert "gradinit_monitor_interval" not in plugin_result_options()
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True])
+def test_monitor_interval_must_be_a_count(value):
+    assert monitor_option_error(SimpleNamespace(gradinit_monitor_interval=value)).startswith(
+        "argument --gradinit-monitor-interval: invalid value")
+    assert monitor_option_error(SimpleNamespace(gradinit_monitor_interval=5)) is None
+
+
+def test_negative_monitor_interval_is_an_argument_error(capsys):
+    from fairseq import options
+
+    import fairseq_gradinit.fairseq_plugin.task  # noqa: F401  (serves fairseq's tasks)
+
+    argv = ["/nonexistent-data", "--task", "translation", "--arch", "transformer_iwslt_de_en"]
+    def parse(extra):
+        return options.parse_args_and_arch(options.get_training_parser(), input_args=argv + extra)
+
+    assert parse(["--gradinit-monitor-interval", "7"]).gradinit_monitor_interval == 7
+    with pytest.raises(SystemExit) as e:
+        parse(["--gradinit-monitor-interval", "-1"])
+    assert e.value.code == 2
+    assert "argument --gradinit-monitor-interval: invalid value -1" in capsys.readouterr().err
