@@ -217,7 +217,8 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
             "--arm", "gA=" + " ".join(GI_TINY),
             "--arm", "gB=" + " ".join(GI_TINY) + " --adam-betas '(0.9, 0.999)'",
             "--arm", "long=--max-update 100000",
-            "--bleu-args", "--max-len-b 5", "--export", str(tmp_path / "export")]
+            "--bleu-args", "--max-len-b 5", "--export", str(tmp_path / "export"),
+            "--archive", str(tmp_path / "call.tar.gz")]
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "study.py"), *argv], capture_output=True,
                           text=True, timeout=600, cwd=str(tmp_path))
     result_file = out / "study.json"
@@ -258,9 +259,18 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     exported = {p.name for p in (tmp_path / "export").iterdir()}
     assert {"study.json", "curves.csv", "bleu.json", "logs.tar.gz", "gradinit.tar.gz"} <= exported
 
-    # the same study again: the scales are reused (fingerprint unchanged), nothing to compute
+    # one archive holds what the study exports, its GradInit group included, and no checkpoint
+    import tarfile
+
+    with tarfile.open(tmp_path / "call.tar.gz") as tar:
+        names = set(tar.getnames())
+        tar.extractall(tmp_path / "unpacked")
+    assert {"study.json", "study.log", "curves.csv", "bleu.json", "arms/gA/train.log", "arms/long/bleu.json",
+            f"gradinit/{group}/gradinit.json", f"gradinit/{group}/fingerprint.json"} <= names
+    assert not any(n.endswith(".pt") for n in names)
+    # the same study again, from the unpacked archive's cache: the scales are reused, nothing to compute
     cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path / "again", base=TINY_BASE, cpu=True,
-                      arms=(Arm("gC", GI_TINY),), gradinit_cache=out / "gradinit")
+                      arms=(Arm("gC", GI_TINY),), gradinit_cache=tmp_path / "unpacked" / "gradinit")
     _, groups = study_plan.plan_study(cfg)
     (g,) = groups.values()
     assert g.cached and f"gi-{g.key}" == group
