@@ -3,6 +3,7 @@
 import io
 import json
 import re
+import sys
 import tarfile
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -173,7 +174,22 @@ def test_archive_holds_summaries_arm_files_and_groups_but_no_checkpoints(tmp_pat
 
 
 def test_docs_state_the_hold_command_and_its_estimate():
+    import importlib.util
+
     doc = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8")
-    e = call_estimate(HOLD, HOLD.call("A"))
-    assert "--preset hold --call A" in doc and "--archive" in doc
-    assert f"~{e.total_s:.0f} s" in doc and f"at most {e.upper_bound_s:.0f} s" in doc
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "--preset hold --call A" in doc and "--archive RESULTS/hold-A.tar.gz" in doc
+    for call in HOLD.calls:
+        e = call_estimate(HOLD, call)
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {call.name} |"))
+        assert f"~{e.total_s:.0f} s, at most {e.upper_bound_s:.0f} s" in row, row
+    a = HOLD.call("A")
+    assert (f"`--call A` sets `--parallel {a.parallel} --time-budget {a.time_budget:g}\n"
+            f"--bleu-budget {a.bleu_budget:g} --finish-margin {a.finish_margin:g}`") in doc
+    assert f"~{call_estimate(HOLD, a).total_s:.0f} s on one H200" in readme
+    spec = importlib.util.spec_from_file_location("_doc_evaluate_bleu", REPO / "scripts" / "evaluate_bleu.py")
+    bleu = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bleu  # its dataclasses look their module up
+    spec.loader.exec_module(bleu)
+    assert f"{bleu.GPU_MAX_TOKENS:,} tokens and\n{bleu.GPU_BATCH_SIZE:,} sentences" in doc
+    assert f"{a.bleu_budget * 60:.0f}-second budget" in doc

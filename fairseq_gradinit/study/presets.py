@@ -407,7 +407,7 @@ on one H100: six arms, one 780-iteration GradInit phase (--time-budget 7 --bleu-
 )
 
 
-# -- issue 21's test of what keeps a no-warmup run alive past the collapse ------------------------
+# -- what keeps a no-warmup run alive past the collapse ------------------------
 HOLD_EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-hold-2026-11-27"  # relative to the repository root
 #: The training monitor, one record every validation interval.
 MONITOR = ("--gradinit-monitor-interval", "100")
@@ -427,7 +427,7 @@ def _hold_arm(name: str, args: Tuple[str, ...], note: str, drop: Tuple[str, ...]
 
 HOLD = Preset(
     name="hold",
-    summary="issue 21: what keeps the authors' no-warmup run alive past update 2300-2700 (where it collapsed): "
+    summary="what keeps the authors' no-warmup run alive past update 2300-2700 (where it collapsed): "
             "their scales in fp16, fp32, with Admin's loss-scale flags and clamped at two levels, 3000 updates "
             "each in one call of at most 8 minutes on one H200 (call A); new GradInit phases and the warmup "
             "reference in call B, their arms in call C",
