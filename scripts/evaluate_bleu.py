@@ -417,11 +417,12 @@ class DecodeMeter:
 
 
 def format_rate(report: dict) -> str:
-    tok = report.get("source_tokens_per_s")
+    tok, projected = report.get("source_tokens_per_s"), report.get("projected_total_s")
     return (f"decode rate {report['sentences_per_s']:.1f} sentences/s"
             + (f" ({tok:.0f} source tokens/s)" if tok else "")
             + f" over {report['sentences_done']}/{report['sentences_total'] or '?'} sentences; start-up "
-            f"{report['startup_s']:.1f} s; projected total {report['projected_total_s']} s")
+            f"{report['startup_s']:.1f} s; "
+            + (f"projected total {projected:.0f} s" if projected is not None else "no projection yet"))
 
 
 class TimeLimitReached(EvaluationError):
