@@ -84,7 +84,7 @@ def test_a_call_gives_its_settings_as_defaults():
 
     args = study_cli.build_parser().parse_args(["data", "--out", "o", "--preset", "hold", "--call", "A"])
     cfg = study_cli.config_from_args(args)
-    assert (cfg.parallel, cfg.time_budget_s, cfg.bleu_budget_s, cfg.finish_margin_s) == (5, 420.0, 36.0, 20.0)
+    assert (cfg.parallel, cfg.time_budget_s, cfg.bleu_budget_s, cfg.finish_margin_s) == (5, 420.0, 30.0, 20.0)
     args = study_cli.build_parser().parse_args(["data", "--out", "o", "--preset", "hold", "--call", "A",
                                                 "--parallel", "2", "--time-budget", "3"])
     cfg = study_cli.config_from_args(args)
