@@ -21,6 +21,14 @@ lines, which come from the binarized data (SentencePiece-normalized, unknown wor
 ``<<unk>>``). The file is compared with the ``T-`` lines (letters and digits, lowercased) and
 refused when more than half of them differ (the target file of another split). ``--from-output FILE`` scores a saved fairseq-generate output without running it.
 
+On a CUDA GPU the batches are larger (``--max-tokens 16384``, up to 1024 sentences) and ``--fp16`` decodes in half precision (fairseq-generate
+``--fp16``; asked for when the model trained in fp16). On the CPU ``--fp16`` is ignored with a note
+(fairseq's CPU decoding is fp32). The decode rate is measured while fairseq-generate runs (sentences and
+source tokens per second since its start-up ended), logged once the first ``--rate-chunk`` sentences are
+out and then every few seconds, written to ``--progress-json`` and kept in the result's ``decode`` block;
+with ``--time-limit S`` the run stops as soon as that rate projects a total beyond S seconds (or at S),
+and the result file says so, with the rate.
+
 ``--required-batch-size-multiple 1`` is added unless given after ``--``: with fairseq's default
 of 8 the last batch is dropped when its size is not a multiple of 8, so a few test sentences
 would silently go untranslated. The number of hypotheses is also checked against the size of
@@ -283,7 +291,34 @@ def check_inputs(args) -> None:
                                   "checkpoint, e.g. an earlier checkpoint_*.pt of the same run") from None
 
 
-def build_generate_command(args, extra: Sequence[str]) -> List[str]:
+#: Batches on a CUDA GPU: 16,384 tokens and up to 1,024 sentences fill one with a d=512 model at beam 5
+#: (the Debian test split is two batches); the CPU keeps fairseq's usual 4,096 tokens.
+GPU_MAX_TOKENS = 16384
+GPU_BATCH_SIZE = 1024
+CPU_MAX_TOKENS = 4096
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def decode_device(args) -> Tuple[bool, bool, Optional[str]]:
+    """(on CUDA, in fp16, note): fp16 only where it was asked for and a CUDA GPU decodes."""
+    cuda = not args.cpu and cuda_available()
+    if args.fp16 and not cuda:
+        return False, False, "--fp16 ignored: no CUDA GPU decodes here, fairseq-generate runs in fp32"
+    return cuda, bool(args.fp16 and cuda), None
+
+
+def build_generate_command(args, extra: Sequence[str], *, cuda: Optional[bool] = None,
+                           fp16: bool = False) -> List[str]:
+    """The fairseq-generate command line; ``cuda`` (detected when None) picks the batch defaults."""
+    if cuda is None:
+        cuda = not args.cpu and cuda_available()
     cmd = [
         sys.executable, "-m", "fairseq_cli.generate", str(args.data),
         "--path", str(args.path),
@@ -291,14 +326,20 @@ def build_generate_command(args, extra: Sequence[str]) -> List[str]:
         "--beam", str(args.beam),
         "--remove-bpe", "sentencepiece",
     ]
-    if args.batch_size is not None:
-        cmd += ["--batch-size", str(args.batch_size)]
-    if args.max_tokens is not None or args.batch_size is None:
-        cmd += ["--max-tokens", str(args.max_tokens or 4096)]
+    batch_size = args.batch_size
+    max_tokens = args.max_tokens
+    if cuda and batch_size is None and max_tokens is None:
+        batch_size, max_tokens = GPU_BATCH_SIZE, GPU_MAX_TOKENS
+    if batch_size is not None:
+        cmd += ["--batch-size", str(batch_size)]
+    if max_tokens is not None or batch_size is None:
+        cmd += ["--max-tokens", str(max_tokens or CPU_MAX_TOKENS)]
     if args.user_dir:
         cmd += ["--user-dir", str(resolve_user_dir(args.user_dir))]
     if args.cpu:
         cmd.append("--cpu")
+    if fp16 and "--fp16" not in extra:
+        cmd.append("--fp16")
     if "--required-batch-size-multiple" not in extra:
         # fairseq 0.12 drops the last batch when its size is not a multiple of this value
         # (default 8), silently leaving up to 7 sentences untranslated (fairseq issue #5036)
@@ -315,46 +356,195 @@ def generate_env() -> Dict[str, str]:
     torch variable already.
     """
     env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # hypotheses arrive per batch, so the decode rate is measured as it goes
     if "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in env:
         env.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     return env
 
 
+class DecodeMeter:
+    """The decode rate of a running fairseq-generate, from the times its hypotheses arrive.
+
+    Start-up (loading, moving the model) ends at the last log line before the first hypothesis;
+    the rate counts sentences, and source tokens where the subset's sizes are known (fairseq
+    decodes short sentences first, so a token rate projects the rest better).
+    """
+
+    def __init__(self, total: Optional[int], source_sizes: Optional[Sequence[int]] = None,
+                 chunk: int = 100, t0: Optional[float] = None):
+        self.total, self.sizes, self.chunk = total, source_sizes, max(1, chunk)
+        self.t0 = time.time() if t0 is None else t0
+        self.decode_start: Optional[float] = None
+        self.done, self.tokens = 0, 0
+        self.total_tokens = sum(source_sizes) if source_sizes is not None else None
+        self.last_log_line = self.t0
+        self.first_report: Optional[dict] = None
+
+    def log_line(self, now: float) -> None:
+        if self.decode_start is None:
+            self.last_log_line = now
+
+    def hypothesis(self, sample_id: int, now: float) -> None:
+        if self.decode_start is None:
+            self.decode_start = self.last_log_line
+        self.done += 1
+        if self.sizes is not None and 0 <= sample_id < len(self.sizes):
+            self.tokens += int(self.sizes[sample_id])
+
+    @property
+    def measured(self) -> bool:
+        return self.done >= min(self.chunk, self.total or self.chunk)
+
+    def report(self, now: float) -> dict:
+        """Rate so far and the projected total wall time (seconds since fairseq-generate started)."""
+        start = self.decode_start if self.decode_start is not None else now
+        decode_s = max(now - start, 1e-6)
+        out = {"sentences_done": self.done, "sentences_total": self.total,
+               "startup_s": round(start - self.t0, 2), "decode_s": round(decode_s, 2),
+               "sentences_per_s": round(self.done / decode_s, 2), "source_tokens_per_s": None,
+               "projected_total_s": None}
+        if self.done and self.total_tokens and self.tokens:
+            rate = self.tokens / decode_s
+            out["source_tokens_per_s"] = round(rate, 1)
+            left = (self.total_tokens - self.tokens) / rate
+        elif self.done and self.total is not None:
+            left = (self.total - self.done) * decode_s / self.done
+        else:
+            left = None
+        if left is not None:
+            out["projected_total_s"] = round(now - self.t0 + max(left, 0.0), 1)
+        return out
+
+
+def format_rate(report: dict) -> str:
+    tok, projected = report.get("source_tokens_per_s"), report.get("projected_total_s")
+    return (f"decode rate {report['sentences_per_s']:.1f} sentences/s"
+            + (f" ({tok:.0f} source tokens/s)" if tok else "")
+            + f" over {report['sentences_done']}/{report['sentences_total'] or '?'} sentences; start-up "
+            f"{report['startup_s']:.1f} s; "
+            + (f"projected total {projected:.0f} s" if projected is not None else "no projection yet"))
+
+
+class TimeLimitReached(EvaluationError):
+    """fairseq-generate was stopped: its measured rate projected beyond --time-limit (or it ran into it)."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 def run_generate(
-    cmd: Sequence[str], save_output: Optional[Path]
+    cmd: Sequence[str], save_output: Optional[Path], *, meter: Optional[DecodeMeter] = None,
+    time_limit: Optional[float] = None, progress_json: Optional[Path] = None, report_every_s: float = 5.0,
 ) -> Tuple[List[str], List[str], float]:
     """Run fairseq-generate; returns (stdout lines, stderr lines, wall seconds).
 
-    stdout (the S/T/H/D/P lines) is captured; stderr (where fairseq's log usually ends up) is
-    echoed live and also returned, without the very long config line.
+    stdout (the S/T/H/D/P lines) is read as it comes, each hypothesis timed by ``meter``; stderr
+    (where fairseq's log usually ends up) is echoed live and also returned, without the very long
+    config line. With ``time_limit``, the run is stopped (:class:`TimeLimitReached`) once the
+    measured rate projects a total beyond it, or when it is reached.
     """
     print("running: " + " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.time()
+    meter = meter or DecodeMeter(None, t0=t0)
+    meter.t0 = meter.last_log_line = t0
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             encoding="utf-8", errors="replace", env=generate_env())
     err_lines: List[str] = []
+    stop: Dict[str, str] = {}
 
     def pump_stderr() -> None:
         for line in proc.stderr:
+            meter.log_line(time.time())
             sys.stderr.write(line)
             if len(line) < 2000:
                 err_lines.append(line.rstrip("\n"))
 
+    def stop_generate(reason: str) -> None:
+        if proc.poll() is None and not stop:
+            stop["reason"] = reason
+            proc.kill()
+
     pump = threading.Thread(target=pump_stderr, daemon=True)
     pump.start()
-    stdout = proc.stdout.read()
+    timer = None
+    if time_limit is not None:
+        timer = threading.Timer(max(time_limit, 0.0), stop_generate, args=(f"--time-limit {time_limit:g} s reached",))
+        timer.daemon = True
+        timer.start()
+    out_lines: List[str] = []
+    next_report = None
+    try:
+        for raw in proc.stdout:
+            now = time.time()
+            line = raw.rstrip("\n")
+            out_lines.append(line)
+            m = _HYP_RE.match(line)
+            if not m:
+                continue
+            meter.hypothesis(int(m.group(1)), now)
+            if not meter.measured or (next_report is not None and now < next_report):
+                continue
+            report = meter.report(now)
+            if meter.first_report is None:
+                meter.first_report = report
+            next_report = now + report_every_s
+            print("evaluate_bleu: " + format_rate(report), file=sys.stderr, flush=True)
+            if progress_json is not None:
+                write_json_atomic(progress_json, report)
+            projected = report["projected_total_s"]
+            if time_limit is not None and projected is not None and projected > time_limit:
+                stop_generate(f"the measured rate projects {projected:.0f} s, beyond --time-limit {time_limit:g} s")
+    finally:
+        if timer is not None:
+            timer.cancel()
     returncode = proc.wait()
-    pump.join()
+    pump.join(timeout=10)
     wall = time.time() - t0
-    lines = stdout.splitlines()
+    final = meter.report(time.time())
+    if progress_json is not None:
+        write_json_atomic(progress_json, final)
     if save_output is not None:
         save_output.parent.mkdir(parents=True, exist_ok=True)
-        save_output.write_text(stdout, encoding="utf-8")
+        save_output.write_text("\n".join(out_lines) + "\n", encoding="utf-8")
+    if stop:
+        raise TimeLimitReached(f"fairseq-generate stopped after {meter.done} of {meter.total or '?'} sentences: "
+                               f"{stop['reason']} ({format_rate(final)})", final)
     if returncode != 0:
         # stderr (fairseq's traceback) was already shown above: name only its last line here.
         last = next((l.strip() for l in reversed(err_lines) if l.strip()), "no error output")
         raise EvaluationError(f"fairseq-generate failed (exit {returncode}): {last}")
-    return lines, err_lines, wall
+    return out_lines, err_lines, wall
+
+
+def source_sizes(data: Path, subset: str) -> Optional[List[int]]:
+    """Source-side token counts of a binarized subset (``SUBSET.SRC-TGT.SRC.idx``, mmap format)."""
+    from array import array
+
+    for idx in sorted(Path(data).glob(f"{subset}.*-*.*.idx")):
+        pair, lang = idx.name.split(".")[1:3]
+        if pair.split("-")[0] != lang:
+            continue
+        try:
+            raw = idx.read_bytes()
+        except OSError:
+            return None
+        if len(raw) < 34 or raw[:9] != b"MMIDIDX\x00\x00":
+            return None
+        n = struct.unpack("<Q", raw[18:26])[0]
+        sizes = array("i")
+        sizes.frombytes(raw[34:34 + 4 * n])
+        if sys.byteorder != "little":
+            sizes.byteswap()
+        return list(sizes) if len(sizes) == n else None
+    return None
 
 
 def subset_size(data: Path, subset: str) -> Optional[int]:
@@ -403,12 +593,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=int, default=5, help="beam size")
     p.add_argument("--batch-size", type=int, default=None, help="sentences per batch")
     p.add_argument("--max-tokens", type=int, default=None,
-                   help="tokens per batch (4096 when neither this nor --batch-size is given)")
+                   help="tokens per batch (when neither this nor --batch-size is given: 4096 on the CPU, "
+                        "16384 tokens and up to 1024 sentences on a CUDA GPU)")
     p.add_argument("--user-dir", default=None,
                    help="fairseq --user-dir, as given to fairseq-train (fairseq_gradinit, from any "
                         "folder, or 'gradinit' mean this repository's package; needed for checkpoints "
                         "of the translation_gradinit task)")
     p.add_argument("--cpu", action="store_true", help="generate on CPU")
+    p.add_argument("--fp16", action="store_true",
+                   help="decode in fp16 on a CUDA GPU (for a model trained in fp16); ignored with a note on the CPU")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="stop fairseq-generate once its measured decode rate projects a longer run, or at "
+                        "SECONDS (no score then; the result file records the rate)")
+    p.add_argument("--rate-chunk", type=int, default=100,
+                   help="sentences decoded before the rate is first logged and projected")
+    p.add_argument("--progress-json", type=Path, default=None,
+                   help="keep the measured decode rate and projection in this file while decoding")
     p.add_argument("--ref", type=Path, default=None,
                    help="plain-text reference file (line i = sample id i) to score against "
                         "instead of the T- lines")
@@ -446,8 +646,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
 
 
+def decode_block(meter: DecodeMeter, time_limit: Optional[float]) -> dict:
+    """The result's ``decode`` entry: the rate over the whole run, after the first chunk, the limit."""
+    return {**meter.report(time.time()), "first_chunk": meter.first_report, "time_limit_s": time_limit}
+
+
+def write_stopped(args, cmd, stopped: "TimeLimitReached", fp16: bool, note: Optional[str], meter: DecodeMeter) -> None:
+    """The result file of a run stopped by --time-limit: no score, the reason and the measured rate."""
+    out_json = args.output_json or default_json_path(args.path, args.gen_subset)
+    write_json_atomic(out_json, {
+        "bleu": None, "reason": str(stopped), "checkpoint": str(args.path), "data": str(args.data),
+        "subset": args.gen_subset, "beam": args.beam, "generate_command": cmd,
+        "precision": "fp16" if fp16 else "fp32", "precision_note": note,
+        "decode": {**stopped.report, "first_chunk": meter.first_report, "time_limit_s": args.time_limit},
+    })
+
+
 def evaluate(args, extra: Sequence[str]) -> int:
     """Generate (or read the saved output), score, write the JSON; 0, or 1 after an error line."""
+    meter, device_note, fp16 = None, None, False
     try:
         if args.from_output is None and args.path is None:
             raise EvaluationError("--path CHECKPOINT is required (unless --from-output is given)")
@@ -458,8 +675,18 @@ def evaluate(args, extra: Sequence[str]) -> int:
             err_lines, wall = [], None
         else:
             check_inputs(args)
-            cmd = build_generate_command(args, extra)
-            lines, err_lines, wall = run_generate(cmd, args.save_output)
+            cuda, fp16, device_note = decode_device(args)
+            if device_note:
+                print(f"note: {device_note}", file=sys.stderr)
+            cmd = build_generate_command(args, extra, cuda=cuda, fp16=fp16)
+            meter = DecodeMeter(subset_size(args.data, args.gen_subset), source_sizes(args.data, args.gen_subset),
+                                chunk=args.rate_chunk)
+            try:
+                lines, err_lines, wall = run_generate(cmd, args.save_output, meter=meter, time_limit=args.time_limit,
+                                                      progress_json=args.progress_json)
+            except TimeLimitReached as stopped:
+                write_stopped(args, cmd, stopped, fp16, device_note, meter)
+                raise
 
         parsed = parse_generate_output(lines)
         if parsed.translate_seconds is None and err_lines:  # fairseq logged to stderr
@@ -502,6 +729,9 @@ def evaluate(args, extra: Sequence[str]) -> int:
         "fairseq_bleu": parsed.fairseq_bleu,
         "generate_command": cmd,
         "generate_output": str(args.from_output or args.save_output or "") or None,
+        "precision": None if cmd is None else ("fp16" if fp16 else "fp32"),
+        "precision_note": device_note,
+        "decode": None if meter is None else decode_block(meter, args.time_limit),
     }
     out_json = args.output_json or default_json_path(
         args.path if args.path is not None else args.from_output, result["subset"])

@@ -287,7 +287,8 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
             "--arm", "gA=" + " ".join(GI_TINY) + " --gradinit-monitor-interval 2",
             "--arm", "gB=" + " ".join(GI_TINY) + " --adam-betas '(0.9, 0.999)'",
             "--arm", "long=--max-update 100000",
-            "--bleu-args", "--max-len-b 5", "--export", str(tmp_path / "export")]
+            "--bleu-args", "--max-len-b 5", "--export", str(tmp_path / "export"),
+            "--archive", str(tmp_path / "call.tar.gz")]
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "study.py"), *argv], capture_output=True,
                           text=True, timeout=600, cwd=str(tmp_path))
     result_file = out / "study.json"
@@ -336,9 +337,18 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     with tarfile.open(tmp_path / "export" / "logs.tar.gz") as tar:
         assert "gA/monitor.jsonl" in tar.getnames()
 
-    # the same study again: the scales are reused (fingerprint unchanged), nothing to compute
+    # one archive holds what the study exports, its GradInit group included, and no checkpoint
+    import tarfile
+
+    with tarfile.open(tmp_path / "call.tar.gz") as tar:
+        names = set(tar.getnames())
+        tar.extractall(tmp_path / "unpacked")
+    assert {"study.json", "study.log", "curves.csv", "bleu.json", "arms/gA/train.log", "arms/long/bleu.json",
+            f"gradinit/{group}/gradinit.json", f"gradinit/{group}/fingerprint.json"} <= names
+    assert not any(n.endswith(".pt") for n in names)
+    # the same study again, from the unpacked archive's cache: the scales are reused, nothing to compute
     cfg = StudyConfig(data={"main": str(tiny_bin)}, out=tmp_path / "again", base=TINY_BASE, cpu=True,
-                      arms=(Arm("gC", GI_TINY),), gradinit_cache=out / "gradinit")
+                      arms=(Arm("gC", GI_TINY),), gradinit_cache=tmp_path / "unpacked" / "gradinit")
     _, groups = study_plan.plan_study(cfg)
     (g,) = groups.values()
     assert g.cached and f"gi-{g.key}" == group
@@ -454,3 +464,46 @@ def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_p
     budgeted = dataclasses.replace(cfg, time_budget_s=600.0, parallel=2)
     assert [study_runner.bleu_budget_s(budgeted, n) for n in (1, 2, 3, 5)] == [30.0, 30.0, 60.0, 90.0]
     assert study_runner.bleu_budget_s(dataclasses.replace(budgeted, bleu_budget_s=12.0), 5) == 12.0
+
+
+RATE_BLEU = '''import json, sys
+out = sys.argv[sys.argv.index("--output-json") + 1]
+decode = {"sentences_per_s": 50.0, "source_tokens_per_s": 700.0, "startup_s": 4.0, "projected_total_s": 34.0,
+          "sentences_done": 1500, "sentences_total": 1500}
+if "/slow/" in out:  # stopped by its own --time-limit: no score, the rate and the reason
+    json.dump({"bleu": None, "reason": "fairseq-generate stopped after 200 of 1500 sentences", "argv": sys.argv,
+               "decode": dict(decode, projected_total_s=90.0, sentences_done=200)}, open(out, "w"))
+    sys.exit(1)
+json.dump({"bleu": 2.5, "argv": sys.argv, "precision": "fp16" if "--fp16" in sys.argv else "fp32",
+           "decode": decode}, open(out, "w"))
+'''
+
+
+def test_bleu_step_decodes_fp16_arms_in_fp16_and_records_the_measured_rate(tmp_path):
+    """The BLEU step asks for fp16 decoding where the arm trained in fp16, gives each translation the
+    budget as its --time-limit (it stops itself when its measured rate cannot finish), and bleu.json
+    keeps every arm's measured decode rate and the budget the rates ask for."""
+    script = tmp_path / "rate_bleu.py"
+    script.write_text(RATE_BLEU)
+    plans = []
+    for name, argv in (("half", ["--fp16"]), ("full", []), ("slow", ["--fp16"])):
+        save = tmp_path / name
+        save.mkdir()
+        (save / "checkpoint_1_10.pt").write_bytes(b"")
+        plans.append(study_plan.ArmPlan(arm=Arm(name, ()), argv=argv, data=str(tmp_path), save_dir=save))
+    cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=tuple(p.arm for p in plans), bleu_script=script,
+                      bleu_budget_s=30.0, parallel=3)
+    result = study_runner.run_bleu(cfg, plans, dict(os.environ))
+    half = json.loads((tmp_path / "half" / "bleu.json").read_text())
+    full = json.loads((tmp_path / "full" / "bleu.json").read_text())
+    assert "--fp16" in half["argv"] and "--fp16" not in full["argv"]
+    limit = half["argv"][half["argv"].index("--time-limit") + 1]
+    assert float(limit) == 30.0 - study_runner.BLEU_STOP_GRACE_S
+    assert result["arms"]["half"]["precision"] == "fp16" and result["arms"]["half"]["bleu"] == 2.5
+    slow = json.loads((tmp_path / "slow" / "bleu.json").read_text())
+    assert slow["bleu"] is None and slow["reason"].startswith("fairseq-generate stopped")
+    assert slow["decode"]["projected_total_s"] == 90.0
+    assert result["decode_rates"]["half"]["sentences_per_s"] == 50.0 and set(result["decode_rates"]) == {
+        "half", "full", "slow"}
+    assert result["budget_s"] == 30.0 and result["budget_needed_s"] == 90.0 + study_runner.BLEU_STOP_GRACE_S
+    assert json.loads((tmp_path / "bleu.json").read_text())["budget_needed_s"] == result["budget_needed_s"]

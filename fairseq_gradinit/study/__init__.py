@@ -23,6 +23,7 @@ An *arm* is a name plus ``fairseq-train`` arguments on top of a common base (a p
 
 The command line is ``scripts/study.py`` (:func:`~.cli.main`); presets are in :mod:`.presets`. Modules:
 :mod:`.arms` (arm specs, pure Python), :mod:`.plan` (configuration, plan, GradInit phase; fairseq
-imported there only, lazily), :mod:`.scheduler`, :mod:`.results`, :mod:`.runner`, :mod:`.cli`, and
-:mod:`.tables` (tables of a finished study, pure Python).
+imported there only, lazily), :mod:`.scheduler`, :mod:`.results`, :mod:`.runner`, :mod:`.cli`,
+:mod:`.tables` (tables of a finished study, pure Python), :mod:`.estimate` (durations from measured GPU
+throughput, pure Python) and :mod:`.archive` (one ``.tar.gz`` of everything a study exports).
 """

@@ -8,10 +8,12 @@ import sys
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+from .archive import check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
+from .estimate import THROUGHPUT, CallEstimate, estimate_call, plan_jobs
 from .plan import DEFAULT_BLEU_SCRIPT, REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, plan_study
 from .results import export_results, summary_table
-from .runner import run_study
+from .runner import bleu_budget_s, run_study
 
 logger = logging.getLogger(__name__)
 
@@ -51,12 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="another data-bin for arms NAME@KEY (the screen's separate-dictionary arm: separate=PATH)")
     p.add_argument("--file", action="append", default=[], type=_key_value("--file"), metavar="KEY=PATH",
                    help="a file for {KEY} in arm arguments (presets give defaults)")
-    p.add_argument("--parallel", type=int, default=1,
-                   help="processes at once: GradInit phases first, then arms (one GPU: the number of arms; CPU: 1)")
+    p.add_argument("--parallel", type=int, default=None,
+                   help="processes at once: GradInit phases first, then arms (one GPU: the number of arms; CPU: 1; "
+                        "default: the --call's, else 1)")
     p.add_argument("--time-budget", type=float, help="minutes for the GradInit phases and training; each arm gets "
-                                                     "--stop-time-hours from what is left, stragglers are killed")
+                                                     "--stop-time-hours from what is left, stragglers are killed "
+                                                     "(default: the --call's)")
     p.add_argument("--finish-margin", type=float, default=None,
-                   help="seconds of the budget kept for an arm's start-up, last validation and checkpoint (default 30)")
+                   help="seconds of the budget kept for an arm's start-up, last validation and checkpoint "
+                        "(default: the --call's, else 30)")
     p.add_argument("--max-update", type=int, help="updates per arm (default: the preset's, else 3000)")
     p.add_argument("--valid-every", type=int, help="validate and log every N updates (default: preset's, else 100)")
     p.add_argument("--save-every", type=int, help="checkpoint every N updates (default: preset's, else 500)")
@@ -66,12 +71,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bleu-subset", default="test", help="binarized split BLEU translates (default: test)")
     p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50' "
                    "(default length limits: --max-len-a 1.2 --max-len-b 10)")
-    p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step (running translations are killed; "
-                   "default with --time-budget: 0.5 per round of --parallel arms, else no limit)")
+    p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step (each translation stops once its "
+                   "measured rate cannot finish in it; default: the --call's, else with --time-budget 0.5 per round "
+                   "of --parallel arms, else no limit)")
     p.add_argument("--gradinit-cache", type=Path, help="folder of computed GradInit groups (default OUT/gradinit); "
                                                        "share it between studies to reuse scales")
     p.add_argument("--export", type=Path, help="also copy the summaries and pack logs and scales here (few files)")
-    p.add_argument("--dry-run", action="store_true", help="validate, print the plan (commands, groups) and exit")
+    p.add_argument("--archive", type=Path, metavar="PATH.tar.gz",
+                   help="also pack everything the study exports into this one file (summaries, curves, every "
+                        "arm's train.log, bleu.json, bleu.log, monitor.jsonl, gradinit.json, and its GradInit "
+                        "groups under gradinit/; no checkpoints), also when the study fails or is interrupted")
+    p.add_argument("--gpu", choices=sorted(THROUGHPUT),
+                   help="the GPU whose measured throughput estimates the durations the plan prints (default: "
+                        "the preset's; no estimate on the CPU or for a setting without figures)")
+    p.add_argument("--dry-run", action="store_true", help="validate, print the plan (commands, groups) and the "
+                                                          "estimated durations, and exit (1 if the --call's "
+                                                          "estimate exceeds its limit)")
     p.add_argument("--bleu-script", type=Path, default=DEFAULT_BLEU_SCRIPT, help=argparse.SUPPRESS)
     return p
 
@@ -96,6 +111,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     if args.arms_file:
         arms += read_arms_file(args.arms_file)
     train_names, prepare_names = args.arms, args.prepare_arms
+    call = None
     if args.call:
         if preset is None:
             raise ValueError("--call needs --preset")
@@ -116,16 +132,25 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     def pick(value, attr, default):
         return value if value is not None else getattr(preset, attr, None) or default
 
+    def from_call(value, attr, default=None):
+        if value is not None:
+            return value
+        own = getattr(call, attr, None) if call is not None else None
+        return own if own is not None else default
+
+    time_budget = from_call(args.time_budget, "time_budget")
+    bleu_budget = from_call(args.bleu_budget, "bleu_budget")
+
     return StudyConfig(
         data=data, out=args.out, arms=tuple(selected), prepare=tuple(prepare),
         base=tuple((preset.base if preset else ())) + tuple(shlex.split(args.base_args)), files=files,
-        parallel=args.parallel,
-        time_budget_s=(args.time_budget * 60 if args.time_budget is not None else None),
-        finish_margin_s=args.finish_margin if args.finish_margin is not None else 30.0,
+        parallel=from_call(args.parallel, "parallel", 1),
+        time_budget_s=(time_budget * 60 if time_budget is not None else None),
+        finish_margin_s=from_call(args.finish_margin, "finish_margin", 30.0),
         max_update=pick(args.max_update, "max_update", 3000), valid_every=pick(args.valid_every, "valid_every", 100),
         save_every=pick(args.save_every, "save_every", 500), cpu=args.cpu, bleu=not args.no_bleu,
         bleu_ref=args.bleu_ref, bleu_subset=args.bleu_subset, bleu_args=tuple(shlex.split(args.bleu_args)),
-        bleu_budget_s=args.bleu_budget * 60 if args.bleu_budget is not None else None,
+        bleu_budget_s=bleu_budget * 60 if bleu_budget is not None else None,
         bleu_script=args.bleu_script, gradinit_cache=args.gradinit_cache,
     )
 
@@ -143,24 +168,71 @@ def describe_plan(cfg: StudyConfig, plans: Sequence[ArmPlan], groups: Mapping[st
     return "\n".join(lines)
 
 
+def study_estimate(cfg: StudyConfig, plans: Sequence[ArmPlan], groups: Mapping[str, GradInitGroup], *,
+                   gpu: Optional[str], limit_s: Optional[float] = None) -> Tuple[Optional[CallEstimate], str]:
+    """The estimated durations of a planned study on ``gpu`` (its measured figures), or None and why not."""
+    if cfg.cpu:
+        return None, "no estimate on the CPU (the throughput figures are measured on GPUs)"
+    if gpu is None:
+        return None, ("no estimate: no throughput figures for this setting (they are for the d=512 presets; "
+                      "--gpu h200|h100 applies them)")
+    n_arms = sum(p.train for p in plans)
+    bleu = bleu_budget_s(cfg, n_arms) if cfg.bleu and n_arms else 0.0
+    est = estimate_call(plan_jobs(plans, groups, max_update=cfg.max_update), throughput=THROUGHPUT[gpu],
+                        parallel=cfg.parallel, time_budget_s=cfg.time_budget_s, finish_margin_s=cfg.finish_margin_s,
+                        bleu_s=bleu or 0.0, bleu_budget_s=bleu, limit_s=limit_s)
+    if cfg.bleu and n_arms and bleu is None:
+        est.notes.append("BLEU not included: no --bleu-budget and no measured decode rate to size it "
+                         "(bleu.json records the rate of each run)")
+    return est, ""
+
+
+def _log_to_file(out: Path) -> logging.Handler:
+    out.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(out / "study.log", encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s | %(levelname)s | %(name)s | %(message)s"))
+    logging.getLogger().addHandler(handler)
+    return handler
+
+
 def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = None) -> int:
     args = build_parser().parse_args(argv)
     if bleu_script is not None:
         args.bleu_script = bleu_script
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     from ..fairseq_plugin import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
-    from .presets import describe_presets
+    from .presets import describe_presets, get_preset
 
     if args.list_presets:
         print(describe_presets())  # noqa: T201 - command output
         return 0
+    cfg, result, handler = None, None, None
     try:
-        cfg = None
+        if args.archive is not None:
+            check_archive_path(args.archive)
         cfg = config_from_args(args)
+        preset = get_preset(args.preset) if args.preset else None
+        call = preset.call(args.call) if preset is not None and args.call else None
+        gpu = args.gpu or (preset.throughput if preset is not None else None)
         if args.dry_run:
             plans, groups = plan_study(cfg)
             print(describe_plan(cfg, plans, groups))  # noqa: T201
+            est, why = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
+            print(est.describe() if est is not None else why)  # noqa: T201
+            if est is not None and est.limit_s is not None and not est.fits:
+                to_compute = sum(not g.cached for g in groups.values())
+                hint = (f"; {to_compute} GradInit group(s) are still to compute: pass the --gradinit-cache of the "
+                        "call that prepared them" if to_compute else "")
+                print(f"error: the estimate does not fit call {call.name}'s limit of {est.limit_s:.0f} s "
+                      f"(see above): fewer arms at once, a smaller --max-update or a shorter BLEU budget{hint}",
+                      file=sys.stderr)  # noqa: T201
+                return 1
             return 0
+        handler = _log_to_file(Path(cfg.out))
+        if gpu is not None and not cfg.cpu:
+            plans, groups = plan_study(cfg)
+            est, _ = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
+            logger.info("study: %s", est.describe())
         result = run_study(cfg)
         if args.export:
             exported = export_results(Path(cfg.out), args.export, list(result["gradinit_groups"]), cfg.cache_dir)
@@ -173,6 +245,14 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
               f"--out (finished GradInit phases stay cached in {cfg.cache_dir if cfg else 'the cache'})",
               file=sys.stderr)  # noqa: T201
         return 130
+    finally:
+        if args.archive is not None and cfg is not None and not args.dry_run and Path(cfg.out).is_dir():
+            groups_used = list(result["gradinit_groups"]) if result is not None else None
+            members = pack_study(Path(cfg.out), args.archive, cache_dir=cfg.cache_dir, groups=groups_used)
+            logger.info("study: packed %d files into %s", len(members), args.archive)
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
     print(summary_table(result))  # noqa: T201
     failed = [n for n, a in result["arms"].items() if a.get("trained") and a["run"]["status"] in ("failed", "skipped")]
     return 1 if failed else 0

@@ -21,12 +21,19 @@ EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-2026-11-26"  # relative to the 
 @dataclass(frozen=True)
 class StudyCall:
     """One GPU call of a preset: the arms it trains and the arms whose GradInit scales it computes
-    into the cache for a later call."""
+    into the cache for a later call. ``parallel``, ``time_budget``/``bleu_budget`` (minutes) and
+    ``finish_margin`` (seconds) are the defaults of ``--call NAME``; ``limit_s`` is the call's wall-time
+    limit, which its estimate must fit (``--dry-run`` checks it)."""
 
     name: str
     arms: Tuple[str, ...]
     prepare: Tuple[str, ...] = ()
     note: str = ""
+    parallel: Optional[int] = None
+    time_budget: Optional[float] = None
+    bleu_budget: Optional[float] = None
+    finish_margin: Optional[float] = None
+    limit_s: Optional[float] = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,7 @@ class Preset:
     files: Mapping[str, str] = field(default_factory=dict)  # {KEY} defaults, relative to the repo root
     calls: Tuple[StudyCall, ...] = ()
     doc: str = ""
+    throughput: Optional[str] = None  # the GPU whose measured figures estimate its calls (study.estimate)
 
     def call(self, name: str) -> StudyCall:
         for c in self.calls:
@@ -97,6 +105,7 @@ EVIDENCE = Preset(
         StudyCall("B", ("g98", "g999", "g98shared", "g98tau1e-2"),
                   note="the GradInit arms from call A's scales (carry the cache)"),
     ),
+    throughput="h100",
     doc="""\
 Setup of ../shared/evidence/nowarmup-d512-2026-11-26/README.md: transformer_iwslt_de_en (d=512),
 --share-all-embeddings, dropout 0.3, label smoothing 0.1, Adam lr 5e-4 constant, 4096-token
@@ -153,6 +162,7 @@ SCREEN = Preset(
         StudyCall("B", ("d1-sepdict", "d2-authors", "d3-stepall", "d4-bounds", "d6-gamma3e3", "w98"),
                   note="5 arms from call A's cached scales (carry the cache folder) and the warmup reference"),
     ),
+    throughput="h100",
     doc="""\
 Base: the evidence's d=512 setting (see preset 'evidence'); each arm changes one thing against
 the evidence's GradInit arm g98 (or is a reference). Difference 7 (the learned scales) is the
@@ -271,6 +281,7 @@ ABLATE = Preset(
         StudyCall("B", ("shared-emb", "per-use", "eta-lr", "tok4096", "no-bounds", "shared-moments"),
                   note="the six leave-one-out arms from call A's cached scales (carry the cache folder)"),
     ),
+    throughput="h100",
     doc="""\
 Base: the evidence's d=512 setting (preset 'evidence'); 'authors' is the README's IWSLT recipe as
 measured in ../shared/evidence/nowarmup-d512-authors-2026-11-26 (learns from update 100; 8.94 at
@@ -333,6 +344,7 @@ CONFIRM = Preset(
         StudyCall("B", ("warm-s2", "gisgd-s1", "xsgd-s1"),
                   note="the seed-2 warmup reference and the SGD pair (computes the SGD GradInit phase)"),
     ),
+    throughput="h100",
     doc="""\
 The authors' setup on the separate-dictionary data-bin: --share-decoder-input-output-embed, weight
 decay 1e-4, attention/activation dropout 0.1; the no-warmup arms decay the lr linearly to 0 over
@@ -380,6 +392,7 @@ WSKIP = Preset(
     max_update=2500,
     calls=(StudyCall("A", ("admin-s1", "admin-s2", "admin999-s1", "giw-s1", "giw999-s1", "xw-s1"),
                      note="one GradInit phase (giw-s1 and giw999-s1 share it); the four other arms train meanwhile"),),
+    throughput="h100",
     doc="""\
 Base: the evidence's d=512 setting (preset 'evidence': --share-all-embeddings, dropout 0.3,
 label smoothing 0.1, lr 5e-4, 4096-token batches, fp16, seed 1). Every arm is Admin's
@@ -394,13 +407,110 @@ on one H100: six arms, one 780-iteration GradInit phase (--time-budget 7 --bleu-
 )
 
 
-PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP)}
+# -- what keeps a no-warmup run alive past the collapse ------------------------
+HOLD_EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-hold-2026-11-27"  # relative to the repository root
+#: The training monitor, one record every validation interval.
+MONITOR = ("--gradinit-monitor-interval", "100")
+#: The Admin authors' fp16 loss-scale flags: the scale grows back after 256 clean updates and never
+#: falls below 2^-5.
+ADMIN_LOSS_SCALE = ("--fp16-scale-window", "256", "--threshold-loss-scale", "0.03125")
+CLAMP_STRONG = "[('norm', 0.3, None), ('re:.', 0.1, None)]"
+CLAMP_MILD = "[('norm', 0.1, None), ('re:.', 0.05, None)]"
+HIGHER_FLOOR = "[('bias', 0, None), ('norm', 0.3, 100), ('re:.', 0.1, None)]"
+UNSTEPPED_OUTPUT = r"decoder\.output_projection\."
+HOLD_SCALES = AUTHORS_SCALES + CONFIRM_RECIPE + MONITOR
+
+
+def _hold_arm(name: str, args: Tuple[str, ...], note: str, drop: Tuple[str, ...] = ()) -> Arm:
+    return Arm(name, args, drop=CONFIRM_BASE_DROP + drop, data="separate", note=note)
+
+
+HOLD = Preset(
+    name="hold",
+    summary="what keeps the authors' no-warmup run alive past update 2300-2700 (where it collapsed): "
+            "their scales in fp16, fp32, with Admin's loss-scale flags and clamped at two levels, 3000 updates "
+            "each in one call of at most 8 minutes on one H200 (call A); new GradInit phases and the warmup "
+            "reference in call B, their arms in call C",
+    base=D512_BASE,
+    arms=(
+        _hold_arm("ctl-fp16", HOLD_SCALES, "control: the evidence's scales (authors.gradinit.json), the authors' "
+                                           "recipe, fp16 (the evidence's gi98-s1, which collapsed at 2300-2700)"),
+        _hold_arm("fp32", HOLD_SCALES, "the same in fp32", drop=("--fp16",)),
+        _hold_arm("admin-ls", HOLD_SCALES + ADMIN_LOSS_SCALE,
+                  "the same, fp16 with the Admin authors' loss-scale flags (window 256, threshold 2^-5)"),
+        _hold_arm("clamp-strong", HOLD_SCALES + ("--gradinit-init-clamp", CLAMP_STRONG),
+                  "the same scales clamped: LayerNorm weights >= 0.3, every other tensor >= 0.1"),
+        _hold_arm("clamp-mild", HOLD_SCALES + ("--gradinit-init-clamp", CLAMP_MILD),
+                  "the same scales clamped: LayerNorm weights >= 0.1, every other tensor >= 0.05"),
+        _hold_arm("gi-eta5e-4", _gi_authors("--gradinit-eta", "5e-4") + CONFIRM_RECIPE + MONITOR,
+                  "GradInit with the authors' settings but eta 5e-4 (the paper's text: eta = lr)"),
+        _hold_arm("gi-floor", _gi_authors("--gradinit-scale-bounds", HIGHER_FLOOR) + CONFIRM_RECIPE + MONITOR,
+                  "GradInit with a higher floor: LayerNorm weights in [0.3, 100], weights >= 0.1, biases >= 0"),
+        _hold_arm("gi-unstepped-out", _gi_authors("--gradinit-unstepped-uses", UNSTEPPED_OUTPUT)
+                  + CONFIRM_RECIPE + MONITOR,
+                  "GradInit with the authors' simulated step: the tied output projection keeps its un-stepped "
+                  "weights"),
+        _hold_arm("plain-s2", GI_PLAIN + ("--seed", "2") + CONFIRM_RECIPE + MONITOR,
+                  "the README's plain usage line (plugin defaults, --gradinit-iters 780) at seed 2, which blew up "
+                  "in the evidence"),
+        _hold_arm("warm-s1", WARMUP_RECIPE + MONITOR,
+                  "reference: Xavier, inverse_sqrt with 4000 warmup updates (the evidence's warm-s1, monitor on)"),
+    ),
+    max_update=3000,
+    save_every=500,
+    files={"authors": f"{AUTHORS_EVIDENCE_DIR}/authors.gradinit.json"},
+    calls=(
+        StudyCall("A", ("ctl-fp16", "fp32", "admin-ls", "clamp-strong", "clamp-mild"),
+                  note="the five arms whose scales exist, 3000 updates each; no GradInit phase fits beside them",
+                  parallel=5, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("B", ("warm-s1",), ("gi-eta5e-4", "gi-floor", "gi-unstepped-out", "plain-s2"),
+                  note="the four GradInit phases into the cache (exported in the archive) beside the warmup "
+                       "reference",
+                  parallel=5, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("C", ("gi-eta5e-4", "gi-floor", "gi-unstepped-out", "plain-s2"),
+                  note="the four GradInit arms from call B's cache (--gradinit-cache: the archive's gradinit/)",
+                  parallel=4, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+    ),
+    throughput="h200",
+    doc="""\
+The authors' recipe of preset 'confirm' (separate dictionaries, --share-decoder-input-output-embed,
+weight decay 1e-4, attention/activation dropout 0.1, linear decay, no warmup), seed 1, d=512, fp16,
+the training monitor on (--gradinit-monitor-interval 100: monitor.jsonl per arm), 3000 updates,
+checkpoints every 500, BLEU at the largest checkpoint all arms reached. Needs --data-bin
+separate=PATH (prepare_corpus.py --separate-dicts); every arm trains on it.
+Timing (study.estimate, printed by --dry-run and --list-presets): five arms at once run ~8
+updates/s each on one H200, so 3000 updates take ~375 s plus start-up. A GradInit phase beside
+them slows all five below what 3000 updates need within the call (a phase weighs more than an
+arm), so call A trains only the five arms and the BLEU step is short (30 s, its measured decode
+rate is recorded); the GradInit phases run in call B beside the warmup reference, and call C
+trains their arms from the cache. Each call packs what it exports into one archive (--archive).""",
+)
+
+
+PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP, HOLD)}
 
 
 def get_preset(name: str) -> Preset:
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)} (see --list-presets)")
     return PRESETS[name]
+
+
+def call_estimate(preset: Preset, call: StudyCall):
+    """The estimated duration of a preset's call with its own settings (None without them or without
+    throughput figures for the preset's setting); arms prepared by the preset's earlier calls are cached."""
+    from .estimate import THROUGHPUT, call_jobs, estimate_call
+
+    if preset.throughput is None or call.parallel is None:
+        return None
+    earlier = preset.calls[:preset.calls.index(call)]
+    cached = {name for c in earlier for name in c.prepare}  # their scales come with the cache
+    jobs = call_jobs(preset.arms, call.arms, call.prepare, preset.base, max_update=preset.max_update, cached=cached)
+    bleu_s = (call.bleu_budget or 0.0) * 60.0
+    return estimate_call(jobs, throughput=THROUGHPUT[preset.throughput], parallel=call.parallel,
+                         time_budget_s=None if call.time_budget is None else call.time_budget * 60.0,
+                         finish_margin_s=30.0 if call.finish_margin is None else call.finish_margin,
+                         bleu_s=bleu_s, bleu_budget_s=bleu_s, limit_s=call.limit_s)
 
 
 def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
@@ -419,6 +529,14 @@ def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
         for c in p.calls:
             prep = f"; prepares {','.join(c.prepare)}" if c.prepare else ""
             out.append(f"   call {c.name}: trains {','.join(c.arms)}{prep}" + (f" ({c.note})" if c.note else ""))
+            est = call_estimate(p, c)
+            if est is not None:
+                bound = f", at most {est.upper_bound_s:.0f} s" if est.upper_bound_s is not None else ""
+                limit = (f"; limit {est.limit_s:.0f} s: {'fits' if est.fits else 'DOES NOT FIT'}"
+                         if est.limit_s is not None else "")
+                out.append(f"       expected duration on one {est.throughput.name.upper()}: ~{est.total_s:.0f} s"
+                           f"{bound}{limit} (--parallel {c.parallel} --time-budget {c.time_budget:g} "
+                           f"--bleu-budget {c.bleu_budget:g} --finish-margin {c.finish_margin:g})")
         if p.doc:
             out.append(textwrap.indent(p.doc, "   "))
         out.append("")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from .. import curves as curve_logs
+from .archive import ARM_FILES
 from .scheduler import Job
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
@@ -120,7 +121,7 @@ def arm_outcome(job: Job, curves: Mapping[str, curve_logs.Curve], log: Path, max
 
 def export_results(out: Path, dest: Path, groups: Sequence[str], cache_dir: Path) -> List[str]:
     """Copy the summary files to ``dest`` and pack the logs (``logs.tar.gz``: every arm's
-    ``train.log``/``bleu.json``/``bleu.log``/``monitor.jsonl``) and the GradInit groups of this study
+    :data:`~.archive.ARM_FILES`: logs, BLEU results, monitor records, scales) and the GradInit groups of this study
     (``gradinit.tar.gz``, to unpack into a ``--gradinit-cache`` folder): few files, no checkpoints."""
     dest.mkdir(parents=True, exist_ok=True)
     written = []
@@ -130,7 +131,7 @@ def export_results(out: Path, dest: Path, groups: Sequence[str], cache_dir: Path
             written.append(str(dest / name))
     with tarfile.open(dest / "logs.tar.gz", "w:gz") as tar:
         for arm_dir in sorted((out / "arms").iterdir()) if (out / "arms").is_dir() else []:
-            for name in ("train.log", "bleu.json", "bleu.log", MONITOR_JSONL):
+            for name in ARM_FILES:
                 if (arm_dir / name).is_file():
                     tar.add(arm_dir / name, arcname=f"{arm_dir.name}/{name}")
     written.append(str(dest / "logs.tar.gz"))

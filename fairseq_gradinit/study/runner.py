@@ -43,6 +43,8 @@ BLEU_SECONDS_PER_ROUND = 30.0
 #: fairseq-generate's length limits in the BLEU step, as the authors decode (untrained arms otherwise
 #: decode every sentence to fairseq's maximum length).
 BLEU_LENGTH_LIMITS = ("--max-len-a", "1.2", "--max-len-b", "10")
+#: Seconds of the BLEU budget left to a translation that stops itself (--time-limit) to write its result.
+BLEU_STOP_GRACE_S = 5.0
 
 
 def group_entry(group: GradInitGroup, phase: Optional[Job], t0: float) -> dict:
@@ -159,8 +161,9 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
     result = {"update": update, "beam": 5, "subset": cfg.bleu_subset, "reference": cfg.bleu_ref or "T- lines",
               "generate_args": gen_args, "arms": {}, "no_checkpoint": without}
 
-    def no_score(p: ArmPlan, reason: str) -> None:
-        (p.save_dir / "bleu.json").write_text(json.dumps({"bleu": None, "reason": reason}, indent=1) + "\n")
+    def no_score(p: ArmPlan, reason: str, decode: Optional[dict] = None) -> None:
+        entry = {"bleu": None, "reason": reason, **({"decode": decode} if decode else {})}
+        (p.save_dir / "bleu.json").write_text(json.dumps(entry, indent=1) + "\n")
 
     for p in trained:
         if p.arm.name in without:
@@ -174,6 +177,8 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
         return result
     if not Path(cfg.bleu_script).is_file():
         raise ValueError(f"BLEU script not found: {cfg.bleu_script} (run from a source checkout, or --no-bleu)")
+    budget = bleu_budget_s(cfg, len(trained) - len(without))
+    result["budget_s"] = budget
     jobs, outputs = [], {}
     for p in trained:
         if p.arm.name in without:
@@ -181,27 +186,42 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
         out_json = outputs[p.arm.name] = p.save_dir / "bleu.json"
         cmd = [cfg.python, str(cfg.bleu_script), p.data, "--path", str(ckpts[p.arm.name][update]),
                "--user-dir", "gradinit", "--beam", "5", "--gen-subset", cfg.bleu_subset,
-               "--output-json", str(out_json)]
+               "--output-json", str(out_json), "--progress-json", str(p.save_dir / "bleu.progress.json")]
         if cfg.cpu:
             cmd.append("--cpu")
+        if "--fp16" in p.argv:  # decoded as trained (fp32 on the CPU, where the script says so)
+            cmd.append("--fp16")
+        if budget:
+            # the script stops itself once its measured rate cannot finish in the budget and says so
+            cmd += ["--time-limit", f"{max(budget - BLEU_STOP_GRACE_S, 1.0):g}"]
         if cfg.bleu_ref:
             cmd += ["--ref", str(cfg.bleu_ref)]
         cmd += ["--", *gen_args]
         jobs.append(Job(name=p.arm.name, kind="bleu", cmd=cmd, log=p.save_dir / "bleu.log"))
-    budget = bleu_budget_s(cfg, len(jobs))
-    result["budget_s"] = budget
     t0 = time.time()
     run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=REPO_ROOT, deadline=t0 + budget if budget else None)
+    rates = {}
     for job in jobs:
         entry = {"checkpoint": str(ckpts[job.name][update]), **job.summary(t0)}
         out_json = outputs[job.name]
-        if job.status == "done" and out_json.is_file():
-            scored = json.loads(out_json.read_text())
+        scored = json.loads(out_json.read_text()) if out_json.is_file() else {}
+        progress = job.log.parent / "bleu.progress.json"
+        decode = scored.get("decode") or (json.loads(progress.read_text()) if progress.is_file() else None)
+        entry.update(precision=scored.get("precision"), decode=decode)
+        if decode and decode.get("sentences_per_s"):
+            rates[job.name] = decode
+        if job.status == "done" and scored.get("bleu") is not None:
             entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "bleu_string")})
         else:
-            entry["reason"] = (f"BLEU step {job.status}" + (f" ({job.reason})" if job.reason else "")
-                               + f"; see {job.log}")
-            no_score(next(p for p in trained if p.arm.name == job.name), entry["reason"])
+            entry["reason"] = (scored.get("reason") or f"BLEU step {job.status}" + (f" ({job.reason})" if job.reason else "")) \
+                + f"; see {job.log}"
+            no_score(next(p for p in trained if p.arm.name == job.name), entry["reason"], decode)
         result["arms"][job.name] = entry
+    result["decode_rates"] = {n: {k: d.get(k) for k in ("sentences_per_s", "source_tokens_per_s", "startup_s",
+                                                       "projected_total_s", "sentences_done", "sentences_total")}
+                              for n, d in rates.items()}
+    projected = [d["projected_total_s"] for d in rates.values() if d.get("projected_total_s")]
+    # what the same step needs next time at the rates measured now (the arms decode at once)
+    result["budget_needed_s"] = round(max(projected) + BLEU_STOP_GRACE_S, 1) if projected else None
     (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result

@@ -1,0 +1,109 @@
+"""scripts/evaluate_bleu.py measures its decode rate while fairseq-generate runs, projects the run's
+length from it, stops at --time-limit, and decodes in fp16 only on a CUDA GPU."""
+import importlib.util
+import json
+import struct
+import sys
+
+import pytest
+
+pytest.importorskip("fairseq")
+
+from fairseq_helpers import REPO  # noqa: E402
+from test_fairseq_plugin import TINY_MODEL, tiny_data, train_inprocess  # noqa: E402,F401  (tiny_data: fixture)
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("_decode_rate_evaluate_bleu", REPO / "scripts" / "evaluate_bleu.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+evaluate_bleu = _load_script()
+
+
+@pytest.fixture(scope="module")
+def untrained(tiny_data, tmp_path_factory):
+    """An untrained tiny translation_gradinit model (one update at lr 0)."""
+    save = tmp_path_factory.mktemp("rate-ckpt")
+    train_inprocess([str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "0", "--max-update", "1",
+                     "--save-dir", str(save), "--no-save-optimizer-state"])
+    return save / "checkpoint_last.pt"
+
+
+def test_meter_projects_from_the_source_token_rate():
+    meter = evaluate_bleu.DecodeMeter(4, [10, 10, 30, 50], chunk=2, t0=100.0)
+    meter.log_line(103.0)  # start-up ends with the last log line before the first hypothesis
+    meter.hypothesis(0, 104.0)
+    assert not meter.measured
+    meter.hypothesis(1, 105.0)
+    assert meter.measured
+    r = meter.report(105.0)
+    # 20 source tokens in 2 s -> 10 tokens/s; 80 left -> 8 s more; 5 s have passed since the start
+    assert r["startup_s"] == 3.0 and r["sentences_per_s"] == 1.0 and r["source_tokens_per_s"] == 10.0
+    assert r["projected_total_s"] == 13.0
+    bare = evaluate_bleu.DecodeMeter(4, None, chunk=2, t0=0.0)
+    bare.hypothesis(0, 1.0)
+    bare.hypothesis(1, 2.0)
+    assert bare.report(2.0)["projected_total_s"] == 4.0  # by sentences when sizes are unknown
+
+
+def test_source_sizes_read_from_the_mmap_index(tmp_path):
+    sizes = [3, 7, 5]
+    header = b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + b"\x04" + struct.pack("<Q", 3) + struct.pack("<Q", 4)
+    (tmp_path / "test.de-en.de.idx").write_bytes(header + struct.pack("<3i", *sizes) + b"\x00" * 24)
+    (tmp_path / "test.de-en.en.idx").write_bytes(header + struct.pack("<3i", 9, 9, 9) + b"\x00" * 24)
+    assert evaluate_bleu.source_sizes(tmp_path, "test") == sizes
+    assert evaluate_bleu.source_sizes(tmp_path, "valid") is None
+
+
+def test_fp16_and_gpu_batches_only_on_cuda(monkeypatch):
+    args = evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt", "--fp16"])
+    monkeypatch.setattr(evaluate_bleu, "cuda_available", lambda: False)
+    cuda, fp16, note = evaluate_bleu.decode_device(args)
+    assert (cuda, fp16) == (False, False) and "fp32" in note
+    cpu_cmd = evaluate_bleu.build_generate_command(args, [], cuda=cuda, fp16=fp16)
+    assert "--fp16" not in cpu_cmd and cpu_cmd[cpu_cmd.index("--max-tokens") + 1] == "4096"
+    monkeypatch.setattr(evaluate_bleu, "cuda_available", lambda: True)
+    cuda, fp16, note = evaluate_bleu.decode_device(args)
+    assert (cuda, fp16, note) == (True, True, None)
+    gpu_cmd = evaluate_bleu.build_generate_command(args, [], cuda=cuda, fp16=fp16)
+    assert "--fp16" in gpu_cmd
+    assert gpu_cmd[gpu_cmd.index("--max-tokens") + 1] == str(evaluate_bleu.GPU_MAX_TOKENS)
+    assert gpu_cmd[gpu_cmd.index("--batch-size") + 1] == str(evaluate_bleu.GPU_BATCH_SIZE)
+    on_cpu = evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt", "--fp16", "--cpu"])
+    assert evaluate_bleu.decode_device(on_cpu)[1] is False  # --cpu wins even where CUDA exists
+
+
+FAST_GEN = ["--", "--max-len-a", "0", "--max-len-b", "3"]
+
+
+def test_untrained_model_logs_its_rate_and_fp16_stays_fp32_on_the_cpu(tiny_data, untrained, tmp_path, capsys):
+    out, progress = tmp_path / "bleu.json", tmp_path / "progress.json"
+    rc = evaluate_bleu.main([str(tiny_data), "--path", str(untrained), "--cpu", "--fp16", "--batch-size", "8",
+                             "--beam", "2", "--user-dir", "gradinit", "--rate-chunk", "8", "--output-json", str(out),
+                             "--progress-json", str(progress), "--time-limit", "300", *FAST_GEN])
+    err = capsys.readouterr().err
+    assert rc == 0, err[-3000:]
+    assert "note: --fp16 ignored" in err and "evaluate_bleu: decode rate" in err
+    result = json.loads(out.read_text())
+    assert result["precision"] == "fp32" and "fp32" in result["precision_note"]
+    assert "--fp16" not in result["generate_command"]
+    decode = result["decode"]
+    assert decode["sentences_done"] == decode["sentences_total"] == 40 and decode["sentences_per_s"] > 0
+    assert decode["source_tokens_per_s"] > 0 and decode["time_limit_s"] == 300.0
+    assert decode["first_chunk"]["sentences_done"] >= 8 and decode["first_chunk"]["projected_total_s"] > 0
+    assert json.loads(progress.read_text())["sentences_done"] == 40
+
+
+def test_time_limit_stops_generate_and_keeps_the_rate(tiny_data, untrained, tmp_path, capsys):
+    out = tmp_path / "bleu.json"
+    rc = evaluate_bleu.main([str(tiny_data), "--path", str(untrained), "--cpu", "--batch-size", "8", "--beam", "2",
+                             "--user-dir", "gradinit", "--output-json", str(out), "--time-limit", "0.5", *FAST_GEN])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.strip().splitlines()[-1].startswith("error: fairseq-generate stopped after "), err[-2000:]
+    result = json.loads(out.read_text())
+    assert result["bleu"] is None and "--time-limit 0.5" in result["reason"]
+    assert result["decode"]["time_limit_s"] == 0.5 and result["decode"]["sentences_done"] < 40
