@@ -63,6 +63,17 @@ def test_sync_counter_sees_a_read_of_a_tensor_value():
     assert counts[0] == {"tolist": 1, "_local_scalar_dense": 2}  # objective: S and S~
 
 
+def test_flat_weight_buffer_is_built_once():
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    engine = GradInit(model, lm_loss, GradInitConfig(eta=1e-3, gamma=1.0))
+    flat = engine.scaled._flat
+    ptrs = (flat.data_ptr(), engine.alpha.data_ptr())
+    _steps(engine, model, token_batches(5))
+    assert engine.scaled._flat is flat and (flat.data_ptr(), engine.alpha.data_ptr()) == ptrs
+    assert all(w.data_ptr() >= flat.data_ptr() for w in engine.scaled.W)  # views into it
+
+
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory):
     from fairseq_helpers import make_tiny_bin
