@@ -305,7 +305,15 @@ def run_branch(model, state, loss_fn, pair_stream, branch, precision, args, devi
 
 def gpu_peaks(device, override):
     if override:
-        return {k.strip(): float(v) for k, v in (kv.split("=") for kv in override.split(","))}, "--peak-tflops"
+        try:
+            peaks = {k.strip(): float(v) for k, v in (kv.split("=") for kv in override.split(","))}
+        except ValueError:
+            peaks = {}
+        missing = [k for k in ("fp32", "tf32", "bf16", "fp16") if not peaks.get(k, 0) > 0]
+        if missing:
+            get_args_parser().error(f"--peak-tflops {override!r}: give a number > 0 for each of fp32, tf32, bf16 "
+                                    "and fp16, e.g. 'fp32=67,tf32=494.7,bf16=989.4,fp16=989.4'")
+        return peaks, "--peak-tflops"
     if device.type != "cuda":
         return None, None
     name = torch.cuda.get_device_name(device)
@@ -333,6 +341,7 @@ def main(args):
         get_args_parser().error(f"--precisions {','.join(bad)}: expected a subset of {','.join(PRECISIONS)}")
     logging.getLogger("fairseq_gradinit").setLevel(logging.WARNING)  # one line per run is enough
     device = torch.device(args.device)
+    peaks, peak_source = gpu_peaks(device, args.peak_tflops)
     start = time.perf_counter()
     build = build_data_bin if args.data_bin else build_synthetic
     model, loss_fn, pair_stream, data = build(args, device)
@@ -346,7 +355,6 @@ def main(args):
     tokens_s = sum(int(p.s["ntokens"]) for p in first) / len(first)
     flops = count_flops(model, state, loss_fn, first[0])
     train = time_fp16_updates(model, state, loss_fn, first, args, device)
-    peaks, peak_source = gpu_peaks(device, args.peak_tflops)
     notes = []
     if device.type != "cuda":
         notes.append("tf32 changes only CUDA matmuls and convolutions: on a CPU it runs as fp32")
