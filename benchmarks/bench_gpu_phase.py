@@ -247,7 +247,8 @@ def time_fp16_updates(model, state, loss_fn, pairs, args, device):
         for p in params:
             p.grad = None
         (loss_fn(half, sample) * scale).backward()
-        torch._foreach_copy_(grad_views, [p.grad.reshape(-1) for p in params])
+        torch._foreach_copy_(grad_views, [torch.zeros_like(p).reshape(-1) if p.grad is None else p.grad.reshape(-1)
+                                          for p in params])
         master.grad.mul_(1.0 / scale)
         if not torch.isfinite(master.grad.norm()):  # fairseq's overflow check reads the norm (a host sync)
             return
