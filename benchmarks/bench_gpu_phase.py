@@ -442,6 +442,7 @@ def markdown(report, tag):
             f"{r['projected_phase_s']:.1f} ({_f(floor, '.1f')}) | {d['objective']:.2e} / {d['constraint']:.2e} | "
             f"{_f(s['objective'], 'd')} / {_f(s['constraint'], 'd')} |")
     f = report["flops_per_forward"]
+    moved = report["fp32_scale_movement"]
     lines += [
         "",
         f"Counted FLOPs per forward pass over S: {report['flops']['forward_S'] / 1e9:.3g} GFLOP; training update "
@@ -449,8 +450,7 @@ def markdown(report, tag):
         f"iteration (second-order graph reused) {f['constraint']:.2f}x. Floor: those FLOPs at the dense peak of the "
         f"dtype ({report['peak_source'] or 'no peak known for this device'}). Phase: {report['phase']['iterations']} "
         f"iterations, {100 * report['phase']['objective_share']:.0f}% objective. The fp32 scales moved by up to "
-        f"{report['fp32_scale_movement']['objective']:.3g} (objective) / {report['fp32_scale_movement']['constraint']:.3g}"
-        " (constraint) from 1.",
+        f"{moved['objective']:.3g} (objective) / {moved['constraint']:.3g} (constraint) from 1.",
     ]
     lines += [f"Note: {n}." for n in report["notes"]]
     return "\n".join(lines) + "\n"
