@@ -17,6 +17,8 @@ SGD_STEPS = ("grad", "normalized")
 CONSTRAINT_GRADS = ("exact", "finite_difference")
 ADAM_STATES = ("shared", "per_branch")
 STEP_PARAMS = ("all", "scaled")
+#: Arithmetic of GradInit's loss passes (see ``GradInitConfig.precision``).
+PRECISIONS = ("fp32", "tf32", "bf16")
 #: Named selectors of :class:`ScaleBound` (besides ``"re:<pattern>"`` and callables).
 SCALE_SELECTORS = ("bias", "norm")
 
@@ -222,6 +224,12 @@ class GradInitConfig:
         "selects tensors that get a scale but that training does not update (e.g. a multiplier that is a "
         "buffer during training): fn(name, param) -> bool; their gradient stays out of g, ||g|| and the "
         "simulated step, as in the real first step; None: none"))
+    precision: str = option("fp32", choices=PRECISIONS, help=(
+        "arithmetic of the forward/backward passes: fp32; tf32 (CUDA matmuls and cuDNN convolutions of fp32 "
+        "tensors use TF32 tensor cores during GradInit, the previous settings restored after; no effect on a "
+        "CPU); bf16 (forward passes under torch.autocast with bfloat16, their backward and double backward in "
+        "the dtypes autocast chose). The scales, their Adam, alpha*W, the gradients and both norms stay fp32. "
+        "fp32 stays the default until the lower precisions are measured against it on a GPU"))
     param_filter: Optional[Callable[[str, torch.nn.Parameter], bool]] = option(None, python_only=True, repr=False,
                                                                                help=(
         "selects the tensors that get a scale: fn(name, param) -> bool; None: every trainable parameter that "
@@ -272,6 +280,12 @@ class GradInitConfig:
             invalid(self, "constraint_grad", f"one of {CONSTRAINT_GRADS}")
         if not (is_positive(self.fd_eps) and self.fd_eps < 1):
             invalid(self, "fd_eps", "a number in (0, 1)")
+        if self.precision not in PRECISIONS:
+            invalid(self, "precision", f"one of {PRECISIONS}")
+        if self.precision != "fp32" and self.constraint_grad == "finite_difference":
+            # The difference of two gradients fd_eps apart drowns in TF32/bf16 rounding (~1e-3).
+            invalid(self, "precision", "'fp32' with constraint_grad='finite_difference' (a difference quotient "
+                                       "needs fp32 gradients); use constraint_grad='exact' for tf32/bf16")
         validate_scale_fields(self, eps_field="eps", lr_hint=" (the paper uses 1e-3 .. 1e-1)")
         for b in self.scale_bounds:  # a side left at None takes the global bound: the range may end up empty
             lo = self.min_scale if b.min_scale is None else b.min_scale

@@ -23,6 +23,7 @@ from .config import GradInitConfig
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .distributed import DataParallelGroup
 from .optim import ScaleAdam
+from .precision import loss_in_precision, phase_precision
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import ScaledParameters
 from .uses import UnsteppedUses
@@ -135,6 +136,7 @@ class GradInit:
                           if config.unstepped_uses else None)
         if self.unstepped is not None:
             logger.info("gradinit: uses that keep alpha*W in the simulated step: %s", ", ".join(self.unstepped.names))
+        self.loss_fn = loss_in_precision(loss_fn, config.precision, self.scaled.params[0].device.type)
         bounds = dict(min_scale=self.scaled.min_scales, max_scale=self.scaled.max_scales)
         self.adam = ScaleAdam(self.alpha, config, **bounds)
         # With per-branch moments a constraint step after a run of objective steps is not damped by
@@ -270,7 +272,11 @@ class GradInit:
 
     # -- one iteration --------------------------------------------------------------------
     def step(self, pair: BatchPair) -> IterationRecord:
-        """One iteration of Algorithm 1 on the pair (S, S~)."""
+        """One iteration of Algorithm 1 on the pair (S, S~), in ``config.precision``."""
+        with phase_precision(self.cfg.precision):
+            return self._step(pair)
+
+    def _step(self, pair: BatchPair) -> IterationRecord:
         params = self.scaled.params
         s, s_tilde = pair
         it = len(self.history) + 1

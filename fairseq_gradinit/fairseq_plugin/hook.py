@@ -14,13 +14,13 @@ import logging
 import os
 import signal
 import time
-from typing import Iterator, Optional
+from typing import Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..core import BatchPair, apply_scales, gradinit, summarize_scales
+from ..core import BatchPair, DevicePrefetcher, apply_scales, gradinit, summarize_scales
 from ..core.health import snapshot_weights
 from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
@@ -230,8 +230,8 @@ class GradInitTaskMixin:
         done_before = 0 if resume is None else len(resume["history"])
         drawn[0] = done_before
         try:
-            pairs = counted(self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world,
-                                                skip=done_before))
+            source = self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world, skip=done_before)
+            pairs = counted(source)
         except ValueError as e:
             model.to(orig_device)
             raise GradInitStop(f"GradInit's batches: {e}") from None
@@ -263,6 +263,7 @@ class GradInitTaskMixin:
                                                 initial=initial, config=gcfg) if rank == 0 else None
                         initial = last[0] = None  # free the copy before training
                 finally:
+                    source.close()
                     model.to(orig_device)
                     if use_cuda:
                         torch.cuda.empty_cache()
@@ -383,16 +384,18 @@ class GradInitTaskMixin:
         return summary
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
-                       world: int = 1, skip: int = 0) -> Iterator[BatchPair]:
-        """Endless (S, S~) pairs from this rank's shard of the training data.
+                       world: int = 1, skip: int = 0) -> DevicePrefetcher:
+        """Endless (S, S~) pairs on ``device`` from this rank's shard of the training data.
 
         Each pair is one batch of the task's own training iterator with ``max_tokens`` tokens (and
         the run's ``--batch-size``; over-long samples skipped as fairseq-train skips them); its
         samples are shuffled and split so S and S~ each hold 1/(2-overlap) of it and share
         ``overlap`` of S (thirds for overlap 0.5, as the authors' fairseq code does). Each half is
         collated by the dataset, so every field of the sample (``net_input``, ``target``,
-        ``ntokens``, ``nsentences``, ...) describes exactly its samples, whatever the task.
-        The first ``skip`` pairs are passed over without collating them (a resumed phase).
+        ``ntokens``, ``nsentences``, ...) describes exactly its samples, whatever the task. Pairs are
+        collated on the host ahead of the iteration that uses them (:class:`DevicePrefetcher`; close
+        it when done) and, on CUDA, copied from pinned memory without waiting for the GPU. The first
+        ``skip`` pairs are passed over without collating them (a resumed phase).
         """
         cfg = self.gradinit_cfg
         dataset = training_dataset(self, cfg_value(cfg, "gradinit_train_subset") or cfg_value(cfg, "train_subset"))
@@ -425,6 +428,6 @@ class GradInitTaskMixin:
                         s_idx, st_idx = idx[:n_s], idx[n_s - k:n_s - k + n_s]
                         if len(st_idx) == 0:
                             st_idx = s_idx
-                    yield BatchPair(collate(dataset, s_idx, device), collate(dataset, st_idx, device))
+                    yield BatchPair(collate(dataset, s_idx, "cpu"), collate(dataset, st_idx, "cpu"))
 
-        return gen()
+        return DevicePrefetcher(gen(), device)
