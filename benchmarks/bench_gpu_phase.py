@@ -340,7 +340,6 @@ def main(args):
     bad = [p for p in precisions if p not in PRECISIONS]
     if bad:
         get_args_parser().error(f"--precisions {','.join(bad)}: expected a subset of {','.join(PRECISIONS)}")
-    logging.getLogger("fairseq_gradinit").setLevel(logging.WARNING)  # one line per run is enough
     device = torch.device(args.device)
     peaks, peak_source = gpu_peaks(device, args.peak_tflops)
     start = time.perf_counter()
@@ -457,4 +456,5 @@ def markdown(report, tag):
 
 
 if __name__ == "__main__":
+    logging.getLogger("fairseq_gradinit").setLevel(logging.WARNING)  # one line per run is enough
     main(get_args_parser().parse_args())
