@@ -67,7 +67,8 @@ def test_hold_calls_state_their_duration_and_fit_eight_minutes():
         assert e.fits and e.total_s <= 480 and e.upper_bound_s <= 480, e.describe()
         assert all(j.done == 3000 for j in e.jobs if j.kind == "arm")
     text = describe_presets(("hold",))
-    assert len(re.findall(r"expected duration on one H200: ~\d+ s, at most \d+ s; limit 480 s: fits", text)) == 3
+    assert len(re.findall(r"expected duration on one H200: ~\d+ s, at most \d+ s; limit 480 s: fits", text)) == \
+        len(HOLD.calls) == 5
     by_name = {arm.name: arm for arm in HOLD.arms}
     for name in HOLD.call("A").arms + ("warm-s1",) + HOLD.call("C").arms:
         arm = by_name[name]
@@ -77,6 +78,8 @@ def test_hold_calls_state_their_duration_and_fit_eight_minutes():
     assert "--fp16-scale-window" in by_name["admin-ls"].args
     assert "--gradinit-init-clamp" in by_name["clamp-strong"].args and "--gradinit-init-file" in by_name["clamp-mild"].args
     assert r"decoder\.output_projection\." in by_name["gi-unstepped-out"].args
+    assert set(HOLD.call("D").prepare) == set(HOLD.call("E").arms) == {"gi-ratio", "gi-dropout"}
+    assert "--gradinit-max-step-ratio" in by_name["gi-ratio"].args and "--gradinit-dropout" in by_name["gi-dropout"].args
 
 
 def test_a_call_gives_its_settings_as_defaults():
@@ -128,6 +131,10 @@ def test_hold_dry_run_prints_the_commands_and_an_estimate_that_fits(sep_bin, tmp
     # call C without call B's cache would compute the four phases first: refused by its own estimate
     rc, out, err = _dry_run(common + ["--call", "C", "--out", str(tmp_path / "c")])
     assert rc == 1 and "DOES NOT FIT" in out and "--gradinit-cache" in err.strip().splitlines()[-1]
+    # call D computes two more phases and trains nothing
+    rc, out, err = _dry_run(common + ["--call", "D", "--out", str(tmp_path / "d")])
+    assert rc == 0 and out.count("prepare ") == 2 and "budget check: fits the call's limit of 480 s" in out, \
+        out[-2000:] + err[-2000:]
 
 
 def test_dry_run_without_figures_says_so(sep_bin, tmp_path):

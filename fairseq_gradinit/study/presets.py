@@ -453,6 +453,11 @@ HOLD = Preset(
         _hold_arm("plain-s2", GI_PLAIN + ("--seed", "2") + CONFIRM_RECIPE + MONITOR,
                   "the README's plain usage line (plugin defaults, --gradinit-iters 780) at seed 2, which blew up "
                   "in the evidence"),
+        _hold_arm("gi-ratio", _gi_authors("--gradinit-max-step-ratio", "0.5") + CONFIRM_RECIPE + MONITOR,
+                  "GradInit whose simulated sign step moves no tensor by more than half its root-mean-square "
+                  "(scale floors eta / (0.5 rms W), about 0.05-0.06 for the d=512 weights)"),
+        _hold_arm("gi-dropout", _gi_authors("--gradinit-dropout", "true") + CONFIRM_RECIPE + MONITOR,
+                  "GradInit in train mode (dropout on during the phase)"),
         _hold_arm("warm-s1", WARMUP_RECIPE + MONITOR,
                   "reference: Xavier, inverse_sqrt with 4000 warmup updates (the evidence's warm-s1, monitor on)"),
     ),
@@ -470,6 +475,13 @@ HOLD = Preset(
         StudyCall("C", ("gi-eta5e-4", "gi-floor", "gi-unstepped-out", "plain-s2"),
                   note="the four GradInit arms from call B's cache (--gradinit-cache: the archive's gradinit/)",
                   parallel=4, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("D", (), ("gi-ratio", "gi-dropout"),
+                  note="two more GradInit phases into the cache: the step-ratio floor and dropout during GradInit "
+                       "(phase and training of both do not fit one call)",
+                  parallel=2, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("E", ("gi-ratio", "gi-dropout"),
+                  note="their two arms from call D's cache (--gradinit-cache: the archive's gradinit/)",
+                  parallel=2, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
     ),
     throughput="h200",
     doc="""\
@@ -483,7 +495,9 @@ updates/s each on one H200, so 3000 updates take ~375 s plus start-up. A GradIni
 them slows all five below what 3000 updates need within the call (a phase weighs more than an
 arm), so call A trains only the five arms and the BLEU step is short (30 s, its measured decode
 rate is recorded); the GradInit phases run in call B beside the warmup reference, and call C
-trains their arms from the cache. Each call packs what it exports into one archive (--archive).""",
+trains their arms from the cache. Calls D and E do the same for two more remedies (the step-ratio
+floor, dropout during GradInit): two phases then, from the cache, two arms. Each call packs what
+it exports into one archive (--archive).""",
 )
 
 
