@@ -169,3 +169,16 @@ def test_dropout_option_runs_the_passes_in_train_mode_and_restores_the_flags(dro
              GradInitConfig(eta=0.1, gamma=1e9, iters=2, dropout=dropout))
     assert model.seen and set(model.seen) == {dropout}
     assert not model.training and not model.drop.training
+
+
+def test_a_fingerprint_from_before_an_engine_setting_existed_matches_its_default_only():
+    from fairseq_gradinit.fairseq_plugin.provenance import fingerprint_diff
+
+    current = {"gradinit": {"resolved": {"eta": 1e-3, "max_step_ratio": None, "dropout": False, "precision": "fp32"}}}
+    old = {"gradinit": {"resolved": {"eta": 1e-3}}}
+    assert fingerprint_diff(old, current, keys=("gradinit",)) == []
+    changed = {"gradinit": {"resolved": dict(current["gradinit"]["resolved"], max_step_ratio=0.5)}}
+    assert fingerprint_diff(old, changed, keys=("gradinit",)) == ["gradinit.resolved.max_step_ratio: <absent> -> 0.5"]
+    # a setting the newer run lacks is a difference, as is an unknown one
+    assert fingerprint_diff(current, old, keys=("gradinit",))
+    assert fingerprint_diff(old, {"gradinit": {"resolved": {"eta": 1e-3, "new_thing": None}}}, keys=("gradinit",))

@@ -114,7 +114,7 @@ def fingerprint_diff(saved: Optional[Mapping], current: Mapping, keys: Sequence[
         elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
             for i, (x, y) in enumerate(zip(a, b)):
                 walk(x, y, f"{path}.{i}")
-        elif a != b:
+        elif a != b and not (a == "<absent>" and _added_later_at_default(path, b)):
             out.append(f"{path}: {_short(a)} -> {_short(b)}")
 
     for key in keys:
@@ -163,6 +163,20 @@ def data_fingerprint(task_cfg) -> Dict[str, Any]:
 
         out["source_lang"], out["target_lang"] = data_utils.infer_language_pair(dirs[0])
     return out
+
+
+def _added_later_at_default(path: str, value: Any) -> bool:
+    """Whether ``path`` names an engine setting (``gradinit.resolved.NAME``) and ``value`` is its
+    default: a fingerprint written before the setting existed was computed with that default."""
+    import dataclasses
+
+    from ..core import GradInitConfig
+
+    prefix = "gradinit.resolved."
+    if not path.startswith(prefix):
+        return False
+    field = GradInitConfig.__dataclass_fields__.get(path[len(prefix):])
+    return field is not None and field.default is not dataclasses.MISSING and _plain(field.default) == value
 
 
 def gradinit_settings(task_cfg) -> Dict[str, Any]:
