@@ -9,7 +9,7 @@ curves (CSV, PNG, Markdown) and BLEU at the largest common checkpoint are writte
     python scripts/study.py DATA --out runs/x --arm 'a=--lr 1e-3 ...' --arm 'b=...' --dry-run
 
 The logic is the package fairseq_gradinit/study/ (presets: presets.py); see
-docs/no-warmup.md for the GPU screen of issue 10.
+docs/no-warmup.md for the GPU studies.
 """
 import sys
 from pathlib import Path

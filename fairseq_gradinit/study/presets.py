@@ -1,9 +1,12 @@
 """Presets of the study runner (``scripts/study.py --preset NAME``; ``--list-presets`` prints this).
 
 - ``evidence``: the arms of ``../shared/evidence/nowarmup-d512-2026-11-26`` with its settings.
-- ``screen``: issue 10's differences from the authors' setup, one arm each, plus the warmup and
+- ``screen``: eight differences from the authors' setup, one arm each, plus the warmup and
   Xavier references, split into two GPU calls.
-- ``demo``: the d=128 CPU demonstration of docs/debian-demo.md (formerly scripts/run_debian_demo.sh).
+- ``demo``: the d=128 CPU demonstration of docs/debian-demo.md.
+- ``ablate``, ``confirm``: the authors' whole setup, leave-one-out arms, and its confirmation at paper size.
+- ``wskip``: Admin's w_skip Transformer against GradInit with the Admin authors' recipe.
+- ``hold``: what keeps a no-warmup run alive past the collapse (docs/no-warmup.md, docs/remedies.md).
 """
 from __future__ import annotations
 
@@ -116,7 +119,7 @@ group (the training betas do not enter GradInit). Data: scripts/prepare_corpus.p
 )
 
 
-# -- issue 10's screen ---------------------------------------------------------------------------
+# -- the screen of eight differences from the authors' setup -----------------------------------------------------------------------
 AUTHORS_BOUNDS = "[('bias', 0, None), ('norm', None, 100)]"
 RECIPE_5 = ("--weight-decay", "1e-4", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
             "--lr-scheduler", "polynomial_decay", "--total-num-update", "100000", "--end-learning-rate", "0",
@@ -125,7 +128,7 @@ G98_SCALES = ("--gradinit-init-file", "{g98}")
 
 SCREEN = Preset(
     name="screen",
-    summary="issue 10, differences 1-8 from the authors' setup, one arm each, plus warmup and Xavier "
+    summary="differences 1-8 from the authors' setup, one arm each, plus warmup and Xavier "
             "references (d=512, one seed, 3000 updates, two GPU calls: --call A, then --call B)",
     base=D512_BASE,
     arms=(
@@ -220,7 +223,7 @@ and --base-args for the rest (e.g. --base-args '--lr 2e-3 --gradinit-gamma 500
 in the base does not reach warmup-s1). On the CPU add --cpu (and keep --parallel 1).""",
 )
 
-# -- issue 15's ablation of the authors' setup ---------------------------------------------------
+# -- the ablation of the authors' setup -----------------------------------------------
 AUTHORS_EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-authors-2026-11-26"  # relative to the repository root
 #: The authors' GradInit launch settings, spelled out (independent of the plugin's defaults).
 GI_AUTHORS = (
@@ -243,7 +246,7 @@ def _gi_authors(*overrides: str, drop: Tuple[str, ...] = ()) -> Tuple[str, ...]:
 
 ABLATE = Preset(
     name="ablate",
-    summary="issue 15: the authors' whole setup ('authors') and one leave-one-out arm per setting "
+    summary="the authors' whole setup ('authors') and one leave-one-out arm per setting "
             "(d=512, lr 5e-4 without warmup, fp16, seed 1, 600 updates, two GPU calls: --call A, then --call B)",
     base=D512_BASE,
     arms=(
@@ -296,7 +299,7 @@ phases at once (an estimate: more processes share the GPU than in the evidence) 
 )
 
 
-# -- issue 16's confirmation at paper size ---------------------------------------------------------
+# -- the confirmation at paper size -----------------------------------------------------
 CONFIRM_BASE_DROP = ("--share-all-embeddings",)
 #: The plain usage line: fairseq's own flags plus the iteration count.
 GI_PLAIN = ("--gradinit-iters", "780")
@@ -315,7 +318,7 @@ def _confirm_arm(name: str, args: Tuple[str, ...], note: str) -> Arm:
 
 CONFIRM = Preset(
     name="confirm",
-    summary="issue 16: GradInit without warmup (beta2 .98 and .999) against a 4000-update warmup in the same "
+    summary="GradInit without warmup (beta2 .98 and .999) against a 4000-update warmup in the same "
             "setup and Xavier, seeds 1 and 2, plus SGD, 3000 updates, BLEU at 3000 (d=512, fp16)",
     base=D512_BASE,
     arms=(
@@ -361,7 +364,7 @@ got, or split its arms over two calls with --arms.""",
 )
 
 
-# -- issue 16's Admin comparison with the Admin authors' recipe -----------------------------------
+# -- Admin's comparison with the Admin authors' recipe -------------------------------
 WSKIP_ARCH = ("--arch", "transformer_wskip_iwslt_de_en")
 #: The Admin authors' no-warmup recipe: RAdam, lr decayed linearly (warmup 1), weight decay 1e-4, attention
 #: and activation dropout 0.1, their fp16 loss-scale flags; omega profiled once with seed 1111.
@@ -375,7 +378,7 @@ ADMIN_INIT = ("--wskip-init", "admin", "--wskip-profile-seed", "1111")
 
 WSKIP = Preset(
     name="wskip",
-    summary="issue 16 item 3: Admin's w_skip Transformer with the Admin authors' recipe (RAdam, linear decay, "
+    summary="Admin's w_skip Transformer with the Admin authors' recipe (RAdam, linear decay, "
             "omega profiled with seed 1111) against GradInit on the same model and recipe, no warmup "
             "(d=512, fp16, 2500 updates, one GPU call)",
     base=D512_BASE,
