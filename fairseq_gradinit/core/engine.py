@@ -23,6 +23,7 @@ from .config import GradInitConfig
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .distributed import DataParallelGroup
 from .optim import ScaleAdam
+from .progress import no_objective_advice
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import ScaledParameters
 
@@ -229,7 +230,7 @@ class GradInit:
                 "GradInitConfig.lr or eta, or set max_scale."
             )
 
-    def log_progress(self, it: int, total: Optional[int]) -> None:
+    def log_progress(self, it: int, total: Optional[int], *, timing: str = "") -> None:
         self._flush_pending()
         rec = self.history[-1]
         a = self.alpha.detach()[self.scaled.scaled]
@@ -238,9 +239,9 @@ class GradInit:
         fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
         logger.info(
             "gradinit iter %d%s | %s | L(S) %s | L(S~) %s | |g|_%d %s (gamma %.4g) | scale min/mean/max "
-            "%.4g/%.4g/%.4g | skipped %d", it, tot, rec.branch, fmt(rec.loss_s), fmt(rec.loss_s_tilde),
+            "%.4g/%.4g/%.4g | skipped %d%s", it, tot, rec.branch, fmt(rec.loss_s), fmt(rec.loss_s_tilde),
             self.cfg.norm_p, fmt(rec.grad_norm), self.gamma, *stats,
-            sum(r.branch == "skipped" for r in self.history),
+            sum(r.branch == "skipped" for r in self.history), f" | {timing}" if timing else "",
         )
 
     # -- one iteration --------------------------------------------------------------------
@@ -366,7 +367,7 @@ def gradinit(
     engine = GradInit(inner, loss_fn, config, process_group=process_group)
     with gradinit_mode(inner):
         run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
-                       callback=callback, name="GradInit")
+                       callback=callback, name="GradInit", log_seconds=config.log_seconds)
     wall = time.perf_counter() - start
     result = GradInitResult(
         scales=engine.scaled.scales_dict(),
@@ -378,6 +379,10 @@ def gradinit(
     )
     logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %.1fs",
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped, wall)
+    advice = no_objective_advice([r.branch for r in result.history], [r.grad_norm for r in result.history],
+                                 engine.gamma, config.norm_p)
+    if advice:
+        logger.warning(advice)
     return result
 
 

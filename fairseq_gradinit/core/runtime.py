@@ -9,6 +9,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 import torch
 from torch import nn
 
+from .progress import ProgressClock
+
 #: ``loss_fn(model, batch) -> scalar loss tensor``.
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -50,15 +52,18 @@ def check_inputs(model: Any, loss_fn: Any) -> None:
 
 
 def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
-                   callback: Optional[Callable[[Any], None]], name: str) -> int:
+                   callback: Optional[Callable[[Any], None]], name: str, log_seconds: float = 0.0) -> int:
     """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
 
     ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
-    ``log_progress``, ``scaled`` and ``alpha``. On success the model holds alpha*W of the last update; if
+    ``log_progress(completed, total, timing=...)``, ``scaled`` and ``alpha``. Progress is logged at the
+    first iteration, every ``log_interval`` iterations, every ``log_seconds`` of wall time (0: never) and
+    at the end. On success the model holds alpha*W of the last update; if
     anything raises, or every iteration was skipped (``FloatingPointError``), it holds W, the
     weights it was given. Returns the number of completed iterations.
     """
     completed = reported = 0
+    clock = ProgressClock(every_iters=log_interval, every_seconds=log_seconds)
 
     def report():
         nonlocal reported
@@ -73,8 +78,8 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
                 engine.step(item)
                 completed += 1
                 report()
-                if completed == 1 or completed % log_interval == 0:
-                    engine.log_progress(completed, total)
+                if clock.due(completed):
+                    engine.log_progress(completed, total, timing=clock.timing(completed, total))
                 if total is not None and completed >= total:
                     break
         if total is not None and completed < total:
@@ -93,6 +98,6 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
         with torch.no_grad():
             engine.scaled.write(torch.ones_like(engine.alpha))
         raise
-    if engine.history and completed % log_interval != 0 and completed != 1:
-        engine.log_progress(completed, total)
+    if engine.history and clock.last_logged != completed:
+        engine.log_progress(completed, total, timing=clock.timing(completed, total))
     return completed
