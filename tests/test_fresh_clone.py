@@ -83,8 +83,19 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
         for lang in ("de", "en"):
             path = corpus / f"{split}.{lang}"
             path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:n]))
-    run([sys.executable, *_with(prepare[1:], vocab_size=300), "--workers", "1"], 300)
+    prepare_log = run([sys.executable, *_with(prepare[1:], vocab_size=300), "--workers", "1"], 300)
     log = run([str(BIN / "fairseq-train"), *_with(train[1:], max_update=3, gradinit_iters=2, max_tokens=512)], 600)
     save = clone / train[train.index("--save-dir") + 1]
     assert (save / "gradinit.json").is_file() and (save / "checkpoint_last.pt").is_file()
-    assert "gradinit iter 2/2" in log
+    assert re.search(r"gradinit iter 2/2 \| .* \| \d+s elapsed, ETA 0s", log)
+    assert "gradinit: 2 iterations (" in log
+
+    # the known third-party deprecation noise is hidden, fairseq's own lines are not
+    for noise in ("torch.jit.script", "hydra.experimental", "version_base", "ConfigStore schema", "strict flag",
+                  "key_padding_mask", "pin_memory", "torch.cuda.amp"):
+        assert noise not in log and noise not in prepare_log, noise
+    assert "| fairseq_cli.train | " in log and "| fairseq_cli.preprocess | " in prepare_log
+    # every line of this package starts with "gradinit" (grep finds them all)
+    ours = [line.split(" | ", 3) for line in log.splitlines() if " | fairseq_gradinit." in line]
+    assert len(ours) > 10
+    assert all(msg.startswith(("gradinit", "fairseq_gradinit plugin loaded")) for _, _, _, msg in ours), ours
