@@ -90,9 +90,11 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
     assert re.search(r"gradinit iter 2/2 \| .* \| \d+s elapsed, ETA 0s", log)
     assert "gradinit: 2 iterations (" in log
 
-    # the known third-party deprecation noise is hidden, fairseq's own lines are not
-    for noise in ("torch.jit.script", "hydra.experimental", "version_base", "ConfigStore schema", "strict flag",
-                  "key_padding_mask", "pin_memory", "torch.cuda.amp"):
+    # the known third-party deprecation noise is hidden, fairseq's own lines are not (fairseq-train imports
+    # torch.jit before it loads the plugin: that one warning stays)
+    assert "torch.jit.script" not in prepare_log
+    for noise in ("hydra.experimental", "version_base", "ConfigStore schema", "strict flag", "key_padding_mask",
+                  "pin_memory", "torch.cuda.amp"):
         assert noise not in log and noise not in prepare_log, noise
     assert "| fairseq_cli.train | " in log and "| fairseq_cli.preprocess | " in prepare_log
     # every line of this package starts with "gradinit" (grep finds them all)
