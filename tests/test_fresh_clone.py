@@ -51,8 +51,8 @@ def _with(argv: list, **values) -> list:
 
 def test_quick_start_runs_from_a_fresh_clone(tmp_path):
     """`git clone` of this commit into an empty folder, then the quick start's first two steps exactly as the
-    README writes them, at a tiny size: the corpus cut to 300/40/40 pairs, 300 pieces, 2 GradInit
-    iterations, 3 updates."""
+    README writes them, at a tiny size: the corpus cut to 300/40/40 pairs, 300 pieces, 2+2 layers, 2 GradInit
+    iterations of 768 tokens, 3 updates."""
     git = shutil.which("git")
     if git is None or not (REPO / ".git").exists():
         pytest.skip("needs git and a git checkout of the repository")
@@ -84,7 +84,8 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
             path = corpus / f"{split}.{lang}"
             path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:n]))
     prepare_log = run([sys.executable, *_with(prepare[1:], vocab_size=300), "--workers", "1"], 300)
-    log = run([str(BIN / "fairseq-train"), *_with(train[1:], max_update=3, gradinit_iters=2, max_tokens=512)], 600)
+    log = run([str(BIN / "fairseq-train"), *_with(train[1:], max_update=3, gradinit_iters=2, max_tokens=512,
+                                                          encoder_layers=2, decoder_layers=2)], 600)
     save = clone / train[train.index("--save-dir") + 1]
     assert (save / "gradinit.json").is_file() and (save / "checkpoint_last.pt").is_file()
     assert re.search(r"gradinit iter 2/2 \| .* \| \d+s elapsed, ETA 0s", log)
