@@ -67,9 +67,9 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
     assert not (tmp_path / "shared").exists()
 
     commands = quick_start_commands((clone / "README.md").read_text(encoding="utf-8"))
-    unpack, prepare, train = commands[:3]
+    unpack, prepare, train, evaluate = commands[:4]
     assert unpack[0] == "tar" and prepare[:2] == ["python", "scripts/prepare_corpus.py"]
-    assert train[0] == "fairseq-train"
+    assert train[0] == "fairseq-train" and evaluate[:2] == ["python", "scripts/evaluate_bleu.py"]
     env = dict(os.environ, PYTHONPATH=str(clone))
 
     def run(argv, timeout):
@@ -78,6 +78,7 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
         return proc.stdout + proc.stderr
 
     run(unpack, 120)
+    assert (clone / evaluate[evaluate.index("--ref") + 1]).is_file()  # step 3's reference file
     corpus = clone / prepare[2]
     for split, n in (("train", 300), ("valid", 40), ("test", 40)):
         for lang in ("de", "en"):
@@ -102,3 +103,17 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
     ours = [line.split(" | ", 3) for line in log.splitlines() if " | fairseq_gradinit." in line]
     assert len(ours) > 10
     assert all(msg.startswith(("gradinit", "fairseq_gradinit plugin loaded")) for _, _, _, msg in ours), ours
+
+
+def test_readme_and_docs_commands_need_no_folder_outside_the_repository():
+    """No command block of the README or docs/ reads ../shared or an absolute path of the development machine
+    (docs/no-warmup.md, whose GPU runs are described separately, is not checked yet)."""
+    offenders = []
+    docs = [p for p in sorted((REPO / "docs").glob("*.md")) if p.name != "no-warmup.md"]
+    for path in [REPO / "README.md", *docs]:
+        text = path.read_text(encoding="utf-8")
+        for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+            for line in block.splitlines():
+                if ("../shared/data" in line or "/work/" in line) and not line.lstrip().startswith("#"):
+                    offenders.append(f"{path.relative_to(REPO)}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
