@@ -15,10 +15,14 @@ CORPUS_ARCHIVE = REPO / "data" / "debian-ui-de-en.tar.xz"
 
 
 @functools.lru_cache(maxsize=None)
+def _corpus_files() -> Dict[str, bytes]:
+    with tarfile.open(CORPUS_ARCHIVE, "r:xz") as tar:
+        return {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
 def corpus_file(split: str, lang: str) -> bytes:
     """``{split}.{lang}`` of the Debian UI corpus, read from the repository's archive (no extraction)."""
-    with tarfile.open(CORPUS_ARCHIVE, "r:xz") as tar:
-        return tar.extractfile(f"debian-ui-de-en/{split}.{lang}").read()
+    return _corpus_files()[f"{split}.{lang}"]
 
 
 def corpus_head(split: str, lang: str, n: int) -> bytes:
