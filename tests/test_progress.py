@@ -30,20 +30,19 @@ def test_format_duration():
 def test_clock_is_due_at_the_first_iteration_every_n_iterations_and_every_t_seconds():
     clock = FakeClock()
     pc = ProgressClock(every_iters=5, every_seconds=30, clock=clock)
-    assert pc.due(1)
+    assert pc.due(1) == "iterations"
     assert pc.timing(1, 20) == "0s elapsed, ETA 0s"
     clock.now += 10
-    assert not pc.due(2)
+    assert pc.due(2) is None
     clock.now += 20
-    assert pc.due(3)  # 30 s since the last line
+    assert pc.due(3) == "time"  # 30 s since the last line
     assert pc.timing(3, 20) == "30s elapsed, ETA 2m50s"  # 10 s an iteration, 17 left
     clock.now += 1
-    assert not pc.due(4) and pc.due(5)
+    assert pc.due(4) is None and pc.due(5) == "iterations"
     assert pc.timing(5, None) == "31s elapsed"  # no total, no ETA
-    assert pc.last_logged == 5
     off = ProgressClock(every_iters=5, every_seconds=0, clock=clock)
     clock.now += 1e6
-    assert not off.due(2)
+    assert off.due(2) is None
 
 
 def loss_fn(model, batch):
@@ -82,6 +81,9 @@ def test_progress_lines_by_wall_time_with_eta(monkeypatch, caplog):
     assert 2 < len(lines) < 12
     assert all("elapsed, ETA " in line and "(gamma 1e-09)" in line for line in lines)
     assert lines[-1].endswith("ETA 0s")
+    # lines by wall time show the last settled iteration, in order
+    numbers = [int(line.split(" ")[2].split("/")[0]) for line in lines]
+    assert numbers == sorted(set(numbers))
 
     caplog.clear()
     tiny_run(1e-9, monkeypatch, seconds_per_loss=10.0, iters=12, log_interval=1000, log_seconds=0)

@@ -121,8 +121,7 @@ def validate_scale_fields(cfg, *, eps_field: str = "eps", lr_hint: str = "") -> 
     if not isinstance(cfg.log_interval, int) or cfg.log_interval < 1:
         invalid(cfg, "log_interval", "an integer >= 1")
     log_seconds = getattr(cfg, "log_seconds", 0.0)
-    if not (is_positive(log_seconds) or (isinstance(log_seconds, (int, float)) and log_seconds == 0)) \
-            or isinstance(log_seconds, bool):
+    if not _is_number(log_seconds) or not math.isfinite(log_seconds) or log_seconds < 0:
         invalid(cfg, "log_seconds", "a finite number >= 0 (0: no progress lines by wall time)")
     for name in ("param_filter", "fixed_params"):
         if getattr(cfg, name, None) is not None and not callable(getattr(cfg, name)):

@@ -230,9 +230,15 @@ class GradInit:
                 "GradInitConfig.lr or eta, or set max_scale."
             )
 
-    def log_progress(self, it: int, total: Optional[int], *, timing: str = "") -> None:
-        self._flush_pending()
-        rec = self.history[-1]
+    def log_progress(self, it: int, total: Optional[int], *, timing: str = "", settled_only: bool = False) -> None:
+        if settled_only:  # the last final record, without waiting for the pending one
+            if not self.settled:
+                return
+            rec = self.history[self.settled - 1]
+            it = rec.iteration
+        else:
+            self._flush_pending()
+            rec = self.history[-1]
         a = self.alpha.detach()[self.scaled.scaled]
         stats = torch.stack([a.min(), a.mean(), a.max()]).tolist()
         tot = f"/{total}" if total else ""

@@ -270,7 +270,7 @@ class MetaInit:
     def finalize(self) -> None:
         self.scaled.write(self.alpha)
 
-    def log_progress(self, it: int, total: Optional[int], *, timing: str = "") -> None:
+    def log_progress(self, it: int, total: Optional[int], *, timing: str = "", settled_only: bool = False) -> None:
         rec = self.history[-1]
         a = self.alpha.detach()
         stats = torch.stack([a.min(), a.mean(), a.max()]).tolist()

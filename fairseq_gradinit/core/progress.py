@@ -27,18 +27,20 @@ class ProgressClock:
         self.every_seconds = every_seconds
         self.clock = clock or time.monotonic
         self.start = self.last_time = self.clock()
-        self.last_logged = 0
 
-    def due(self, completed: int) -> bool:
+    def due(self, completed: int) -> Optional[str]:
+        """Why a line is due after ``completed`` iterations: ``"iterations"``, ``"time"``, or ``None``."""
         if completed == 1 or completed % self.every_iters == 0:
-            return True
-        return self.every_seconds > 0 and self.clock() - self.last_time >= self.every_seconds
+            return "iterations"
+        if self.every_seconds > 0 and self.clock() - self.last_time >= self.every_seconds:
+            return "time"
+        return None
 
     def timing(self, completed: int, total: Optional[int]) -> str:
-        """``"42s elapsed, ETA 1m18s"`` (no ETA without a total), and marks ``completed`` as logged."""
+        """``"42s elapsed, ETA 1m18s"`` (no ETA without a total); the wall-time interval restarts now."""
         now = self.clock()
         elapsed = now - self.start
-        self.last_time, self.last_logged = now, completed
+        self.last_time = now
         text = f"{format_duration(elapsed)} elapsed"
         if total and completed:
             text += f", ETA {format_duration(elapsed / completed * max(0, total - completed))}"

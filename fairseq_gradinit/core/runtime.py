@@ -56,13 +56,14 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
     """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
 
     ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
-    ``log_progress(completed, total, timing=...)``, ``scaled`` and ``alpha``. Progress is logged at the
-    first iteration, every ``log_interval`` iterations, every ``log_seconds`` of wall time (0: never) and
-    at the end. On success the model holds alpha*W of the last update; if
+    ``log_progress(completed, total, timing=..., settled_only=...)``, ``scaled`` and ``alpha``. Progress is
+    logged at the first iteration, every ``log_interval`` iterations and at the end, and also whenever
+    ``log_seconds`` of wall time have passed (0: never); those lines show the last settled record, as
+    reading a pending one would sync the host at a moment that differs between data-parallel ranks. On success the model holds alpha*W of the last update; if
     anything raises, or every iteration was skipped (``FloatingPointError``), it holds W, the
     weights it was given. Returns the number of completed iterations.
     """
-    completed = reported = 0
+    completed = reported = logged = 0
     clock = ProgressClock(every_iters=log_interval, every_seconds=log_seconds)
 
     def report():
@@ -78,8 +79,13 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
                 engine.step(item)
                 completed += 1
                 report()
-                if clock.due(completed):
-                    engine.log_progress(completed, total, timing=clock.timing(completed, total))
+                due = clock.due(completed)
+                if due == "time" and total is not None and completed >= total:
+                    due = None  # the final line follows
+                if due:
+                    engine.log_progress(completed, total, timing=clock.timing(completed, total),
+                                        settled_only=due == "time")
+                    logged = completed if due == "iterations" else logged
                 if total is not None and completed >= total:
                     break
         if total is not None and completed < total:
@@ -98,6 +104,6 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
         with torch.no_grad():
             engine.scaled.write(torch.ones_like(engine.alpha))
         raise
-    if engine.history and clock.last_logged != completed:
+    if engine.history and logged != completed:
         engine.log_progress(completed, total, timing=clock.timing(completed, total))
     return completed
