@@ -29,7 +29,9 @@ setup(
         # --wskip-init admin-closed-form calls admin-torch's rule when the package is installed.
         "admin": ["admin-torch==0.1.0"],
         # The tested set (Python 3.11/3.12, Linux x86_64): pinned so a fresh machine gets a
-        # torch/torchvision pair that load together instead of the newest multi-GB CUDA build.
+        # torch/torchvision pair that load together. On Linux PyPI's torch is the CUDA build; the README
+        # says how to install the CPU build first. No torchaudio on PyPI matches torch 2.14 (ve-fairseq
+        # pulls 2.11): python -m fairseq_gradinit.install_check reports it.
         "dev": ["pytest>=7", "ve-fairseq==0.12.3", "torch==2.14.1", "torchvision==0.29.1", "admin-torch==0.1.0",
                 "matplotlib"],
     },

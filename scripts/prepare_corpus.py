@@ -28,12 +28,12 @@ has succeeded, so a failed or interrupted run (``--overwrite`` included) leaves 
 ``OUT/bin`` is the DATA directory for fairseq-train / fairseq-generate; decode with
 ``--remove-bpe sentencepiece`` (alias of ``--post-process sentencepiece``).
 
-Example::
+Example (the repository's corpus, unpacked with ``tar -xJf data/debian-ui-de-en.tar.xz -C data``)::
 
-    python scripts/prepare_corpus.py /work/shared/data/debian-ui-de-en \\
+    python scripts/prepare_corpus.py data/debian-ui-de-en \\
         --src de --tgt en --vocab-size 6000 --out data-bin/debian-ui-de-en
     # separate dictionaries (train with --share-decoder-input-output-embed)
-    python scripts/prepare_corpus.py /work/shared/data/debian-ui-de-en \\
+    python scripts/prepare_corpus.py data/debian-ui-de-en \\
         --src de --tgt en --vocab-size 6000 --separate-dicts --out data-bin/debian-ui-de-en-sep
 """
 
@@ -513,4 +513,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from fairseq_gradinit.quiet import hide_known_noise
+
+    hide_known_noise()
     sys.exit(main())

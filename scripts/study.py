@@ -21,4 +21,7 @@ if str(REPO) not in sys.path:
 from fairseq_gradinit.study.cli import main  # noqa: E402
 
 if __name__ == "__main__":
+    from fairseq_gradinit.quiet import hide_known_noise
+
+    hide_known_noise()
     sys.exit(main(bleu_script=REPO / "scripts" / "evaluate_bleu.py"))

@@ -760,4 +760,7 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from fairseq_gradinit.quiet import hide_known_noise
+
+    hide_known_noise()
     sys.exit(cli())

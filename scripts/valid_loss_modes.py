@@ -100,5 +100,8 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
+    from fairseq_gradinit.quiet import hide_known_noise
+
+    hide_known_noise()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     main()

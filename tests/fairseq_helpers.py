@@ -1,24 +1,42 @@
-"""Helpers shared by the fairseq tests: a tiny data-bin from the shared corpus, gloo rank launches."""
+"""Helpers shared by the fairseq tests: a tiny data-bin from the repository's corpus, gloo rank launches."""
 from __future__ import annotations
 
+import functools
 import socket
 import subprocess
+import tarfile
 from pathlib import Path
 from typing import Dict, List, Sequence
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data" / "debian-ui-de-en"
+CORPUS_ARCHIVE = REPO / "data" / "debian-ui-de-en.tar.xz"
+
+
+@functools.lru_cache(maxsize=None)
+def _corpus_files() -> Dict[str, bytes]:
+    with tarfile.open(CORPUS_ARCHIVE, "r:xz") as tar:
+        return {m.name.split("/", 1)[1]: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def corpus_file(split: str, lang: str) -> bytes:
+    """``{split}.{lang}`` of the Debian UI corpus, read from the repository's archive (no extraction)."""
+    return _corpus_files()[f"{split}.{lang}"]
+
+
+def corpus_head(split: str, lang: str, n: int) -> bytes:
+    """The first ``n`` lines of ``{split}.{lang}``, byte for byte."""
+    lines = corpus_file(split, lang).split(b"\n")[:-1]
+    assert len(lines) >= n, f"{split}.{lang} has {len(lines)} lines, fewer than {n}"
+    return b"".join(line + b"\n" for line in lines[:n])
 
 
 def small_corpus(tmp_path: Path, sizes=(("train", 300), ("valid", 40), ("test", 40))) -> Path:
-    """``tmp_path/corpus``: the first ``n`` lines of each split of the shared corpus, byte for byte, for
-    ``scripts/prepare_corpus.py``. Skips the test without the corpus, sentencepiece or fairseq."""
+    """``tmp_path/corpus``: the first ``n`` lines of each split of the corpus, byte for byte, for
+    ``scripts/prepare_corpus.py``. Skips the test without sentencepiece or fairseq."""
     import importlib.util
 
-    if not SHARED.is_dir():
-        pytest.skip(f"shared corpus not found: {SHARED}")
     pytest.importorskip("sentencepiece")
     if importlib.util.find_spec("fairseq_cli") is None:
         pytest.skip("fairseq is not installed")
@@ -26,23 +44,19 @@ def small_corpus(tmp_path: Path, sizes=(("train", 300), ("valid", 40), ("test", 
     corpus.mkdir()
     for split, n in sizes:
         for lang in ("de", "en"):
-            with open(SHARED / f"{split}.{lang}", "rb") as f:
-                (corpus / f"{split}.{lang}").write_bytes(b"".join(next(f) for _ in range(n)))
+            (corpus / f"{split}.{lang}").write_bytes(corpus_head(split, lang, n))
     return corpus
 
 
 def make_tiny_bin(root: Path, sizes: Dict[str, int], nwords: int) -> Path:
-    """The first ``sizes[split]`` lines of the shared corpus, binarized with a joined dictionary of
-    ``nwords`` words (whitespace tokens). Skips the test when the corpus is absent."""
-    if not SHARED.exists():
-        pytest.skip(f"shared corpus not found at {SHARED}")
+    """The first ``sizes[split]`` lines of the corpus, binarized with a joined dictionary of
+    ``nwords`` words (whitespace tokens)."""
     from fairseq import options
     from fairseq_cli import preprocess
 
     for split, n in sizes.items():
         for lang in ("de", "en"):
-            lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-            (root / f"{split}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            (root / f"{split}.{lang}").write_bytes(corpus_head(split, lang, n))
     preprocess.main(options.get_preprocessing_parser().parse_args([
         "--source-lang", "de", "--target-lang", "en", "--trainpref", str(root / "train"),
         "--validpref", str(root / "valid"), "--testpref", str(root / "test"),
@@ -53,15 +67,12 @@ def make_tiny_bin(root: Path, sizes: Dict[str, int], nwords: int) -> Path:
 
 def make_tiny_lm_bin(root: Path, sizes: Dict[str, int], nwords: int, lang: str = "en") -> Path:
     """A language-model data-bin (``fairseq-preprocess --only-source``) of the first ``sizes[split]``
-    lines of one side of the shared corpus. Skips the test when the corpus is absent."""
-    if not SHARED.exists():
-        pytest.skip(f"shared corpus not found at {SHARED}")
+    lines of one side of the corpus."""
     from fairseq import options
     from fairseq_cli import preprocess
 
     for split, n in sizes.items():
-        lines = (SHARED / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()[:n]
-        (root / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (root / f"{split}.txt").write_bytes(corpus_head(split, lang, n))
     prefs = {"train": "--trainpref", "valid": "--validpref", "test": "--testpref"}
     argv = ["--only-source", "--destdir", str(root / "lmbin"), "--nwordssrc", str(nwords), "--workers", "1"]
     for split in sizes:

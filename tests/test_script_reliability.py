@@ -1,7 +1,7 @@
 """Issue 18: scripts/prepare_corpus.py and scripts/train_vision.py never lose a user's work and answer
 mistakes with one message. docs/reliability.md ("Scripts and the vision API") maps each case here.
 
-prepare_corpus.py runs on the first 300/40/40 lines of the shared debian-ui-de-en corpus with a
+prepare_corpus.py runs on the first 300/40/40 lines of the repository's debian-ui-de-en corpus (data/) with a
 200-piece vocabulary; train_vision.py on tiny synthetic data or tiny fake dataset folders.
 """
 from __future__ import annotations
@@ -20,7 +20,6 @@ from fairseq_helpers import small_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
-SHARED_CORPUS = ROOT.parent / "shared" / "data" / "debian-ui-de-en"
 
 
 def load(name):

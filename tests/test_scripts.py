@@ -1,8 +1,8 @@
 """Tests of the data/evaluation scripts in scripts/ (CPU only, no network).
 
 The parsing/scoring tests use small synthetic text. The prepare_corpus.py end-to-end test runs
-SentencePiece and fairseq-preprocess on a 300-line slice of the shared debian-ui-de-en corpus; it
-is skipped when that corpus is absent.
+SentencePiece and fairseq-preprocess on a slice of the repository's Debian UI corpus
+(data/debian-ui-de-en.tar.xz).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from fairseq_helpers import small_corpus
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts"
-SHARED_CORPUS = REPO_ROOT.parent / "shared" / "data" / "debian-ui-de-en"
 
 
 def _load(name: str):

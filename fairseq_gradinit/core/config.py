@@ -122,6 +122,9 @@ def validate_scale_fields(cfg, *, eps_field: str = "eps", lr_hint: str = "") -> 
         invalid(cfg, "max_consecutive_skips", "an integer >= 1")
     if not isinstance(cfg.log_interval, int) or cfg.log_interval < 1:
         invalid(cfg, "log_interval", "an integer >= 1")
+    log_seconds = getattr(cfg, "log_seconds", 0.0)
+    if not _is_number(log_seconds) or not math.isfinite(log_seconds) or log_seconds < 0:
+        invalid(cfg, "log_seconds", "a finite number >= 0 (0: no progress lines by wall time)")
     for name in ("param_filter", "fixed_params"):
         if getattr(cfg, name, None) is not None and not callable(getattr(cfg, name)):
             invalid(cfg, name, "None or a callable (name, param) -> bool")
@@ -197,6 +200,9 @@ class GradInitConfig:
     max_consecutive_skips: int = option(10, result=False, help=(
         "stop with an error after this many consecutive iterations with a non-finite loss or gradient"))
     log_interval: int = option(50, result=False, help="log progress every this many iterations")
+    log_seconds: float = option(30.0, result=False, help=(
+        "also log progress, with the time elapsed and an estimate of the time left, whenever this many "
+        "seconds of wall time have passed since the last progress line (0: only every log_interval iterations)"))
     scale_bounds: Sequence[ScaleBound] = option((), help=(
         "per-group bounds of the scales, first match wins: (select, min, max) with select 'bias', 'norm' "
         "(normalization weights), 're:<regex>' on the name (or, from Python, a callable), None keeping the "

@@ -24,6 +24,7 @@ from .modes import gradinit_mode, math_attention, unwrap_model
 from .distributed import DataParallelGroup
 from .optim import ScaleAdam
 from .precision import loss_in_precision, phase_precision
+from .progress import no_objective_advice
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import ScaledParameters
 from .uses import UnsteppedUses
@@ -256,18 +257,24 @@ class GradInit:
                 "GradInitConfig.lr or eta, or set max_scale."
             )
 
-    def log_progress(self, it: int, total: Optional[int]) -> None:
-        self._flush_pending()
-        rec = self.history[-1]
+    def log_progress(self, it: int, total: Optional[int], *, timing: str = "", settled_only: bool = False) -> None:
+        if settled_only:  # the last final record, without waiting for the pending one
+            if not self.settled:
+                return
+            rec = self.history[self.settled - 1]
+            it = rec.iteration
+        else:
+            self._flush_pending()
+            rec = self.history[-1]
         a = self.alpha.detach()[self.scaled.scaled]
         stats = torch.stack([a.min(), a.mean(), a.max()]).tolist()
         tot = f"/{total}" if total else ""
         fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
         logger.info(
             "gradinit iter %d%s | %s | L(S) %s | L(S~) %s | |g|_%d %s (gamma %.4g) | scale min/mean/max "
-            "%.4g/%.4g/%.4g | skipped %d", it, tot, rec.branch, fmt(rec.loss_s), fmt(rec.loss_s_tilde),
+            "%.4g/%.4g/%.4g | skipped %d%s", it, tot, rec.branch, fmt(rec.loss_s), fmt(rec.loss_s_tilde),
             self.cfg.norm_p, fmt(rec.grad_norm), self.gamma, *stats,
-            sum(r.branch == "skipped" for r in self.history),
+            sum(r.branch == "skipped" for r in self.history), f" | {timing}" if timing else "",
         )
 
     # -- one iteration --------------------------------------------------------------------
@@ -459,7 +466,8 @@ def gradinit(
         every = None
     with gradinit_mode(inner, dropout=config.dropout):
         run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
-                       callback=callback, name="GradInit", start=len(engine.history), every=every)
+                       callback=callback, name="GradInit", log_seconds=config.log_seconds,
+                       start=len(engine.history), every=every)
     wall = time.perf_counter() - start
     result = GradInitResult(
         scales=engine.scaled.scales_dict(),
@@ -471,6 +479,10 @@ def gradinit(
     )
     logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %.1fs",
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped, wall)
+    advice = no_objective_advice([r.branch for r in result.history], [r.grad_norm for r in result.history],
+                                 engine.gamma, config.norm_p)
+    if advice:
+        logger.warning(advice)
     return result
 
 

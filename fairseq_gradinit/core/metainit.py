@@ -64,6 +64,8 @@ class MetaInitConfig:
     max_consecutive_skips: int = 10
     #: Log progress every this many iterations.
     log_interval: int = 50
+    #: Also log progress every this many seconds of wall time (0: off).
+    log_seconds: float = 30.0
     #: Selects which tensors get a norm to learn: ``fn(name, param) -> bool``. ``None``: every
     #: trainable tensor that is not all zeros. The quotient always covers all trainable tensors.
     param_filter: Optional[Callable[[str, nn.Parameter], bool]] = field(default=None, repr=False)
@@ -268,14 +270,15 @@ class MetaInit:
     def finalize(self) -> None:
         self.scaled.write(self.alpha)
 
-    def log_progress(self, it: int, total: Optional[int]) -> None:
+    def log_progress(self, it: int, total: Optional[int], *, timing: str = "", settled_only: bool = False) -> None:
         rec = self.history[-1]
         a = self.alpha.detach()
         stats = torch.stack([a.min(), a.mean(), a.max()]).tolist()
         fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
         logger.info("metainit iter %d%s | GQ %s | loss %s | |g|_2 %s | scale min/mean/max %.4g/%.4g/%.4g | "
-                    "skipped %d", it, f"/{total}" if total else "", fmt(rec.gq), fmt(rec.loss),
-                    fmt(rec.grad_norm), *stats, sum(r.branch == "skipped" for r in self.history))
+                    "skipped %d%s", it, f"/{total}" if total else "", fmt(rec.gq), fmt(rec.loss),
+                    fmt(rec.grad_norm), *stats, sum(r.branch == "skipped" for r in self.history),
+                    f" | {timing}" if timing else "")
 
     def result(self, wall: float) -> MetaInitResult:
         scales = self.alpha.detach().float()
@@ -322,7 +325,7 @@ def metainit(
     stream = cycle_iterable(batches) if config.iters is not None else iter(batches)
     with gradinit_mode(inner), higher_order_batch_norm(inner):
         run_iterations(engine, stream, config.iters, log_interval=config.log_interval, callback=callback,
-                       name="MetaInit")
+                       name="MetaInit", log_seconds=config.log_seconds)
     wall = time.perf_counter() - start
     result = engine.result(wall)
     logger.info("metainit: %d iterations (%d skipped) in %.1fs", len(result.history), result.num_skipped, wall)

@@ -9,6 +9,8 @@ from typing import Any, Callable, Iterator, List, Optional, Sequence
 import torch
 from torch import nn
 
+from .progress import ProgressClock
+
 #: ``loss_fn(model, batch) -> scalar loss tensor``.
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
@@ -50,18 +52,22 @@ def check_inputs(model: Any, loss_fn: Any) -> None:
 
 
 def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
-                   callback: Optional[Callable[[Any], None]], name: str, start: int = 0,
-                   every: Optional[tuple] = None) -> int:
+                   callback: Optional[Callable[[Any], None]], name: str, log_seconds: float = 0.0,
+                   start: int = 0, every: Optional[tuple] = None) -> int:
     """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
 
     ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
-    ``log_progress``, ``scaled`` and ``alpha``. On success the model holds alpha*W of the last update; if
+    ``log_progress(completed, total, timing=..., settled_only=...)``, ``scaled`` and ``alpha``. Progress is
+    logged at the first iteration, every ``log_interval`` iterations and at the end, and also whenever
+    ``log_seconds`` of wall time have passed (0: never); those lines show the last settled record, as
+    reading a pending one would sync the host at a moment that differs between data-parallel ranks. On success the model holds alpha*W of the last update; if
     anything raises, or every iteration was skipped (``FloatingPointError``), it holds W, the
     weights it was given. ``start`` iterations were completed before (a resumed run), and
     ``every = (n, fn)`` calls ``fn()`` after every n-th iteration. Returns the number of completed
     iterations, ``start`` included.
     """
-    completed = reported = start
+    completed = reported = logged = start
+    clock = ProgressClock(every_iters=log_interval, every_seconds=log_seconds, first=start)
 
     def report():
         nonlocal reported
@@ -78,8 +84,13 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
                 report()
                 if every is not None and completed % every[0] == 0 and (total is None or completed < total):
                     every[1]()
-                if completed == 1 or completed % log_interval == 0:
-                    engine.log_progress(completed, total)
+                due = clock.due(completed)
+                if due == "time" and total is not None and completed >= total:
+                    due = None  # the final line follows
+                if due:
+                    engine.log_progress(completed, total, timing=clock.timing(completed, total),
+                                        settled_only=due == "time")
+                    logged = completed if due == "iterations" else logged
                 if total is not None and completed >= total:
                     break
         if total is not None and completed < total:
@@ -98,6 +109,6 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
         with torch.no_grad():
             engine.scaled.write(torch.ones_like(engine.alpha))
         raise
-    if engine.history and completed % log_interval != 0 and completed != 1:
-        engine.log_progress(completed, total)
+    if engine.history and logged != completed:
+        engine.log_progress(completed, total, timing=clock.timing(completed, total))
     return completed

@@ -95,9 +95,9 @@ def resolve_scale_bounds(model: nn.Module, names: Sequence[str], params: Sequenc
         hi.append(math.inf if b_hi is None else b_hi)
     for b, n in zip(bounds, counts):
         if n == 0:
-            logger.warning("scale bound %r selects no scaled tensor", b.describe())
+            logger.warning("gradinit: scale bound %r selects no scaled tensor", b.describe())
         else:
-            logger.info("scale bound %r: %d tensors in [%s, %s]", b.describe(), n, b.min_scale, b.max_scale)
+            logger.info("gradinit: scale bound %r: %d tensors in [%s, %s]", b.describe(), n, b.min_scale, b.max_scale)
     return lo, hi
 
 

@@ -380,7 +380,7 @@ class GradInitTaskMixin:
         summary = summarize_scales(scales, transformer_group)
         logger.info("gradinit: scales by group (count min/mean/max)")
         for group, s in summary.items():
-            logger.info("  %-32s %3d  %.4f / %.4f / %.4f", group, s["count"], s["min"], s["mean"], s["max"])
+            logger.info("gradinit:   %-32s %3d  %.4f / %.4f / %.4f", group, s["count"], s["min"], s["mean"], s["max"])
         return summary
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,

@@ -114,7 +114,7 @@ def training_batch_indices(task, model, dataset, *, max_tokens: Optional[int], b
                          f"positions the model and task allow ({max_positions}) or than a batch of {max_tokens} "
                          "tokens; raise --max-tokens/--gradinit-max-tokens or the --max-*-positions")
     if skipped > 0:
-        logger.warning("%d of %d training samples skipped (longer than max positions %s or a batch of %s tokens)",
+        logger.warning("gradinit: %d of %d training samples skipped (longer than max positions %s or a batch of %s tokens)",
                        skipped, len(dataset), max_positions, max_tokens)
     return batches
 

@@ -1,0 +1,173 @@
+#!/usr/bin/env python3
+"""The benchmark numbers of README.md and benchmarks/README.md, generated from the stored results
+(``benchmarks/results/*.json``), so that the prose cannot drift from the measurements.
+
+A generated block sits between ``<!-- bench:NAME -->`` and ``<!-- /bench -->`` (a table, or a few words inside a
+sentence); NAME is one of :data:`BLOCKS`.
+
+    python scripts/benchmark_tables.py           # print every block
+    python scripts/benchmark_tables.py --write   # update README.md, benchmarks/README.md, docs/vision.md
+    python scripts/benchmark_tables.py --check   # exit 1 if a file is out of date (the tests run this)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "benchmarks" / "results"
+FILES = ("README.md", "benchmarks/README.md", "docs/vision.md")
+BLOCK = re.compile(r"<!-- bench:([\w.]+) -->(.*?)<!-- /bench -->", re.S)
+
+# (label, result key, ratio key of the time, ratio key of the memory, target key of the time, of the memory)
+TRANSFORMER_ROWS = (
+    ("training step (fwd+bwd+Adam)", "train_step", None, None, None, None),
+    ("objective iteration", "gradinit_objective", "objective_time", "objective_peak_memory", "objective_time",
+     "objective_peak_memory"),
+    ("constraint iteration after a constraint iteration", "gradinit_constraint", "constraint_time",
+     "constraint_peak_memory", "constraint_time", None),
+    ("constraint iteration after an objective iteration", "gradinit_constraint_switch", "constraint_switch_time",
+     "constraint_switch_peak_memory", "constraint_time", None),
+    ("constraint iteration, `constraint_grad=\"finite_difference\"` (opt-in, approximate)", "gradinit_constraint_fd",
+     "constraint_fd_time", "constraint_fd_peak_memory", "constraint_time", None),
+)
+
+
+def load(tag: str) -> dict:
+    return json.loads((RESULTS / f"{tag}.json").read_text(encoding="utf-8"))
+
+
+def mark(value: float, target, unit: str = "") -> str:
+    """``value`` with 2 decimals and ``unit``, and ✓/✗ against ``target`` (an upper bound) when there is one."""
+    return f"{value:.2f}{unit}" + ("" if target is None else (" ✓" if value <= target else " ✗"))
+
+
+def transformer_table(tag: str) -> str:
+    d = load(tag)
+    ratios, targets = d["ratios"], d["targets"]
+    train = d["results"]["train_step"]
+    lines = ["| measurement | time (ms) | time / train step | peak memory / train step | target |",
+             "|---|---|---|---|---|"]
+    for label, key, t_key, m_key, t_target, m_target in TRANSFORMER_ROWS:
+        if key not in d["results"]:
+            continue
+        ms = 1000 * d["results"][key]["median_s"]
+        if t_key is None:
+            lines.append(f"| {label} | {ms:.0f} | 1.00 | 1.00 ({train['peak_bytes'] / 2**20:.0f} MiB) | |")
+            continue
+        tt, mt = targets.get(t_target), targets.get(m_target) if m_target else None
+        target = ", ".join(x for x in (f"≤ {tt:g} time" if tt else "", f"≤ {mt:g} memory" if mt else "") if x)
+        lines.append(f"| {label} | {ms:.0f} | {mark(ratios[t_key], tt)} | {mark(ratios[m_key], mt)} | {target} |")
+    share = d["recipe_share"]
+    lines.append("")
+    lines.append(f"Projected share of the paper's recipe (780 GradInit iterations + 100k updates): "
+                 f"{100 * share['all_objective']:.2f}% if every iteration is an objective one, "
+                 f"{100 * share['all_constraint']:.2f}% if every one is a constraint one (target ≤ "
+                 f"{100 * targets['recipe_share']:g}%). Device: {d['device']}, torch {d['torch']}.")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def vision_table(tag: str) -> str:
+    d = load(tag)
+    t = d["targets"]
+    with_fd = any("constraint_fd_time" in r["ratios"] for r in d["results"])
+    head = ["model", "BN", "train ms", f"objective time (≤ {t['objective_time']:g})",
+            f"constraint time (≤ {t['constraint_time']:g})", f"objective memory (≤ {t['objective_memory']:g})"]
+    if with_fd:
+        head.append(f"constraint time, finite_difference (≤ {t['constraint_time']:g})")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in d["results"]:
+        q = r["ratios"]
+        row = [r["model"], "yes" if r["bn"] else "no", f"{1000 * r['train']['time_s']:.1f}",
+               mark(q["objective_time"], t["objective_time"], "×"), mark(q["constraint_time"], t["constraint_time"], "×"),
+               mark(q["objective_memory"], t["objective_memory"], "×")]
+        if with_fd:
+            row.append(mark(q["constraint_fd_time"], t["constraint_time"], "×") if "constraint_fd_time" in q else "")
+        lines.append("| " + " | ".join(row) + " |")
+    c = d["config"]
+    lines.append("")
+    lines.append(f"Device: {d['device']}, torch {d['torch']}; batch {c['batch_size']} (|S| = |S̃| = {c['batch_size']}), "
+                 f"{c['image_size']}×{c['image_size']} inputs, width {c['width']:g}, median of {c['repeats']} timed "
+                 f"calls. Peak memory: {d['memory_method']}.")
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def ratio_range(tags: List[str], keys: List[str]) -> str:
+    """``a–b×``: the smallest and largest of the ratios ``keys`` over the results ``tags``."""
+    values = []
+    for tag in tags:
+        d = load(tag)
+        rows = d["results"] if isinstance(d["results"], list) else [d]
+        values += [r["ratios"][k] for r in rows for k in keys if k in r["ratios"]]
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return f"{low}×" if low == high else f"{low}–{high}×"
+
+
+TRANSFORMER_TIME_KEYS = ["objective_time", "constraint_time", "constraint_switch_time"]
+
+#: name -> renderer of each generated block.
+BLOCKS: Dict[str, Callable[[], str]] = {
+    "transformer_cpu_B2048": lambda: transformer_table("transformer_cpu_B2048"),
+    "transformer_cuda_B4096": lambda: transformer_table("transformer_cuda_B4096"),
+    "vision_cpu": lambda: vision_table("vision_cpu"),
+    "vision_cuda": lambda: vision_table("vision_cuda"),
+    "transformer_cpu.iteration_range": lambda: ratio_range(["transformer_cpu_B2048"], TRANSFORMER_TIME_KEYS),
+    "transformer_cuda.iteration_range": lambda: ratio_range(["transformer_cuda_B4096"], TRANSFORMER_TIME_KEYS),
+    "vision_cpu.constraint_range": lambda: ratio_range(["vision_cpu"], ["constraint_time"]),
+    "vision_cuda.constraint_range": lambda: ratio_range(["vision_cuda"], ["constraint_time"]),
+    "transformer_cpu.fd_vs_exact": lambda: (
+        f"{ratio_range(['transformer_cpu_B2048'], ['constraint_fd_time'])} a training step and "
+        f"{load('transformer_cpu_B2048')['ratios']['constraint_fd_peak_memory']:.2f}× its memory, against "
+        f"{ratio_range(['transformer_cpu_B2048'], ['constraint_time', 'constraint_switch_time'])} and "
+        f"{load('transformer_cpu_B2048')['ratios']['constraint_peak_memory']:.2f}× for the exact gradient"),
+}
+
+
+def render(text: str) -> str:
+    """``text`` with every generated block replaced; a ``ValueError`` names an unknown block."""
+    def replace(m):
+        name = m.group(1)
+        if name not in BLOCKS:
+            raise ValueError(f"unknown generated block {name!r}; known: {', '.join(sorted(BLOCKS))}")
+        return f"<!-- bench:{name} -->{BLOCKS[name]()}<!-- /bench -->"
+    return BLOCK.sub(replace, text)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--write", action="store_true", help="update the generated blocks of the files")
+    mode.add_argument("--check", action="store_true", help="exit 1 if a generated block is out of date")
+    args = p.parse_args(argv)
+    if not (args.write or args.check):
+        for name, fn in BLOCKS.items():
+            print(f"## {name}\n{fn()}\n")
+        return 0
+    stale = []
+    try:
+        for rel in FILES:
+            path = REPO / rel
+            old = path.read_text(encoding="utf-8")
+            new = render(old)
+            if new != old:
+                stale.append(rel)
+                if args.write:
+                    path.write_text(new, encoding="utf-8")
+    except ValueError as e:
+        print(f"benchmark_tables: {e}", file=sys.stderr)
+        return 1
+    if args.check and stale:
+        print(f"benchmark_tables: out of date: {', '.join(stale)}; run python scripts/benchmark_tables.py --write",
+              file=sys.stderr)
+        return 1
+    if args.write:
+        print(f"updated: {', '.join(stale) or 'nothing (up to date)'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
