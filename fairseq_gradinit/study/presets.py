@@ -1,6 +1,6 @@
 """Presets of the study runner (``scripts/study.py --preset NAME``; ``--list-presets`` prints this).
 
-- ``evidence``: the arms of ``../shared/evidence/nowarmup-d512-2026-11-26`` with its settings.
+- ``evidence``: the arms of ``docs/evidence/nowarmup-d512-2026-11-26`` with its settings.
 - ``screen``: eight differences from the authors' setup, one arm each, plus the warmup and
   Xavier references, split into two GPU calls.
 - ``demo``: the d=128 CPU demonstration of docs/debian-demo.md.
@@ -18,7 +18,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from .arms import Arm
 
-EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-2026-11-26"  # relative to the repository root
+EVIDENCE_DIR = "docs/evidence/nowarmup-d512-2026-11-26"  # relative to the repository root
 
 
 @dataclass(frozen=True)
@@ -110,7 +110,7 @@ EVIDENCE = Preset(
     ),
     throughput="h100",
     doc="""\
-Setup of ../shared/evidence/nowarmup-d512-2026-11-26/README.md: transformer_iwslt_de_en (d=512),
+Setup of docs/evidence/nowarmup-d512-2026-11-26/README.md: transformer_iwslt_de_en (d=512),
 --share-all-embeddings, dropout 0.3, label smoothing 0.1, Adam lr 5e-4 constant, 4096-token
 batches, fp16, seed 1, validation every 100 updates; GradInit 780 iterations, eta 5e-4, gamma 1e3,
 tau 2.5e-3, 4096-token batches, per_branch moments, zero tensors outside the simulated step
@@ -224,7 +224,7 @@ in the base does not reach warmup-s1). On the CPU add --cpu (and keep --parallel
 )
 
 # -- the ablation of the authors' setup -----------------------------------------------
-AUTHORS_EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-authors-2026-11-26"  # relative to the repository root
+AUTHORS_EVIDENCE_DIR = "docs/evidence/nowarmup-d512-authors-2026-11-26"  # relative to the repository root
 #: The authors' GradInit launch settings, spelled out (independent of the plugin's defaults).
 GI_AUTHORS = (
     "--gradinit-iters", "780", "--gradinit-eta", "1e-3", "--gradinit-gamma", "1e3", "--gradinit-lr", "2.5e-3",
@@ -287,7 +287,7 @@ ABLATE = Preset(
     throughput="h100",
     doc="""\
 Base: the evidence's d=512 setting (preset 'evidence'); 'authors' is the README's IWSLT recipe as
-measured in ../shared/evidence/nowarmup-d512-authors-2026-11-26 (learns from update 100; 8.94 at
+measured in docs/evidence/nowarmup-d512-authors-2026-11-26 (learns from update 100; 8.94 at
 update 300 against 9.74 on the plateau). Every other arm changes one setting of it; GradInit
 settings are spelled out, so the arms do not depend on the plugin's defaults. 600 updates are
 enough to tell learning from the plateau. Needs --data-bin separate=PATH (prepare_corpus.py
@@ -411,7 +411,7 @@ on one H100: six arms, one 780-iteration GradInit phase (--time-budget 7 --bleu-
 
 
 # -- what keeps a no-warmup run alive past the collapse ------------------------
-HOLD_EVIDENCE_DIR = "../shared/evidence/nowarmup-d512-hold-2026-11-27"  # relative to the repository root
+HOLD_EVIDENCE_DIR = "docs/evidence/nowarmup-d512-hold-2026-11-27"  # relative to the repository root
 #: The training monitor, one record every validation interval.
 MONITOR = ("--gradinit-monitor-interval", "100")
 #: The Admin authors' fp16 loss-scale flags: the scale grows back after 256 clean updates and never
