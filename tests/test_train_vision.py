@@ -136,7 +136,7 @@ def test_fashion_mnist_reader(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz").is_file(),
-                    reason="Debian package dataset-fashion-mnist not installed")
+                    reason="optional: Debian package dataset-fashion-mnist not installed")
 def test_installed_fashion_mnist_files():
     files = tv.find_fashion_mnist(None)
     labels = tv.read_idx(files["test_labels"])
