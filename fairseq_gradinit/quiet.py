@@ -7,6 +7,8 @@ import os
 import sys
 import warnings
 
+#: The warning filter fairseq's data iterators put into PYTHONWARNINGS for their worker processes.
+FAIRSEQ_WORKER_FILTER = "ignore:semaphore_tracker:UserWarning"
 #: The variable that, set to ``all``, keeps every warning.
 SHOW_ALL_ENV = "FAIRSEQ_GRADINIT_WARNINGS"
 
@@ -30,7 +32,9 @@ KNOWN_NOISE = (
 def hide_known_noise() -> bool:
     """Hide the warnings of :data:`KNOWN_NOISE` in this process, unless ``FAIRSEQ_GRADINIT_WARNINGS=all``
     or the user set warning filters (``-W``, ``PYTHONWARNINGS``). Returns whether they are hidden."""
-    if os.environ.get(SHOW_ALL_ENV, "").strip().lower() == "all" or sys.warnoptions:
+    # fairseq's data iterators set PYTHONWARNINGS to this for their worker processes: not the user's choice.
+    user_options = [o for o in sys.warnoptions if o != FAIRSEQ_WORKER_FILTER]
+    if os.environ.get(SHOW_ALL_ENV, "").strip().lower() == "all" or user_options:
         return False
     for message in KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=message)

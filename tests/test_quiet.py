@@ -43,6 +43,13 @@ def test_known_noise_hidden_and_other_warnings_kept():
         assert noise not in err, noise
 
 
+def test_fairseqs_own_worker_filter_in_the_environment_does_not_show_the_noise():
+    """fairseq's data iterators leave PYTHONWARNINGS=ignore:semaphore_tracker:UserWarning in the environment of
+    the processes a training run starts: that is not a user asking to see warnings."""
+    err = run({"PYTHONWARNINGS": "ignore:semaphore_tracker:UserWarning"})
+    assert "torch.jit.script" not in err and "a warning of our own about pin_memory" in err
+
+
 def test_noise_shown_with_the_variable_or_the_users_own_filters():
     for err in (run({"FAIRSEQ_GRADINIT_WARNINGS": "all"}), run(flags=("-W", "default")),
                 run({"PYTHONWARNINGS": "default"})):
