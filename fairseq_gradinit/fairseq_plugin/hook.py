@@ -24,6 +24,7 @@ from ..core import BatchPair, apply_scales, gradinit, summarize_scales
 from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
+from .lock import phase_lock
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
@@ -152,7 +153,13 @@ class GradInitTaskMixin:
 
     # ------------------------------------------------------------------------------------
     def run_gradinit(self, model, criterion):
-        """Run GradInit (or apply ``--gradinit-init-file``) on ``model`` in place."""
+        """Run GradInit (or apply ``--gradinit-init-file``) on ``model`` in place, holding the save
+        dir's lock (:mod:`.lock`) for the whole phase: a second run into the folder stops."""
+        rank, world = rank_world()
+        with phase_lock(cfg_value(self.gradinit_cfg, "gradinit_save_dir", "checkpoints"), rank=rank, world=world):
+            return self._run_gradinit_locked(model, criterion)
+
+    def _run_gradinit_locked(self, model, criterion):
         cfg = self.gradinit_cfg
         rank, world = rank_world()
         save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
