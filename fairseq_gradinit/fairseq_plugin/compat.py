@@ -1,6 +1,7 @@
 """Compatibility fixes applied when the plugin is loaded."""
 from __future__ import annotations
 
+import inspect
 import logging
 import types
 
@@ -45,3 +46,13 @@ def checkpoint_loading_patched() -> bool:
     import fairseq.checkpoint_utils as checkpoint_utils
 
     return isinstance(getattr(checkpoint_utils, "torch", None), _TorchWithPickleLoad)
+
+
+def takes_keyword(fn, name: str) -> bool:
+    """Whether calling ``fn`` with the keyword ``name`` is allowed (fairseq asks this of a task's
+    ``build_model`` before passing ``from_checkpoint``)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ..core import BatchPair, apply_scales, gradinit, summarize_scales
 from .cfg import cfg_value
+from .compat import takes_keyword
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
 from .lock import phase_lock
@@ -106,14 +107,18 @@ class GradInitTaskMixin:
         self._gradinit_criterion_cfg = None
         self.gradinit_result = None
 
-    def build_model(self, cfg, *args, **kwargs):
-        # Tasks differ in whether they take from_checkpoint; pass on exactly what was given.
-        from_checkpoint = bool(kwargs.get("from_checkpoint", args[0] if args else False))
+    def build_model(self, cfg, from_checkpoint=False, **kwargs):
+        # Named in the signature: fairseq's checkpoint loading passes from_checkpoint=True only to a
+        # build_model that names it, and a model built for a checkpoint must never get GradInit.
+        # Tasks differ in whether they take it; pass it on only to those that do.
+        if takes_keyword(super().build_model, "from_checkpoint"):
+            kwargs["from_checkpoint"] = from_checkpoint
+        from_checkpoint = bool(from_checkpoint)
         if not from_checkpoint and gradinit_enabled(self.gradinit_cfg):
             # The model's arguments as given: building fills in derived ones (e.g. the shared
             # output embedding), and the fingerprint must equal the one of the command line.
             self._gradinit_model_args = model_arguments(cfg)
-        model = super().build_model(cfg, *args, **kwargs)
+        model = super().build_model(cfg, **kwargs)
         install_multipliers_on_load(model)
         if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
             # Also when loading a checkpoint: its state holds the multipliers.

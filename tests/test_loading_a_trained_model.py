@@ -1,0 +1,114 @@
+"""Loading a trained checkpoint computes what was trained: GradInit (or an init file) never runs when
+fairseq-validate, fairseq-generate, fairseq-interactive, load_model_ensemble_and_task or the scripts
+load a model trained with --gradinit-iters, even where they build the criterion."""
+import json
+import shutil
+import sys
+
+import pytest
+
+pytest.importorskip("fairseq")
+
+import torch  # noqa: E402
+from fairseq import options  # noqa: E402
+
+from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin  # noqa: E402
+from fairseq_helpers import REPO  # noqa: E402
+from test_fairseq_plugin import TINY_MODEL, tiny_data, train_inprocess  # noqa: E402,F401
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_data, tmp_path_factory):
+    """A checkpoint trained with GradInit (its config says --gradinit-iters 2), moved away from its
+    --save-dir as a shared or downloaded model is, and its weights."""
+    root = tmp_path_factory.mktemp("trained")
+    save = root / "ck"
+    train_inprocess([str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "5e-3",
+                     "--max-update", "2", "--save-dir", str(save), "--gradinit-iters", "2"])
+    ckpt = (save / "checkpoint_last.pt").rename(root / "model.pt")
+    shutil.rmtree(save)
+    weights = torch.load(ckpt, map_location="cpu", weights_only=False)["model"]
+    return ckpt, weights
+
+
+@pytest.fixture
+def no_gradinit(monkeypatch, tmp_path, caplog):
+    """Runs in an empty working folder; fails the test if GradInit (or an init file) is applied."""
+    calls = []
+    real = GradInitTaskMixin.run_gradinit
+
+    def spy(self, *args, **kwargs):
+        calls.append(args)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(GradInitTaskMixin, "run_gradinit", spy)
+    monkeypatch.chdir(tmp_path)
+    caplog.set_level("INFO")
+    yield calls
+    assert calls == []
+    assert not list(tmp_path.rglob("gradinit.json")) and "gradinit iter" not in caplog.text
+
+
+def _same(model, weights):
+    state = model.state_dict()
+    return all(torch.equal(state[k], weights[k]) for k in weights)
+
+
+def test_load_model_ensemble_and_task_then_build_criterion_keeps_the_trained_weights(trained, tiny_data,
+                                                                                       no_gradinit):
+    from fairseq import checkpoint_utils
+
+    ckpt, weights = trained
+    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)],
+                                                                      arg_overrides={"data": str(tiny_data)})
+    assert cfg.task.gradinit_iters == 2  # the trained run's setting travels with the checkpoint
+    task.build_criterion(cfg.criterion)
+    assert _same(models[0], weights)
+
+
+def test_fairseq_validate_does_not_run_gradinit(trained, tiny_data, no_gradinit, caplog, capsys, monkeypatch):
+    from fairseq_cli import validate
+
+    ckpt, _ = trained
+    monkeypatch.setattr(sys, "argv", ["fairseq-validate", str(tiny_data), "--path", str(ckpt), "--cpu",
+                                      "--task", "translation_gradinit", "--max-tokens", "400",
+                                      "--log-format", "simple", "--user-dir", str(REPO / "fairseq_gradinit")])
+    validate.cli_main()
+    assert "valid on 'valid' subset | loss" in caplog.text + capsys.readouterr().out
+
+
+def test_fairseq_generate_and_interactive_do_not_run_gradinit(trained, tiny_data, no_gradinit, tmp_path, capsys,
+                                                              monkeypatch):
+    from fairseq_cli import generate, interactive
+
+    ckpt, _ = trained
+    common = [str(tiny_data), "--user-dir", str(REPO / "fairseq_gradinit"), "--path", str(ckpt), "--cpu",
+              "--beam", "2", "--max-len-b", "5"]
+    monkeypatch.setattr(sys, "argv", ["fairseq-generate", *common, "--batch-size", "20", "--gen-subset", "valid"])
+    generate.cli_main()
+    assert capsys.readouterr().out.count("H-") == 40
+    source = tmp_path / "source.de"
+    source.write_text("Datei öffnen\nSpeichern\n", encoding="utf-8")
+    monkeypatch.setattr(sys, "argv", ["fairseq-interactive", *common, "--input", str(source), "-s", "de", "-t", "en"])
+    interactive.cli_main()
+    assert capsys.readouterr().out.count("H-") == 2
+
+
+def test_valid_loss_modes_script_keeps_the_trained_weights(trained, tiny_data, no_gradinit, monkeypatch):
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import valid_loss_modes
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    ckpt, weights = trained
+    seen = []
+    real = valid_loss_modes.split_loss
+
+    def spy(model, *a, **k):
+        seen.append(_same(model, weights))
+        return real(model, *a, **k)
+
+    monkeypatch.setattr(valid_loss_modes, "split_loss", spy)
+    res = valid_loss_modes.main([str(tiny_data), "--path", str(ckpt), "--cpu", "--max-tokens", "400"])
+    assert seen == [True, True] and res["num_updates"] == 2
+    json.dumps(res)
