@@ -175,4 +175,24 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
         return 130
     print(summary_table(result))  # noqa: T201
     failed = [n for n, a in result["arms"].items() if a.get("trained") and a["run"]["status"] in ("failed", "skipped")]
+    for line in failed_arm_lines(result):
+        print(line, file=sys.stderr)  # noqa: T201
     return 1 if failed else 0
+
+
+def failed_arm_lines(result: Mapping) -> List[str]:
+    """One line per arm that failed or never started, naming the log to read (for an arm whose
+    GradInit phase failed: the phase's log)."""
+    lines = []
+    for name, arm in result["arms"].items():
+        run = arm.get("run") or {}
+        if not arm.get("trained") or run.get("status") not in ("failed", "skipped"):
+            continue
+        group = (result.get("gradinit_groups") or {}).get(arm.get("gradinit_group") or "") or {}
+        phase = group.get("phase") or {}
+        # A failed arm's reason names its log; a skipped one's names the phase that failed.
+        log = phase.get("log") if run["status"] == "skipped" and phase.get("status") not in (None, "done") else None
+        what = "failed" if run["status"] == "failed" else "did not run"
+        lines.append(f"study: arm {name} {what}: {run.get('reason') or 'no reason recorded'}"
+                     + (f"; see {log}" if log else ""))
+    return lines
