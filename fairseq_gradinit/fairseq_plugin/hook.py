@@ -25,6 +25,7 @@ from .cfg import cfg_value
 from .compat import takes_keyword
 from .files import atomic_write_json, remove_stale_temp_files
 from .groups import transformer_group
+from .init_file import unscaled_tensors
 from .lock import phase_lock
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
@@ -280,6 +281,12 @@ class GradInitTaskMixin:
                 f"{source} {path}: {len(missing)} of its {len(scales)} scales name tensors this model does not "
                 f"have, e.g. {missing[:5]} (the model has e.g. {names[:3]}); it was computed for another "
                 "architecture")
+        unscaled = unscaled_tensors(model, scales, saved.get("config"))
+        if unscaled:
+            raise GradInitStop(
+                f"{source} {path}: no scale for {len(unscaled)} of this model's tensors, e.g. {unscaled[:5]}: they "
+                "would start unscaled while the others are scaled (was the file edited?); recompute it, or restore "
+                "the missing scales")
         if current is not None and keys:
             diff = fingerprint_diff(saved.get("fingerprint"), current, keys=keys)
             if diff:
