@@ -1,6 +1,10 @@
 """A study whose GradInit phase fails still finishes: study.json and bleu.json are written, the
 command says which arms did not run and why, and the same --out takes a rerun of those arms."""
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -80,3 +84,90 @@ def test_a_failed_gradinit_phase_with_bleu_on_finishes_the_study_and_a_rerun_wor
     assert code == 0, capsys.readouterr().err
     again = json.loads((out / "study.json").read_text())
     assert again["arms"]["gi"]["run"]["status"] == "done" and again["gradinit_groups"][group]["computed_now"]
+
+
+def test_a_study_from_any_folder_resolves_paths_against_it(tmp_path, monkeypatch):
+    """Relative data, --out, --gradinit-cache and --file paths are the caller's: resolved against its
+    folder before anything starts, and the jobs run in that folder (not the repository's)."""
+    work = tmp_path / "work"
+    (work / "bin").mkdir(parents=True)
+    for name in ("dict.de.txt", "dict.en.txt"):
+        (work / "bin" / name).write_text("a 1\n")
+    (work / "scales.json").write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
+    (work / "bleu.py").write_text("")
+    seen = []
+    fake = fake_jobs(phase_fails=False)
+
+    def run(jobs, **kwargs):
+        seen.append((kwargs["cwd"], kwargs["env"].get("PYTHONSAFEPATH"), [list(j.cmd) for j in jobs]))
+        fake(jobs, **kwargs)
+
+    monkeypatch.setattr(study_runner, "run_jobs", run)
+    monkeypatch.chdir(work)
+    code = study_cli.main(["bin", "--out", "out", "--cpu", "--base-args", TINY, "--max-update", "2",
+                           "--save-every", "2", "--gradinit-cache", "cache", "--file", "s=scales.json",
+                           "--arm", "gi=--gradinit-iters 3", "--arm", "file=--gradinit-init-file {s}"],
+                          bleu_script=Path("bleu.py"))
+    assert code == 0
+    result = json.loads((work / "out" / "study.json").read_text())
+    assert result["out"] == str(work / "out") and result["data"]["main"] == str(work / "bin")
+    (group,) = result["gradinit_groups"].values()
+    assert group["scales"].startswith(str(work / "cache") + "/")
+    assert f"--gradinit-init-file {work / 'scales.json'}" in result["arms"]["file"]["command"]
+    for cwd, safe_path, commands in seen:  # training jobs, then BLEU
+        assert cwd == work and safe_path == "1"
+        for cmd in commands:
+            for path in (cmd[cmd.index(flag) + 1] for flag in ("--save-dir", "--output-json", "--path") if flag in cmd):
+                assert path.startswith(str(work) + "/"), cmd
+
+
+def _processes_mentioning(text):
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and text in (proc / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def test_sigterm_stops_the_study_and_its_jobs_and_leaves_no_temporary_folder(tmp_path):
+    """`timeout` or a scheduler sends SIGTERM: the GradInit phase it runs is stopped too, its temporary
+    folder in the cache becomes failed-gi-KEY (log kept), and the study ends with one line, status 143."""
+    from fairseq_helpers import REPO, make_tiny_bin
+
+    data = make_tiny_bin(tmp_path, {"train": 60, "valid": 8, "test": 8}, 200)
+    cache = tmp_path / "cache"
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "scripts" / "study.py"), str(data), "--out", str(tmp_path / "out"), "--cpu",
+         "--no-bleu", "--gradinit-cache", str(cache), "--base-args", TINY + " --encoder-embed-dim 16 "
+         "--decoder-embed-dim 16 --encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32 --encoder-attention-heads 2 "
+         "--decoder-attention-heads 2 --share-all-embeddings --optimizer adam --num-workers 0",
+         "--arm", "g=--gradinit-iters 100000 --gradinit-log-interval 1"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while time.time() < deadline and proc.poll() is None:
+            logs = list(cache.glob(".gi-*.tmp*/gradinit.log.part"))
+            if logs and "gradinit iter 1/100000" in logs[0].read_text(errors="replace"):
+                break
+            time.sleep(0.5)
+        assert proc.poll() is None and logs, proc.communicate()[1][-3000:]
+        children = _processes_mentioning(str(logs[0].parent))
+        assert children  # the phase is running
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        left = _processes_mentioning(str(cache))
+        for pid in left:  # never leave a GradInit phase running after the test
+            os.kill(pid, signal.SIGKILL)
+    assert left == []
+    assert proc.returncode == 143 and "Traceback" not in err, err[-3000:]
+    assert err.splitlines()[-1].startswith("study: stopped by SIGTERM; its jobs were stopped and no study.json "
+                                           "was written. Rerun with a new --out")
+    assert not list(cache.glob(".gi-*")) and len(list(cache.glob("failed-gi-*/gradinit.log.part"))) == 1
+    assert not (tmp_path / "out" / "study.json").exists()

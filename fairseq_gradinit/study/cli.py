@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
@@ -109,24 +113,28 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         raise ValueError("the main data-bin (first argument) is required")
     if args.out is None:
         raise ValueError("--out DIR is required")
-    data = {"main": args.data, **dict(args.data_bin)}
+    # Every path the user gave is the caller's (relative to this working folder); the arms run in
+    # the same folder, and the study records absolute paths.
+    data = {key: os.path.abspath(path) for key, path in {"main": args.data, **dict(args.data_bin)}.items()}
     files = dict(preset.resolved_files(REPO_ROOT)) if preset else {}
-    files.update(dict(args.file))
+    files.update({key: os.path.abspath(path) for key, path in args.file})
 
     def pick(value, attr, default):
         return value if value is not None else getattr(preset, attr, None) or default
 
     return StudyConfig(
-        data=data, out=args.out, arms=tuple(selected), prepare=tuple(prepare),
+        data=data, out=Path(os.path.abspath(args.out)), arms=tuple(selected), prepare=tuple(prepare),
         base=tuple((preset.base if preset else ())) + tuple(shlex.split(args.base_args)), files=files,
         parallel=args.parallel,
         time_budget_s=(args.time_budget * 60 if args.time_budget is not None else None),
         finish_margin_s=args.finish_margin if args.finish_margin is not None else 30.0,
         max_update=pick(args.max_update, "max_update", 3000), valid_every=pick(args.valid_every, "valid_every", 100),
         save_every=pick(args.save_every, "save_every", 500), cpu=args.cpu, bleu=not args.no_bleu,
-        bleu_ref=args.bleu_ref, bleu_subset=args.bleu_subset, bleu_args=tuple(shlex.split(args.bleu_args)),
+        bleu_ref=os.path.abspath(args.bleu_ref) if args.bleu_ref else None, bleu_subset=args.bleu_subset,
+        bleu_args=tuple(shlex.split(args.bleu_args)),
         bleu_budget_s=args.bleu_budget * 60 if args.bleu_budget is not None else None,
-        bleu_script=args.bleu_script, gradinit_cache=args.gradinit_cache,
+        bleu_script=Path(os.path.abspath(args.bleu_script)),
+        gradinit_cache=Path(os.path.abspath(args.gradinit_cache)) if args.gradinit_cache else None,
     )
 
 
@@ -161,23 +169,56 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
             plans, groups = plan_study(cfg)
             print(describe_plan(cfg, plans, groups))  # noqa: T201
             return 0
-        result = run_study(cfg)
-        if args.export:
-            exported = export_results(Path(cfg.out), args.export, list(result["gradinit_groups"]), cfg.cache_dir)
-            logger.info("study: exported %s", ", ".join(exported))
+        with termination_signals_interrupt():
+            result = run_study(cfg)
+            if args.export:
+                exported = export_results(Path(cfg.out), args.export, list(result["gradinit_groups"]), cfg.cache_dir)
+                logger.info("study: exported %s", ", ".join(exported))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)  # noqa: T201
         return 2
-    except KeyboardInterrupt:
-        print(f"study: interrupted (Ctrl-C); its jobs were stopped and no study.json was written. Rerun with a new "
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        how = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"study: {how}; its jobs were stopped and no study.json was written. Rerun with a new "
               f"--out (finished GradInit phases stay cached in {cfg.cache_dir if cfg else 'the cache'})",
               file=sys.stderr)  # noqa: T201
-        return 130
+        return 128 + signum
     print(summary_table(result))  # noqa: T201
     failed = [n for n, a in result["arms"].items() if a.get("trained") and a["run"]["status"] in ("failed", "skipped")]
     for line in failed_arm_lines(result):
         print(line, file=sys.stderr)  # noqa: T201
     return 1 if failed else 0
+
+
+class Terminated(KeyboardInterrupt):
+    """A termination signal other than SIGINT, handled as Ctrl-C; ``signum`` names it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def termination_signals_interrupt():
+    """SIGTERM and SIGHUP (a scheduler, ``timeout``, a closed terminal) end the study as Ctrl-C does:
+    its jobs are stopped and its temporary folders cleaned up. Later signals are ignored until then."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = (signal.SIGTERM, signal.SIGHUP)
+
+    def handler(signum, frame):
+        for s in signums:
+            signal.signal(s, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def failed_arm_lines(result: Mapping) -> List[str]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from .arms import merge_args
-from .plan import REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, phase_command, plan_study
+from .plan import ArmPlan, GradInitGroup, StudyConfig, arm_command, phase_command, plan_study
 from .results import arm_curves, arm_outcome, checkpoint_updates, common_update, write_curves
 from .scheduler import Job, run_jobs, subprocess_env
 
@@ -106,7 +106,7 @@ def run_study(cfg: StudyConfig) -> dict:
                 sum(g.cached for g in groups.values()), len(arm_jobs))
     try:
         run_jobs(jobs, parallel=cfg.parallel, deadline=deadline, finish_margin_s=cfg.finish_margin_s, env=env,
-                 cwd=REPO_ROOT)
+                 cwd=Path.cwd())
     finally:  # also on Ctrl-C: no temporary folder stays in the cache
         for j in jobs:  # failed, killed or never started phases: keep their log beside the cache
             if j.kind == "phase" and j.status != "done":
@@ -199,7 +199,7 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
     budget = bleu_budget_s(cfg, len(jobs))
     result["budget_s"] = budget
     t0 = time.time()
-    run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=REPO_ROOT, deadline=t0 + budget if budget else None)
+    run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=Path.cwd(), deadline=t0 + budget if budget else None)
     for job in jobs:
         entry = {"checkpoint": str(ckpts[job.name][update]), **job.summary(t0)}
         out_json = outputs[job.name]
