@@ -30,8 +30,9 @@ from .lock import phase_lock
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
-    read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error,
+    read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error, check_when_parsed,
 )
+from .preflight import training_setup_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .restore import restore_source
 from .signals import sigterm_raises_interrupt
@@ -100,6 +101,7 @@ class GradInitTaskMixin:
     def add_args(cls, parser):
         super().add_args(parser)
         refuse_bad_values_when_parsed(parser)
+        check_when_parsed(parser, training_setup_error)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

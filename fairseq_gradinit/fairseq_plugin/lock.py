@@ -109,6 +109,9 @@ def phase_lock(directory: str, *, rank: int = 0, world: int = 1) -> Iterator[Non
                 stack.enter_context(save_dir_lock(directory))
             except SaveDirBusy as e:
                 error = str(e)
+            except OSError as e:  # a file in the way, no permission: before the phase, not after it
+                error = (f"--save-dir {directory}: cannot create or write it ({e.strerror or e}); GradInit's result "
+                         "and the checkpoints go there: give a writable folder")
         if world > 1:
             import torch.distributed as dist
 

@@ -1,0 +1,93 @@
+"""Training settings that fairseq only trips over after the GradInit phase, checked when parsed.
+
+fairseq builds the optimizer, casts to fp16, reads the train split and writes into ``--save-dir``
+after the task's ``build_criterion``, where GradInit runs: a typo there would cost the whole phase
+(minutes for 780 iterations). When GradInit computes (``--gradinit-iters`` > 0), the parser refuses
+these settings first, with one ``error:`` line, before anything is built.
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Optional
+
+import torch
+
+from .radam import parse_betas
+
+#: Optimizers whose --adam-betas/--adam-eps fairseq or torch check only when the optimizer is built.
+ADAM_LIKE = ("adam", "radam")
+
+
+def _optimizer_error(ns) -> Optional[str]:
+    optimizer = getattr(ns, "optimizer", None)
+    if optimizer not in ADAM_LIKE:
+        return None
+    betas = getattr(ns, "adam_betas", None)
+    if betas is not None:
+        try:
+            parse_betas(betas)
+        except ValueError as e:
+            return f"argument --adam-betas: {str(e).split(': ', 1)[-1]} (--optimizer {optimizer})"
+    eps = getattr(ns, "adam_eps", None)
+    if eps is not None and not (isinstance(eps, (int, float)) and eps >= 0):
+        return f"argument --adam-eps: invalid value {eps!r}: expected a number >= 0 (--optimizer {optimizer})"
+    return None
+
+
+def _precision_error(ns) -> Optional[str]:
+    for flag in ("fp16", "memory_efficient_fp16"):
+        if not getattr(ns, flag, False):
+            continue
+        why = "--cpu is given" if getattr(ns, "cpu", False) else (
+            None if torch.cuda.is_available() else "no CUDA device is available")
+        if why:
+            return (f"argument --{flag.replace('_', '-')}: fp16 training needs a CUDA GPU, and {why}; drop "
+                    f"--{flag.replace('_', '-')} (GradInit and training then run in fp32)")
+    return None
+
+
+def _save_dir_error(ns) -> Optional[str]:
+    save_dir = getattr(ns, "save_dir", None)
+    if not save_dir or getattr(ns, "no_save", False):
+        return None
+    path = os.path.abspath(save_dir)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == path else f"is below the file {existing}"
+        return f"argument --save-dir: {save_dir} {where}, not a folder; give a folder path"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return (f"argument --save-dir: cannot write into {existing} (permission denied); GradInit's result and the "
+                "checkpoints go there: give a writable folder")
+    return None
+
+
+def _train_split_error(ns) -> Optional[str]:
+    data = getattr(ns, "data", None)
+    subset = getattr(ns, "train_subset", None) or "train"
+    if not data:
+        return None
+    first = str(data).split(os.pathsep)[0]
+    if not os.path.isdir(first):  # the task's setup refuses it, before anything is built
+        return None
+    pattern = glob.escape(subset) + "*"
+    root = glob.escape(first)
+    if glob.glob(os.path.join(root, pattern)) or glob.glob(os.path.join(root, "*", pattern)):
+        return None
+    return (f"argument data: {first} has no '{subset}' split (no file {subset}.* in it or its subfolders); "
+            "GradInit and training read it: binarize it with fairseq-preprocess --trainpref, or pass --train-subset")
+
+
+def training_setup_error(ns) -> Optional[str]:
+    """The first setting of a parsed ``fairseq-train`` namespace that would fail only after the
+    GradInit phase, as 'argument --flag: ...', or None (also when GradInit does not compute)."""
+    iters = getattr(ns, "gradinit_iters", 0)
+    if not (isinstance(iters, int) and iters > 0) or getattr(ns, "gradinit_init_file", None):
+        return None
+    for check in (_optimizer_error, _precision_error, _save_dir_error, _train_split_error):
+        error = check(ns)
+        if error:
+            return error
+    return None

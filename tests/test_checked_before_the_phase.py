@@ -1,0 +1,60 @@
+"""Training settings that fairseq trips over only after the GradInit phase (optimizer, fp16, the
+save folder, the train split) are refused when the command line is parsed, before any work."""
+import pytest
+
+pytest.importorskip("fairseq")
+
+from fairseq import options  # noqa: E402
+
+from test_fairseq_plugin import TINY_MODEL, tiny_data, train_inprocess  # noqa: E402,F401
+
+
+def _parse(argv):
+    return options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--adam-betas", "(0.9, 1.5)"], "argument --adam-betas: expected two numbers in [0, 1), like '(0.9, 0.98)' "
+                                     "(--optimizer adam)"),
+    (["--optimizer", "radam", "--adam-betas", "0.9"], "argument --adam-betas: expected a pair like '(0.9, 0.98)' "
+                                                      "(--optimizer radam)"),
+    (["--adam-eps", "-1"], "argument --adam-eps: invalid value -1.0: expected a number >= 0"),
+    (["--fp16"], "argument --fp16: fp16 training needs a CUDA GPU, and --cpu is given; drop --fp16"),
+    (["--memory-efficient-fp16"], "argument --memory-efficient-fp16: fp16 training needs a CUDA GPU"),
+    (["--save-dir", "{file}"], "argument --save-dir: {file} is a file, not a folder; give a folder path"),
+    (["--save-dir", "{file}/ck"], "argument --save-dir: {file}/ck is below the file {file}, not a folder"),
+    (["--train-subset", "nosuch"], "argument data: {data} has no 'nosuch' split (no file nosuch.* in it or its "
+                                   "subfolders)"),
+])
+def test_settings_that_fail_after_the_phase_are_refused_when_parsed(tiny_data, tmp_path, capsys, extra, expected):
+    file = tmp_path / "a-file"
+    file.write_text("")
+    fill = {"file": str(file), "data": str(tiny_data)}
+    argv = [str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
+            "--save-dir", str(tmp_path / "ck")] + [e.format(**fill) for e in extra]
+    with pytest.raises(SystemExit) as exc:
+        _parse(argv + ["--gradinit-iters", "780"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"error: {expected.format(**fill)}" in err, err[-800:]
+    assert err.count("error:") == 1 and "Traceback" not in err
+    _parse(argv)  # GradInit off: fairseq's business, as before
+
+
+def test_a_save_dir_that_cannot_be_created_stops_before_the_phase(tiny_data, tmp_path):
+    """A config that was not parsed from a command line (the study's GradInit phase, Python) meets the
+    same folder when the phase starts: one line, before any iteration."""
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_gradinit.fairseq_plugin.training import build_from_config
+
+    file = tmp_path / "a-file"
+    file.write_text("")
+    ns = _parse([str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--max-update", "1",
+                 "--gradinit-iters", "2", "--save-dir", str(tmp_path / "ck")])
+    cfg = convert_namespace_to_omegaconf(ns)
+    cfg.checkpoint.save_dir = cfg.task.gradinit_save_dir = str(file / "ck")
+    with pytest.raises(SystemExit) as exc:
+        build_from_config(cfg)
+    message = str(exc.value.code)
+    assert message.startswith(f"gradinit: error: --save-dir {file / 'ck'}: cannot create or write it (")
+    assert "give a writable folder" in message
