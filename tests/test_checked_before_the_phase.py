@@ -58,3 +58,33 @@ def test_a_save_dir_that_cannot_be_created_stops_before_the_phase(tiny_data, tmp
     message = str(exc.value.code)
     assert message.startswith(f"gradinit: error: --save-dir {file / 'ck'}: cannot create or write it (")
     assert "give a writable folder" in message
+
+
+def test_an_over_long_validation_sample_is_refused_before_the_phase(tmp_path, caplog):
+    """--sample-break-mode complete_doc keeps a long document whole: fairseq refuses it at its first
+    validation, which used to come after GradInit; now before it (and skipped with fairseq's flag)."""
+    from fairseq import options as fairseq_options
+    from fairseq_cli import preprocess
+
+    words = [f"w{i}" for i in range(40)]
+    (tmp_path / "train.txt").write_text("\n".join(" ".join(words[i:i + 6]) for i in range(0, 34)) + "\n")
+    # documents separated by empty lines, the first one longer than --tokens-per-sample
+    (tmp_path / "valid.txt").write_text(" ".join(words) + "\n\n" + "".join(" ".join(words[i:i + 5]) + "\n\n"
+                                                                       for i in range(0, 30, 3)))
+    preprocess.main(fairseq_options.get_preprocessing_parser().parse_args([
+        "--only-source", "--trainpref", str(tmp_path / "train.txt"), "--validpref", str(tmp_path / "valid.txt"),
+        "--destdir", str(tmp_path / "bin"), "--workers", "1"]))
+    argv = [str(tmp_path / "bin"), "--task", "language_modeling", "--arch", "transformer_lm", "--decoder-layers", "1",
+            "--decoder-embed-dim", "16", "--decoder-ffn-embed-dim", "32", "--decoder-attention-heads", "2",
+            "--tokens-per-sample", "32", "--sample-break-mode", "complete_doc", "--criterion", "cross_entropy",
+            "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "64", "--cpu", "--num-workers", "0",
+            "--max-update", "1", "--no-progress-bar", "--gradinit-iters", "1000"]
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess(argv + ["--save-dir", str(tmp_path / "a")])
+    message = str(exc.value.code)
+    assert message.startswith("gradinit: error: validation split 'valid': Size of sample #0 is invalid (=41) since "
+                              "max_positions=32, skip this example with --skip-invalid-size-inputs-valid-test"), message
+    assert "gradinit iter" not in caplog.text and not (tmp_path / "a" / "gradinit.json").exists()
+    caplog.set_level("INFO")
+    train_inprocess(argv[:-1] + ["2", "--save-dir", str(tmp_path / "b"), "--skip-invalid-size-inputs-valid-test"])
+    assert (tmp_path / "b" / "gradinit.json").exists() and (tmp_path / "b" / "checkpoint_last.pt").exists()

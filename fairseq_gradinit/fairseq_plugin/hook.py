@@ -32,7 +32,7 @@ from .option_values import (
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
     read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error, check_when_parsed,
 )
-from .preflight import training_setup_error
+from .preflight import training_setup_error, valid_split_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .restore import restore_source
 from .signals import sigterm_raises_interrupt
@@ -225,6 +225,10 @@ class GradInitTaskMixin:
         except ValueError as e:
             model.to(orig_device)
             raise GradInitStop(f"GradInit's batches: {e}") from None
+        error = valid_split_error(self, model)  # fairseq would refuse it after the phase
+        if error is not None:
+            model.to(orig_device)
+            raise GradInitStop(error)
 
         start = time.time()
         with sigterm_raises_interrupt():

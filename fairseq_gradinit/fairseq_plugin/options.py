@@ -80,6 +80,9 @@ class PluginOptions(FairseqDataclass):
     gradinit_train_max_tokens: Any = II("dataset.max_tokens")
     gradinit_train_batch_size: Any = II("dataset.batch_size")
     gradinit_train_subset: Any = II("dataset.train_subset")
+    gradinit_valid_subset: Any = II("dataset.valid_subset")
+    gradinit_skip_invalid_valid: Any = II("dataset.skip_invalid_size_inputs_valid_test")
+    gradinit_disable_validation: Any = II("dataset.disable_validation")
     gradinit_train_optimizer: Optional[str] = "${oc.select:optimizer._name,null}"
     gradinit_cpu: Any = II("common.cpu")
     gradinit_seed: Any = II("common.seed")

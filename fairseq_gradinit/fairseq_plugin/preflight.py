@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from .cfg import cfg_value
 from .radam import parse_betas
 
 #: Optimizers whose --adam-betas/--adam-eps fairseq or torch check only when the optimizer is built.
@@ -90,4 +91,32 @@ def training_setup_error(ns) -> Optional[str]:
         error = check(ns)
         if error:
             return error
+    return None
+
+
+def valid_split_error(task, model) -> Optional[str]:
+    """fairseq's refusal of a validation sample longer than the model and task allow (e.g. a long
+    document with ``--sample-break-mode complete_doc``), which fairseq-train meets at its first
+    validation, after the GradInit phase (and a validation split it cannot load). The splits are
+    loaded here as fairseq-train loads them next. None with ``--skip-invalid-size-inputs-valid-test``
+    or ``--disable-validation``."""
+    cfg = task.gradinit_cfg
+    if True in (cfg_value(cfg, "gradinit_skip_invalid_valid", False), cfg_value(cfg, "gradinit_disable_validation",
+                                                                                False)):
+        return None
+    from fairseq import utils
+
+    subsets = [s for s in str(cfg_value(cfg, "gradinit_valid_subset", "") or "").split(",") if s]
+    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    for subset in subsets:
+        try:
+            if subset not in task.datasets:
+                task.load_dataset(subset, combine=False, epoch=1)
+            dataset = task.datasets[subset]
+        except (OSError, KeyError) as e:
+            return f"validation split '{subset}' cannot be loaded ({type(e).__name__}: {e}); fix --valid-subset or the data"
+        try:
+            task.filter_indices_by_size(dataset.ordered_indices(), dataset, max_positions, ignore_invalid_inputs=False)
+        except Exception as e:  # fairseq raises a bare Exception naming the sample
+            return f"validation split '{subset}': {e} (found before GradInit)"
     return None
