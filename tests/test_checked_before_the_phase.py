@@ -21,7 +21,8 @@ def _parse(argv):
     (["--adam-eps", "-1"], "argument --adam-eps: invalid value -1.0: expected a number >= 0"),
     (["--fp16"], "argument --fp16: fp16 training needs a CUDA GPU, and --cpu is given; drop --fp16"),
     (["--memory-efficient-fp16"], "argument --memory-efficient-fp16: fp16 training needs a CUDA GPU"),
-    (["--save-dir", "{file}"], "argument --save-dir: {file} is a file, not a folder; give a folder path"),
+    (["--save-dir", "{file}"], "argument --save-dir: {file} is a file, not a folder; GradInit's result and the "
+                                       "checkpoints go there: give a folder you can write"),
     (["--save-dir", "{file}/ck"], "argument --save-dir: {file}/ck is below the file {file}, not a folder"),
     (["--train-subset", "nosuch"], "argument data: {data} has no 'nosuch' split (no file nosuch.* in it or its "
                                    "subfolders)"),

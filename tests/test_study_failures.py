@@ -171,3 +171,17 @@ def test_sigterm_stops_the_study_and_its_jobs_and_leaves_no_temporary_folder(tmp
                                            "was written. Rerun with a new --out")
     assert not list(cache.glob(".gi-*")) and len(list(cache.glob("failed-gi-*/gradinit.log.part"))) == 1
     assert not (tmp_path / "out" / "study.json").exists()
+
+
+@pytest.mark.parametrize("flag", ["--out", "--gradinit-cache"])
+def test_an_out_folder_that_cannot_be_written_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, flag):
+    monkeypatch.setattr(study_runner, "run_jobs", lambda *a, **k: pytest.fail("a job was started"))
+    (tmp_path / "bin").mkdir()
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    argv = [str(tmp_path / "bin"), "--out", str(tmp_path / "out"), "--cpu", "--arm", "x=--seed 2"]
+    code = study_cli.main(argv + [flag, str(blocker / "sub")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {flag} {blocker / 'sub'} is below the file {blocker}, not a folder; give a folder " \
+        "you can write" in err, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()

@@ -23,7 +23,7 @@ import torch.distributed as dist
 from ..core import BatchPair, apply_scales, gradinit, summarize_scales
 from .cfg import cfg_value
 from .compat import takes_keyword
-from .files import atomic_write_json, remove_stale_temp_files
+from .files import remove_stale_temp_files, write_result
 from .groups import transformer_group
 from .init_file import unscaled_tensors
 from .lock import phase_lock
@@ -250,7 +250,9 @@ class GradInitTaskMixin:
                     out.update(summary=summary, uses=effective_use_scales(model, result.scales),
                                max_tokens=max_tokens, derived=derived, device=str(device),
                                wall_time=time.time() - start, fingerprint=current)
-                    atomic_write_json(path, out)
+                    lost = write_result(path, out)
+                    if lost:  # disk full, permissions: say where the result is instead of a traceback
+                        raise GradInitStop(lost)
                     logger.info("gradinit: wrote %s", path)
             except KeyboardInterrupt as e:
                 signum = getattr(e, "signum", signal.SIGINT)

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from .cfg import cfg_value
+from .files import unwritable_folder_reason
 from .radam import parse_betas
 
 #: Optimizers whose --adam-betas/--adam-eps fairseq or torch check only when the optimizer is built.
@@ -52,16 +53,10 @@ def _save_dir_error(ns) -> Optional[str]:
     save_dir = getattr(ns, "save_dir", None)
     if not save_dir or getattr(ns, "no_save", False):
         return None
-    path = os.path.abspath(save_dir)
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        where = "is a file" if existing == path else f"is below the file {existing}"
-        return f"argument --save-dir: {save_dir} {where}, not a folder; give a folder path"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return (f"argument --save-dir: cannot write into {existing} (permission denied); GradInit's result and the "
-                "checkpoints go there: give a writable folder")
+    reason = unwritable_folder_reason(save_dir)
+    if reason:
+        return f"argument --save-dir: {save_dir} {reason}; GradInit's result and the checkpoints go there: give a " \
+               "folder you can write"
     return None
 
 

@@ -113,6 +113,12 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         raise ValueError("the main data-bin (first argument) is required")
     if args.out is None:
         raise ValueError("--out DIR is required")
+    from ..fairseq_plugin.files import unwritable_folder_reason
+
+    for flag, folder in (("--out", args.out), ("--gradinit-cache", args.gradinit_cache)):
+        reason = unwritable_folder_reason(str(folder)) if folder is not None else None
+        if reason:  # before anything runs, not when the first result is written
+            raise ValueError(f"{flag} {folder} {reason}; give a folder you can write")
     # Every path the user gave is the caller's (relative to this working folder); the arms run in
     # the same folder, and the study records absolute paths.
     data = {key: os.path.abspath(path) for key, path in {"main": args.data, **dict(args.data_bin)}.items()}
