@@ -17,6 +17,7 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -56,13 +57,29 @@ def split_loss(model, criterion, batches, *, dropout: bool, cuda: bool = False) 
     return total / size / math.log(2)
 
 
+def data_error(data: Path, subset: str) -> Optional[str]:
+    """Why ``data`` is no fairseq data-bin holding ``subset`` (naming the splits it has), or None."""
+    if not data.is_dir():
+        return f"argument data: {data} is not a folder (expected a fairseq data-bin)"
+    if not list(data.glob("dict.*.txt")):
+        nested = sorted(p.parent for p in data.glob("*/dict.*.txt"))
+        hint = f"; its subfolder {nested[0]} is one: pass that" if nested else ""
+        return f"argument data: {data} holds no fairseq data-bin (no dict.*.txt){hint}"
+    splits = sorted({p.name.split(".")[0] for p in data.glob("*.idx")})
+    if subset not in splits:
+        return f"argument --subset: {data} has no split {subset!r} (it has: {', '.join(splits) or 'none'})"
+    return None
+
+
 def main(argv=None) -> dict:
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
     ckpt = Path(args.path)
     if not ckpt.is_file():
         raise SystemExit(f"checkpoint not found: {ckpt}")
-    if not Path(args.data).is_dir():
-        raise SystemExit(f"data directory not found: {args.data}")
+    error = data_error(Path(args.data), args.subset)
+    if error:
+        parser.error(error)
     from fairseq import checkpoint_utils, utils
 
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (the task; checkpoint loading on torch >= 2.6)
@@ -70,8 +87,16 @@ def main(argv=None) -> dict:
     use_cuda = torch.cuda.is_available() and not args.cpu
     overrides = {"data": args.data}
     state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt), overrides)  # read once: model and update count
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides=overrides,
-                                                                      state=state)
+    try:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides=overrides,
+                                                                          state=state)
+    except RuntimeError as e:
+        if "size mismatch" not in str(e):
+            raise
+        # Another data-bin's dictionary: the embeddings the task builds do not fit the checkpoint's.
+        parser.error(f"argument data: the dictionary of {args.data} does not fit {ckpt}'s embeddings "
+                     f"({str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}); pass the data-bin "
+                     "the checkpoint was trained on")
     model = models[0]
     if use_cuda:
         model.cuda()

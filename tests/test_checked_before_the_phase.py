@@ -89,3 +89,12 @@ def test_an_over_long_validation_sample_is_refused_before_the_phase(tmp_path, ca
     caplog.set_level("INFO")
     train_inprocess(argv[:-1] + ["2", "--save-dir", str(tmp_path / "b"), "--skip-invalid-size-inputs-valid-test"])
     assert (tmp_path / "b" / "gradinit.json").exists() and (tmp_path / "b" / "checkpoint_last.pt").exists()
+
+
+def test_a_negative_wskip_profile_seed_is_refused_when_parsed(capsys):
+    with pytest.raises(SystemExit) as exc:
+        _parse(["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
+                "--arch", "transformer_wskip_iwslt_de_en", "--wskip-init", "admin", "--wskip-profile-seed", "-5"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "error: argument --wskip-profile-seed: invalid value -5: expected an integer >= 0" \
+        in err, err[-600:]

@@ -112,3 +112,31 @@ def test_valid_loss_modes_script_keeps_the_trained_weights(trained, tiny_data, n
     res = valid_loss_modes.main([str(tiny_data), "--path", str(ckpt), "--cpu", "--max-tokens", "400"])
     assert seen == [True, True] and res["num_updates"] == 2
     json.dumps(res)
+
+
+def test_valid_loss_modes_refuses_a_wrong_data_bin_or_subset(trained, tiny_data, tmp_path, capsys):
+    """One 'error:' line, exit 2, naming what to pass instead (before: tracebacks)."""
+    from fairseq_helpers import make_tiny_bin
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        import valid_loss_modes
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    ckpt, _ = trained
+    (tmp_path / "other").mkdir()
+    other = make_tiny_bin(tmp_path / "other", {"train": 60, "valid": 10, "test": 10}, 200)  # another dictionary
+    capsys.readouterr()
+    for data, extra, expected in (
+            (tiny_data, ["--subset", "tst"], f"argument --subset: {tiny_data} has no split 'tst' (it has: test, "
+                                             "train, valid)"),
+            (tiny_data.parent, [], f"argument data: {tiny_data.parent} holds no fairseq data-bin (no dict.*.txt); "
+                                   f"its subfolder {tiny_data} is one: pass that"),
+            (tmp_path / "nope", [], f"argument data: {tmp_path / 'nope'} is not a folder"),
+            (other, [], f"argument data: the dictionary of {other} does not fit {ckpt}'s embeddings (size mismatch "
+                        "for")):
+        with pytest.raises(SystemExit) as exc:
+            valid_loss_modes.main([str(data), "--path", str(ckpt), "--cpu", *extra])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"error: {expected}" in err, err[-1500:]
+        assert "Traceback" not in err and err.count("error:") == 1
