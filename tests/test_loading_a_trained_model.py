@@ -140,3 +140,32 @@ def test_valid_loss_modes_refuses_a_wrong_data_bin_or_subset(trained, tiny_data,
         err = capsys.readouterr().err
         assert exc.value.code == 2 and f"error: {expected}" in err, err[-1500:]
         assert "Traceback" not in err and err.count("error:") == 1
+
+
+def test_evaluate_bleu_refuses_a_plugin_checkpoint_without_user_dir_and_an_empty_split(trained, tiny_data, tmp_path,
+                                                                                      capsys):
+    import importlib.util
+    import struct
+
+    spec = importlib.util.spec_from_file_location("_loading_evaluate_bleu", REPO / "scripts" / "evaluate_bleu.py")
+    evaluate_bleu = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = evaluate_bleu
+    spec.loader.exec_module(evaluate_bleu)
+    ckpt, _ = trained
+    empty = tmp_path / "bin"
+    shutil.copytree(tiny_data, empty)
+    for idx in empty.glob("test.*.idx"):  # a test split of 0 sentences (the count in the index header)
+        header = bytearray(idx.read_bytes())
+        header[18:26] = struct.pack("<Q", 0)
+        idx.write_bytes(bytes(header))
+    capsys.readouterr()
+    for data, extra, expected in (
+            (tiny_data, [], f"argument --path: {ckpt} was trained with the fairseq_gradinit plugin (its task is "
+                            "translation_gradinit), which fairseq-generate needs to load it: add --user-dir "
+                            "fairseq_gradinit"),
+            (empty, ["--user-dir", "fairseq_gradinit"], f"argument --gen-subset: the split 'test' of {empty} has no "
+                                                        "sentences: there is nothing to translate")):
+        with pytest.raises(SystemExit) as exc:
+            evaluate_bleu.main([str(data), "--path", str(ckpt), "--cpu", *extra])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and f"error: {expected}" in err and "Traceback" not in err, err[-1500:]

@@ -35,6 +35,7 @@ from .option_values import (
 from .preflight import training_setup_error, valid_split_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .restore import restore_source
+from .resume_checks import resume_error
 from .signals import sigterm_raises_interrupt
 from .tied import (
     apply_multiplier_scales, effective_use_scales, install_multipliers, install_multipliers_on_load, is_multiplier,
@@ -150,6 +151,9 @@ class GradInitTaskMixin:
         if error is not None:
             raise GradInitStop(error)
         source = restore_source(self.gradinit_cfg)
+        error = resume_error(model, source) if source is not None else None
+        if error is not None:
+            raise GradInitStop(error)
         if source is None:
             admin_profile_if_requested(model, self)  # transformer_wskip --wskip-init admin; before GradInit
         if enabled:
