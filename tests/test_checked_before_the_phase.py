@@ -98,3 +98,24 @@ def test_a_negative_wskip_profile_seed_is_refused_when_parsed(capsys):
     err = capsys.readouterr().err
     assert exc.value.code == 2 and "error: argument --wskip-profile-seed: invalid value -5: expected an integer >= 0" \
         in err, err[-600:]
+
+
+def test_per_use_scales_for_ties_the_plugin_cannot_split_are_refused(tmp_path):
+    """RoBERTa ties its output head to the input embedding, which has no per-use multiplier: per-use
+    would have trained it shared without a word; now it is refused when the model is built."""
+    from fairseq_helpers import make_tiny_lm_bin
+
+    data = make_tiny_lm_bin(tmp_path, {"train": 60, "valid": 10}, 300)
+    argv = [str(data), "--task", "masked_lm", "--arch", "roberta", "--encoder-layers", "1", "--encoder-embed-dim",
+            "16", "--encoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--tokens-per-sample", "32",
+            "--criterion", "masked_lm", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "256", "--cpu",
+            "--num-workers", "0", "--max-update", "1", "--no-progress-bar", "--save-dir", str(tmp_path / "ck"),
+            "--gradinit-iters", "2", "--gradinit-tied-embeddings", "per-use"]
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess(argv)
+    message = str(exc.value.code)
+    assert message.startswith("gradinit: error: --gradinit-tied-embeddings per-use: this model ties "
+                              "encoder.sentence_encoder.embed_tokens.weight = encoder.lm_head.weight (one tensor), "
+                              "which gets no per-use scales"), message
+    assert message.endswith("use --gradinit-tied-embeddings shared")
+    assert not (tmp_path / "ck" / "gradinit.json").exists()

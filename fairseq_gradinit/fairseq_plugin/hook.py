@@ -39,7 +39,7 @@ from .resume_checks import resume_error
 from .signals import sigterm_raises_interrupt
 from .tied import (
     apply_multiplier_scales, effective_use_scales, install_multipliers, install_multipliers_on_load, is_multiplier,
-    multiplier_names, multipliers_as_parameters,
+    multiplier_names, multipliers_as_parameters, uncovered_ties,
 )
 from .training import collate, training_batch_indices, training_dataset
 from .wskip import admin_profile_if_requested
@@ -128,6 +128,12 @@ class GradInitTaskMixin:
             # Also when loading a checkpoint: its state holds the multipliers.
             installed = install_multipliers(model)
             if not from_checkpoint:
+                uncovered = uncovered_ties(model) if gradinit_enabled(self.gradinit_cfg) else []
+                if uncovered:
+                    raise GradInitStop(
+                        f"--gradinit-tied-embeddings per-use: this model ties {' = '.join(uncovered[0])} (one tensor), "
+                        "which gets no per-use scales (they exist for fairseq's embed_tokens with embed_scale, as in "
+                        "the transformer models); use --gradinit-tied-embeddings shared")
                 logger.info("gradinit: per-use scales of tied embeddings: multipliers %s",
                             ", ".join(installed) or "none (the model ties no embedding matrix)")
         # Remember a freshly built training model; GradInit runs once the criterion exists.
