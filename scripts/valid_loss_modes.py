@@ -90,6 +90,10 @@ def main(argv=None) -> dict:
     try:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides=overrides,
                                                                           state=state)
+    except SystemExit as e:  # the plugin's check of the dictionaries the checkpoint records
+        if not isinstance(e.code, str):
+            raise
+        parser.error(f"argument data: {e.code.replace('gradinit: error: ', '', 1)}")
     except RuntimeError as e:
         if "size mismatch" not in str(e):
             raise

@@ -126,6 +126,10 @@ def test_valid_loss_modes_refuses_a_wrong_data_bin_or_subset(trained, tiny_data,
     ckpt, _ = trained
     (tmp_path / "other").mkdir()
     other = make_tiny_bin(tmp_path / "other", {"train": 60, "valid": 10, "test": 10}, 200)  # another dictionary
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)
+    state["task_state"] = {}  # a checkpoint that records no dictionaries (written before they were recorded)
+    unrecorded = tmp_path / "unrecorded.pt"
+    torch.save(state, unrecorded)
     capsys.readouterr()
     for data, extra, expected in (
             (tiny_data, ["--subset", "tst"], f"argument --subset: {tiny_data} has no split 'tst' (it has: test, "
@@ -133,8 +137,10 @@ def test_valid_loss_modes_refuses_a_wrong_data_bin_or_subset(trained, tiny_data,
             (tiny_data.parent, [], f"argument data: {tiny_data.parent} holds no fairseq data-bin (no dict.*.txt); "
                                    f"its subfolder {tiny_data} is one: pass that"),
             (tmp_path / "nope", [], f"argument data: {tmp_path / 'nope'} is not a folder"),
-            (other, [], f"argument data: the dictionary of {other} does not fit {ckpt}'s embeddings (size mismatch "
-                        "for")):
+            (other, [], f"argument data: the source dictionary of {other} is not the one the model was trained "
+                        "with (200 symbols instead of 600)"),
+            (other, ["--path", str(unrecorded)], f"argument data: the dictionary of {other} does not fit "
+                                                 f"{unrecorded}'s embeddings (size mismatch for")):
         with pytest.raises(SystemExit) as exc:
             valid_loss_modes.main([str(data), "--path", str(ckpt), "--cpu", *extra])
         err = capsys.readouterr().err
@@ -142,15 +148,21 @@ def test_valid_loss_modes_refuses_a_wrong_data_bin_or_subset(trained, tiny_data,
         assert "Traceback" not in err and err.count("error:") == 1
 
 
-def test_evaluate_bleu_refuses_a_plugin_checkpoint_without_user_dir_and_an_empty_split(trained, tiny_data, tmp_path,
-                                                                                      capsys):
+def _evaluate_bleu():
     import importlib.util
-    import struct
 
     spec = importlib.util.spec_from_file_location("_loading_evaluate_bleu", REPO / "scripts" / "evaluate_bleu.py")
-    evaluate_bleu = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = evaluate_bleu
-    spec.loader.exec_module(evaluate_bleu)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_evaluate_bleu_refuses_a_plugin_checkpoint_without_user_dir_and_an_empty_split(trained, tiny_data, tmp_path,
+                                                                                      capsys):
+    import struct
+
+    evaluate_bleu = _evaluate_bleu()
     ckpt, _ = trained
     empty = tmp_path / "bin"
     shutil.copytree(tiny_data, empty)
@@ -169,3 +181,46 @@ def test_evaluate_bleu_refuses_a_plugin_checkpoint_without_user_dir_and_an_empty
             evaluate_bleu.main([str(data), "--path", str(ckpt), "--cpu", *extra])
         err = capsys.readouterr().err
         assert exc.value.code == 2 and f"error: {expected}" in err and "Traceback" not in err, err[-1500:]
+
+
+def test_a_data_bin_with_other_words_in_a_same_size_dictionary_is_refused(trained, tiny_data, tmp_path, monkeypatch,
+                                                                          capsys):
+    """The checkpoint records its dictionaries: generate, the Python API and a resume on a data-bin
+    whose dictionary has the same size but other words stop with one line (before: nonsense)."""
+    from fairseq import checkpoint_utils
+    from fairseq_cli import generate
+
+    ckpt, _ = trained
+    other = tmp_path / "other-bin"
+    shutil.copytree(tiny_data, other)
+    for name in ("dict.de.txt", "dict.en.txt"):  # two words swap their ids
+        lines = (other / name).read_text(encoding="utf-8").splitlines(keepends=True)
+        lines[0], lines[1] = lines[1], lines[0]
+        (other / name).write_text("".join(lines), encoding="utf-8")
+    expected = (f"gradinit: error: the source dictionary of {other} is not the one the model was trained with (the "
+                "same size (600 symbols) but other words): its word ids would mean other words. Use the data-bin the "
+                "model was trained on")
+    with pytest.raises(SystemExit) as exc:
+        checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides={"data": str(other)})
+    assert str(exc.value.code) == expected
+    monkeypatch.setattr(sys, "argv", ["fairseq-generate", str(other), "--user-dir", str(REPO / "fairseq_gradinit"),
+                                      "--path", str(ckpt), "--cpu", "--beam", "1", "--max-len-b", "3"])
+    with pytest.raises(SystemExit) as exc:
+        generate.cli_main()
+    assert str(exc.value.code) == expected
+    capsys.readouterr()
+    assert _evaluate_bleu().main([str(other), "--path", str(ckpt), "--user-dir", "fairseq_gradinit", "--cpu",
+                                  "--output-json", str(tmp_path / "bleu.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == f"error: fairseq-generate failed (exit 1): {expected}", err[-2000:]
+
+    save = tmp_path / "resume"
+    save.mkdir()
+    shutil.copy(ckpt, save / "checkpoint_last.pt")
+    argv = ["--task", "translation_gradinit", *TINY_MODEL, "--lr", "5e-3", "--max-update", "3", "--save-dir",
+            str(save), "--gradinit-iters", "2"]
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess([str(other), *argv])
+    assert str(exc.value.code) == expected.replace("gradinit: error: ", f"gradinit: error: cannot resume from "
+                                                                        f"{save / 'checkpoint_last.pt'}: ")
+    train_inprocess([str(tiny_data), *argv])  # the data-bin it was trained on resumes

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from ..core import BatchPair, apply_scales, gradinit, summarize_scales
 from .cfg import cfg_value
 from .compat import takes_keyword
+from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
 from .files import remove_stale_temp_files, write_result
 from .groups import transformer_group
 from .init_file import unscaled_tensors
@@ -111,6 +112,21 @@ class GradInitTaskMixin:
         self._gradinit_criterion_cfg = None
         self.gradinit_result = None
 
+    def state_dict(self):
+        # Saved in every checkpoint's task_state: what the model's word ids mean (see .dictionaries).
+        state = dict(super().state_dict() or {})
+        state[DICTIONARIES_KEY] = dictionary_digests(self)
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Refuse a checkpoint trained with other dictionaries than this task's data-bin has."""
+        state_dict = dict(state_dict or {})
+        error = dictionary_mismatch(state_dict.pop(DICTIONARIES_KEY, None), dictionary_digests(self),
+                                    data=str(cfg_value(self.gradinit_cfg, "data", "the data-bin")))
+        if error is not None:
+            raise GradInitStop(error)
+        super().load_state_dict(state_dict)
+
     def build_model(self, cfg, from_checkpoint=False, **kwargs):
         # Named in the signature: fairseq's checkpoint loading passes from_checkpoint=True only to a
         # build_model that names it, and a model built for a checkpoint must never get GradInit.
@@ -157,7 +173,7 @@ class GradInitTaskMixin:
         if error is not None:
             raise GradInitStop(error)
         source = restore_source(self.gradinit_cfg)
-        error = resume_error(model, source) if source is not None else None
+        error = resume_error(model, source, task=self) if source is not None else None
         if error is not None:
             raise GradInitStop(error)
         if source is None:
