@@ -1,17 +1,16 @@
 """Training settings that fairseq only trips over after the GradInit phase, checked when parsed.
 
-fairseq builds the optimizer, casts to fp16, reads the train split and writes into ``--save-dir``
-after the task's ``build_criterion``, where GradInit runs: a typo there would cost the whole phase
-(minutes for 780 iterations). When GradInit computes (``--gradinit-iters`` > 0), the parser refuses
-these settings first, with one ``error:`` line, before anything is built.
+fairseq builds the optimizer, reads the train split and writes into ``--save-dir`` after the task's
+``build_criterion``, where GradInit runs: a typo there would cost the whole phase (minutes for 780
+iterations). When GradInit computes (``--gradinit-iters`` > 0), the parser refuses these settings
+first, with one ``error:`` line, before anything is built. Only settings that are wrong on every
+machine are checked here (the same command line is also parsed where it does not run).
 """
 from __future__ import annotations
 
 import glob
 import os
 from typing import Optional
-
-import torch
 
 from .cfg import cfg_value
 from .files import unwritable_folder_reason
@@ -37,24 +36,14 @@ def _optimizer_error(ns) -> Optional[str]:
     return None
 
 
-def _precision_error(ns) -> Optional[str]:
-    for flag in ("fp16", "memory_efficient_fp16"):
-        if not getattr(ns, flag, False):
-            continue
-        why = "--cpu is given" if getattr(ns, "cpu", False) else (
-            None if torch.cuda.is_available() else "no CUDA device is available")
-        if why:
-            return (f"argument --{flag.replace('_', '-')}: fp16 training needs a CUDA GPU, and {why}; drop "
-                    f"--{flag.replace('_', '-')} (GradInit and training then run in fp32)")
-    return None
-
-
 def _save_dir_error(ns) -> Optional[str]:
     save_dir = getattr(ns, "save_dir", None)
     if not save_dir or getattr(ns, "no_save", False):
         return None
     reason = unwritable_folder_reason(save_dir)
-    if reason:
+    # Only a file in the way: permissions (and CUDA for --fp16) belong to the machine that runs the
+    # command, while the same command line is also parsed elsewhere (study plans, the per-layer report).
+    if reason and "not a folder" in reason:
         return f"argument --save-dir: {save_dir} {reason}; GradInit's result and the checkpoints go there: give a " \
                "folder you can write"
     return None
@@ -82,7 +71,7 @@ def training_setup_error(ns) -> Optional[str]:
     iters = getattr(ns, "gradinit_iters", 0)
     if not (isinstance(iters, int) and iters > 0) or getattr(ns, "gradinit_init_file", None):
         return None
-    for check in (_optimizer_error, _precision_error, _save_dir_error, _train_split_error):
+    for check in (_optimizer_error, _save_dir_error, _train_split_error):
         error = check(ns)
         if error:
             return error
