@@ -265,6 +265,8 @@ class GradInitTaskMixin:
                         gcfg = dataclasses.replace(gcfg, fixed_params=is_multiplier)
                     with multipliers_as_parameters(model, multipliers):
                         result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg)
+                except FloatingPointError as e:  # non-finite losses: the model is left as built
+                    raise GradInitStop(f"{e} Nothing was written to {save_dir} and training did not start.") from None
                 finally:
                     model.to(orig_device)
                     if use_cuda:
