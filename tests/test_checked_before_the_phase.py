@@ -124,3 +124,20 @@ def test_per_use_scales_for_ties_the_plugin_cannot_split_are_refused(tmp_path):
                               "which gets no per-use scales"), message
     assert message.endswith("use --gradinit-tied-embeddings shared")
     assert not (tmp_path / "ck" / "gradinit.json").exists()
+
+
+def test_fp16_without_cuda_stops_when_the_phase_starts(tiny_data, tmp_path, caplog):
+    """fairseq-train with --fp16 on a machine without CUDA fails when it builds its optimizer, after
+    GradInit: the phase refuses it first, on the machine that runs it."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    caplog.set_level("INFO")
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess([str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--fp16",
+                         "--max-update", "1", "--save-dir", str(tmp_path / "ck"), "--gradinit-iters", "1000"])
+    assert str(exc.value.code) == ("gradinit: error: --fp16: fp16 training needs a CUDA GPU and this machine has none; "
+                                   "fairseq-train would fail after the GradInit phase. Drop --fp16 to train in fp32 "
+                                   "here, or run on a GPU")
+    assert "gradinit iter" not in caplog.text and not (tmp_path / "ck" / "gradinit.json").exists()

@@ -33,7 +33,7 @@ from .option_values import (
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
     read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error, check_when_parsed,
 )
-from .preflight import training_setup_error, valid_split_error
+from .preflight import precision_error, training_setup_error, valid_split_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .restore import restore_source
 from .resume_checks import resume_error
@@ -251,7 +251,7 @@ class GradInitTaskMixin:
         except ValueError as e:
             model.to(orig_device)
             raise GradInitStop(f"GradInit's batches: {e}") from None
-        error = valid_split_error(self, model)  # fairseq would refuse it after the phase
+        error = precision_error(cfg) or valid_split_error(self, model)  # fairseq would refuse them after the phase
         if error is not None:
             model.to(orig_device)
             raise GradInitStop(error)

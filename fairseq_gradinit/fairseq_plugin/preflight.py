@@ -104,3 +104,17 @@ def valid_split_error(task, model) -> Optional[str]:
         except Exception as e:  # fairseq raises a bare Exception naming the sample
             return f"validation split '{subset}': {e} (found before GradInit)"
     return None
+
+
+def precision_error(cfg) -> Optional[str]:
+    """``--fp16``/``--memory-efficient-fp16`` on a machine without CUDA: fairseq-train fails when it
+    builds its fp16 optimizer, after the GradInit phase. Checked when the phase starts, on the machine
+    that runs it (not when parsed: the same command line is parsed on other machines too)."""
+    import torch
+
+    for flag in ("fp16", "memory_efficient_fp16"):
+        if cfg_value(cfg, f"gradinit_{flag}", False) is True and not torch.cuda.is_available():
+            option = "--" + flag.replace("_", "-")
+            return (f"{option}: fp16 training needs a CUDA GPU and this machine has none; fairseq-train would fail "
+                    f"after the GradInit phase. Drop {option} to train in fp32 here, or run on a GPU")
+    return None
