@@ -107,3 +107,12 @@ def test_partial_or_damaged_curves_csv_is_refused_naming_file_and_line(tmp_path,
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert proc.stderr.startswith("study_table: error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert expected in proc.stderr and str(csv_path) in proc.stderr, proc.stderr
+
+
+def test_damaged_bleu_json_is_named(tmp_path):
+    d = _study(tmp_path, {"g-s1": {100: (9.0, 8.5)}})
+    (d / "bleu.json").write_text('{"update": 100, "arms": ')
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(d), "--updates", "100"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(f"study_table: error: {d / 'bleu.json'} is not a bleu.json of scripts/study.py (")
+    assert proc.stderr.count("\n") == 1

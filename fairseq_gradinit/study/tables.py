@@ -149,8 +149,14 @@ def build_table(study_dir: Path, *, updates: Sequence[int], train_at: Optional[i
     bleu: Mapping = {}
     bleu_update = None
     if (study_dir / "bleu.json").is_file():
-        loaded = json.loads((study_dir / "bleu.json").read_text(encoding="utf-8"))
-        bleu, bleu_update = loaded.get("arms") or {}, loaded.get("update")
+        try:
+            loaded = json.loads((study_dir / "bleu.json").read_text(encoding="utf-8"))
+            bleu, bleu_update = loaded.get("arms") or {}, loaded.get("update")
+            if not isinstance(bleu, dict):
+                raise ValueError(f"'arms' is a {type(bleu).__name__}, not an object")
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{study_dir / 'bleu.json'} is not a bleu.json of scripts/study.py ({e}); rewrite it "
+                             "with scripts/study.py, or remove it for a table without BLEU") from None
     names = list(arms) if arms else list(curves)
     unknown = [n for n in names if n not in curves]
     if unknown:
