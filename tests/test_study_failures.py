@@ -187,3 +187,28 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_anything_runs(tm
     assert code == 2 and f"error: {flag} {blocker / 'sub'} is below the file {blocker}, not a folder; give a folder " \
         "you can write" in err, err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
+def test_a_damaged_cached_group_is_computed_again_and_said_so(tmp_path, caplog):
+    from fairseq_gradinit.study import plan as study_plan
+    from fairseq_gradinit.study.arms import Arm
+    from fairseq_gradinit.study.plan import StudyConfig
+    import shlex
+
+    data = tmp_path / "bin"
+    data.mkdir()
+    for name in ("dict.de.txt", "dict.en.txt"):
+        (data / name).write_text("a 1\n")
+    (data / "train.de-en.de.idx").write_bytes(b"")
+    cfg = StudyConfig(data={"main": str(data)}, out=tmp_path / "out", base=tuple(shlex.split(TINY)) + ("--cpu",),
+                      arms=(Arm("g", ("--gradinit-iters", "3")),))
+    _, groups = study_plan.plan_study(cfg)
+    (group,) = groups.values()
+    group.dir.mkdir(parents=True)
+    (group.dir / "fingerprint.json").write_text(json.dumps(group.fingerprint))
+    (group.dir / "gradinit.json").write_text(json.dumps({"scales": {}, "fingerprint": group.fingerprint}))
+    assert study_plan.plan_study(cfg)[1][group.key].cached  # a whole entry is reused
+    (group.dir / "gradinit.json").write_text('{"scales": {"encoder.')  # cut off
+    caplog.set_level("WARNING")
+    assert not study_plan.plan_study(cfg)[1][group.key].cached
+    assert f"study: WARNING: the cached GradInit group {group.dir} is damaged (JSONDecodeError: " in caplog.text

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from .arms import Arm, has_option, merge_args, substitute_files
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fairseq-train --user-dir
 REPO_ROOT = PACKAGE_DIR.parent
 DEFAULT_BLEU_SCRIPT = REPO_ROOT / "scripts" / "evaluate_bleu.py"
+
+logger = logging.getLogger(__name__)
 
 #: Options the runner sets itself for every arm.
 RESERVED_OPTIONS = ("--save-dir", "--stop-time-hours", "--user-dir")
@@ -141,7 +144,9 @@ def cached_scales_match(group_dir: Path, fp: Mapping) -> bool:
     try:
         saved = json.loads(side.read_text())
         inner = json.loads(scales.read_text()).get("fingerprint")
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, AttributeError) as e:  # not JSON, or not an object
+        logger.warning("study: WARNING: the cached GradInit group %s is damaged (%s: %s); it is computed again",
+                       group_dir, type(e).__name__, e)
         return False
     if fingerprint_diff(saved, fp):
         return False
