@@ -212,3 +212,22 @@ def test_a_damaged_cached_group_is_computed_again_and_said_so(tmp_path, caplog):
     caplog.set_level("WARNING")
     assert not study_plan.plan_study(cfg)[1][group.key].cached
     assert f"study: WARNING: the cached GradInit group {group.dir} is damaged (JSONDecodeError: " in caplog.text
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--max-update", "0"], "--max-update must be an integer >= 1, got 0"),
+    (["--valid-every", "-1"], "--valid-every must be an integer >= 1, got -1"),
+    (["--save-every", "0"], "--save-every must be an integer >= 1, got 0"),
+    (["--finish-margin", "-5"], "--finish-margin must be >= 0 seconds, got -5.0"),
+    (["--finish-margin", "nan"], "--finish-margin must be >= 0 seconds, got nan"),
+    (["--bleu-budget", "0"], "--bleu-budget must be a positive number of minutes, got 0.0"),
+    (["--time-budget", "-1"], "--time-budget must be positive"),
+])
+def test_bad_study_numbers_are_refused_before_anything_runs(tmp_path, monkeypatch, capsys, extra, expected):
+    monkeypatch.setattr(study_runner, "run_jobs", lambda *a, **k: pytest.fail("a job was started"))
+    (tmp_path / "bin").mkdir()
+    code = study_cli.main([str(tmp_path / "bin"), "--out", str(tmp_path / "out"), "--cpu", "--arm", "x=--seed 2",
+                           *extra])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {expected}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()

@@ -67,6 +67,14 @@ class StudyConfig:
                 raise ValueError(f"the base arguments set {opt}: the study sets it for every arm; remove it")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise ValueError("--time-budget must be positive")
+        for flag, value in (("--max-update", self.max_update), ("--valid-every", self.valid_every),
+                            ("--save-every", self.save_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
+        if not (self.finish_margin_s >= 0):  # also NaN
+            raise ValueError(f"--finish-margin must be >= 0 seconds, got {self.finish_margin_s!r}")
+        if self.bleu_budget_s is not None and not (self.bleu_budget_s > 0 and self.bleu_budget_s != float("inf")):
+            raise ValueError(f"--bleu-budget must be a positive number of minutes, got {self.bleu_budget_s / 60!r}")
 
     @property
     def cache_dir(self) -> Path:
