@@ -430,6 +430,17 @@ def default_json_path(checkpoint: Path, subset: str) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Run fairseq-generate on a binarized split and score it with sacreBLEU. "
@@ -440,9 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", type=Path, default=None,
                    help="model checkpoint (.pt); required unless --from-output is given")
     p.add_argument("--gen-subset", default="test", help="binarized split to translate")
-    p.add_argument("--beam", type=int, default=5, help="beam size")
-    p.add_argument("--batch-size", type=int, default=None, help="sentences per batch")
-    p.add_argument("--max-tokens", type=int, default=None,
+    p.add_argument("--beam", type=positive_int, default=5, help="beam size")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="sentences per batch")
+    p.add_argument("--max-tokens", type=positive_int, default=None,
                    help="tokens per batch (4096 when neither this nor --batch-size is given)")
     p.add_argument("--user-dir", default=None,
                    help="fairseq --user-dir, as given to fairseq-train (fairseq_gradinit, from any "

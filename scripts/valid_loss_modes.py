@@ -25,12 +25,23 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
+    return value
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", help="fairseq data-bin directory")
     p.add_argument("--path", required=True, help="checkpoint file")
     p.add_argument("--subset", default="valid", help="split to evaluate (default: valid)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: 4096)")
+    p.add_argument("--max-tokens", type=positive_int, default=4096, help="tokens per batch (default: 4096)")
     p.add_argument("--seed", type=int, default=1, help="seed of the dropout masks (default: 1)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where CUDA is available")
     p.add_argument("--output-json", help="also write the result to this file")
