@@ -289,6 +289,46 @@ def check_inputs(args) -> None:
         except (zipfile.BadZipFile, OSError) as e:
             raise ArgumentProblem(f"argument --path: {path} is truncated or damaged ({e}): pick another "
                                   "checkpoint, e.g. an earlier checkpoint_*.pt of the same run") from None
+    if subset_size(data, args.gen_subset) == 0:
+        raise ArgumentProblem(f"argument --gen-subset: the split {args.gen_subset!r} of {data} has no sentences: "
+                              "there is nothing to translate; pick another split")
+    if not args.user_dir:
+        need = plugin_need(path)
+        if need:
+            raise ArgumentProblem(f"argument --path: {path} was trained with the fairseq_gradinit plugin ({need}), "
+                                  "which fairseq-generate needs to load it: add --user-dir fairseq_gradinit")
+
+
+#: Architectures the plugin registers (a checkpoint of one needs it to load).
+PLUGIN_ARCHS = ("transformer_wskip", "transformer_lm_postln")
+
+
+def plugin_need(path: Path) -> Optional[str]:
+    """What in the checkpoint ``path`` only loads with the fairseq_gradinit plugin (its task, its
+    per-use multipliers, one of its architectures), or None. The tensors are memory-mapped, not read."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # an old format, or a pickle fairseq cannot read: fairseq-generate will say
+        return None
+    def get(obj, key):  # fairseq saves its config as a dict (or an omegaconf/argparse object)
+        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+    if not isinstance(state, dict):
+        return None
+    cfg = state.get("cfg") or state.get("args")
+    name = str(get(get(cfg, "task"), "_name") or get(cfg, "task") or "")
+    if name == "translation_gradinit":
+        return "its task is translation_gradinit"
+    multipliers = sorted(k for k in (state.get("model") or {}) if k.endswith("embed_scale"))
+    if multipliers:
+        return f"it holds per-use scales of tied embeddings ({', '.join(multipliers)})"
+    model = get(cfg, "model")
+    arch = str(get(model, "_name") or get(model, "arch") or get(cfg, "arch") or "")
+    if arch.startswith(PLUGIN_ARCHS):
+        return f"its architecture {arch} is the plugin's"
+    return None
 
 
 #: Batches on a CUDA GPU: 16,384 tokens and up to 1,024 sentences fill one with a d=512 model at beam 5
@@ -580,6 +620,17 @@ def default_json_path(checkpoint: Path, subset: str) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description="Run fairseq-generate on a binarized split and score it with sacreBLEU. "
@@ -590,9 +641,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--path", type=Path, default=None,
                    help="model checkpoint (.pt); required unless --from-output is given")
     p.add_argument("--gen-subset", default="test", help="binarized split to translate")
-    p.add_argument("--beam", type=int, default=5, help="beam size")
-    p.add_argument("--batch-size", type=int, default=None, help="sentences per batch")
-    p.add_argument("--max-tokens", type=int, default=None,
+    p.add_argument("--beam", type=positive_int, default=5, help="beam size")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="sentences per batch")
+    p.add_argument("--max-tokens", type=positive_int, default=None,
                    help="tokens per batch (when neither this nor --batch-size is given: 4096 on the CPU, "
                         "16384 tokens and up to 1024 sentences on a CUDA GPU)")
     p.add_argument("--user-dir", default=None,

@@ -23,6 +23,7 @@ import logging
 import math
 import os
 import random
+import re
 import sys
 import time
 from pathlib import Path
@@ -39,7 +40,7 @@ try:
 except ImportError:  # running from a source checkout
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fairseq_gradinit.core import GradInitConfig  # noqa: E402
+from fairseq_gradinit.core import GradInitConfig, MetaInitConfig  # noqa: E402
 from fairseq_gradinit.core.options import Default, add_arguments, options_of, values_from  # noqa: E402
 from fairseq_gradinit.vision import create_model, gradinit, list_models, metainit  # noqa: E402
 from fairseq_gradinit.vision.api import VISION_DEFAULTS  # noqa: E402
@@ -548,6 +549,11 @@ def _set_rng_state(st: Dict[str, Any]) -> None:
 def main(args) -> Dict[str, Any]:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+    unused = check_init_options(args)
+    if unused:
+        runs = {"gradinit": "runs GradInit, which does not read them", "metainit": "runs MetaInit, which does not read "
+                "them"}.get(args.init, "runs neither GradInit nor MetaInit")
+        logger.warning("WARNING: ignoring %s: --init %s %s", ", ".join(unused), args.init, runs)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -711,6 +717,52 @@ def train_epochs(args, model, optimizer, log, out_dir: Path, device, train_batch
         write_logs(out_dir, log)
     if log["epochs"]:
         write_logs(out_dir, log)
+
+
+#: The flags of train_vision.py's own initialization options and their defaults (the others are
+#: GRADINIT_CLI_OPTIONS).
+OWN_INIT_DEFAULTS = {"gradinit_batch_size": None, "metainit_lr": None, "metainit_iters": None, "metainit_eps": 1e-5,
+                     "metainit_batch_size": None}
+#: MetaInit reads these GradInit flags (its scale bounds and gradient clip, and tau as its default lr).
+METAINIT_SHARED = ("gradinit_lr", "gradinit_min_scale", "gradinit_max_scale", "gradinit_scale_grad_clip")
+_CONFIG_ERROR = re.compile(r"^(GradInit|MetaInit)Config\.(\w+)=(.*?) is invalid: (.*)$", re.S)
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def check_init_options(args) -> List[str]:
+    """Check every --gradinit-*/--metainit-* value with the ranges of GradInitConfig/MetaInitConfig
+    before anything is built (:class:`UsageError`, worded as argparse words its errors); returns the
+    flags given that ``--init`` does not use, for a warning."""
+    gi_lr = args.gradinit_lr if args.gradinit_lr is not None else DEFAULT_TAU
+    eta_from_lr = getattr(args, "gradinit_eta", None) is None
+    try:
+        options = values_from(args, GRADINIT_CLI_OPTIONS, prefix="gradinit_")
+        eta = options["eta"]
+        if eta is None:  # --lr is GradInit's eta only when GradInit runs
+            eta = args.lr if args.init == "gradinit" else GradInitConfig.eta
+        options.update(eta=eta, lr=gi_lr, scale_grad_clip=options["scale_grad_clip"] or None)
+        GradInitConfig(**options)
+        MetaInitConfig(lr=args.metainit_lr if args.metainit_lr is not None else gi_lr, iters=args.metainit_iters,
+                       eps=args.metainit_eps, min_scale=options["min_scale"], max_scale=options["max_scale"],
+                       scale_grad_clip=options["scale_grad_clip"])
+    except ValueError as e:
+        m = _CONFIG_ERROR.match(str(e))
+        if not m:
+            raise UsageError(str(e)) from None
+        kind, name, value, rest = m.groups()
+        flag = f"--{kind.lower()}-{name.replace('_', '-')}"
+        if kind == "GradInit" and name == "eta" and eta_from_lr:
+            flag = "--lr (the default of --gradinit-eta)"
+        raise UsageError(f"argument {flag}: invalid value {value}: {rest}") from None
+    defaults = {f"gradinit_{spec.name}": spec.default for spec in GRADINIT_CLI_OPTIONS if not spec.python_only}
+    defaults.update(OWN_INIT_DEFAULTS)
+    used = {"gradinit": {d for d in defaults if d.startswith("gradinit_")},
+            "metainit": {d for d in defaults if d.startswith("metainit_")} | set(METAINIT_SHARED)}.get(args.init, set())
+    return [f"{_flag(d)} {getattr(args, d)}" for d, default in defaults.items()
+            if d not in used and getattr(args, d, default) != default]
 
 
 def check_batches(args, n_train: int, resume: str) -> None:

@@ -17,6 +17,7 @@ import logging
 import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 
@@ -24,12 +25,23 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
+    return value
+
+
 def get_args_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("data", help="fairseq data-bin directory")
     p.add_argument("--path", required=True, help="checkpoint file")
     p.add_argument("--subset", default="valid", help="split to evaluate (default: valid)")
-    p.add_argument("--max-tokens", type=int, default=4096, help="tokens per batch (default: 4096)")
+    p.add_argument("--max-tokens", type=positive_int, default=4096, help="tokens per batch (default: 4096)")
     p.add_argument("--seed", type=int, default=1, help="seed of the dropout masks (default: 1)")
     p.add_argument("--cpu", action="store_true", help="run on the CPU even where CUDA is available")
     p.add_argument("--output-json", help="also write the result to this file")
@@ -56,13 +68,29 @@ def split_loss(model, criterion, batches, *, dropout: bool, cuda: bool = False) 
     return total / size / math.log(2)
 
 
+def data_error(data: Path, subset: str) -> Optional[str]:
+    """Why ``data`` is no fairseq data-bin holding ``subset`` (naming the splits it has), or None."""
+    if not data.is_dir():
+        return f"argument data: {data} is not a folder (expected a fairseq data-bin)"
+    if not list(data.glob("dict.*.txt")):
+        nested = sorted(p.parent for p in data.glob("*/dict.*.txt"))
+        hint = f"; its subfolder {nested[0]} is one: pass that" if nested else ""
+        return f"argument data: {data} holds no fairseq data-bin (no dict.*.txt){hint}"
+    splits = sorted({p.name.split(".")[0] for p in data.glob("*.idx")})
+    if subset not in splits:
+        return f"argument --subset: {data} has no split {subset!r} (it has: {', '.join(splits) or 'none'})"
+    return None
+
+
 def main(argv=None) -> dict:
-    args = get_args_parser().parse_args(argv)
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
     ckpt = Path(args.path)
     if not ckpt.is_file():
         raise SystemExit(f"checkpoint not found: {ckpt}")
-    if not Path(args.data).is_dir():
-        raise SystemExit(f"data directory not found: {args.data}")
+    error = data_error(Path(args.data), args.subset)
+    if error:
+        parser.error(error)
     from fairseq import checkpoint_utils, utils
 
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (the task; checkpoint loading on torch >= 2.6)
@@ -70,8 +98,20 @@ def main(argv=None) -> dict:
     use_cuda = torch.cuda.is_available() and not args.cpu
     overrides = {"data": args.data}
     state = checkpoint_utils.load_checkpoint_to_cpu(str(ckpt), overrides)  # read once: model and update count
-    models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides=overrides,
-                                                                      state=state)
+    try:
+        models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides=overrides,
+                                                                          state=state)
+    except SystemExit as e:  # the plugin's check of the dictionaries the checkpoint records
+        if not isinstance(e.code, str):
+            raise
+        parser.error(f"argument data: {e.code.replace('gradinit: error: ', '', 1)}")
+    except RuntimeError as e:
+        if "size mismatch" not in str(e):
+            raise
+        # Another data-bin's dictionary: the embeddings the task builds do not fit the checkpoint's.
+        parser.error(f"argument data: the dictionary of {args.data} does not fit {ckpt}'s embeddings "
+                     f"({str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}); pass the data-bin "
+                     "the checkpoint was trained on")
     model = models[0]
     if use_cuda:
         model.cuda()

@@ -348,3 +348,46 @@ def test_prepare_corpus_ctrl_c_with_preprocess_workers_prints_no_traceback(tmp_p
     assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr, proc.stderr
     assert "interrupted (Ctrl-C)" in proc.stderr
     assert not out.exists() and hidden_leftovers(out) == []
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--init", "gradinit", "--gradinit-gamma", "-1"],
+     "argument --gradinit-gamma: invalid value -1.0: expected a finite number > 0, or None to use the rule of thumb"),
+    (["--init", "gradinit", "--gradinit-lr", "0"], "argument --gradinit-lr: invalid value 0.0: expected a finite number > 0"),
+    (["--init", "gradinit", "--gradinit-iters", "-1"], "argument --gradinit-iters: invalid value -1: expected an integer >= 0"),
+    (["--init", "gradinit", "--gradinit-eta", "nan"], "argument --gradinit-eta: invalid value nan: expected a finite number > 0"),
+    (["--init", "gradinit", "--lr", "0"], "argument --lr (the default of --gradinit-eta): invalid value 0.0"),
+    (["--init", "gradinit", "--gradinit-min-scale", "0.5", "--gradinit-max-scale", "0.1"],
+     "argument --gradinit-max-scale: invalid value 0.1: expected None or a finite number >= min_scale (0.5)"),
+    (["--init", "metainit", "--metainit-lr", "0"], "argument --metainit-lr: invalid value 0.0: expected a finite number > 0"),
+    (["--init", "metainit", "--metainit-iters", "-1"], "argument --metainit-iters: invalid value -1: expected an integer >= 0"),
+    (["--init", "metainit", "--metainit-eps", "nan"], "argument --metainit-eps: invalid value nan: expected a finite number > 0"),
+    (["--init", "kaiming", "--gradinit-overlap", "2"], "argument --gradinit-overlap: invalid value 2.0: expected a number in [0, 1]"),
+])
+def test_train_vision_refuses_bad_init_values_before_building_anything(tmp_path, monkeypatch, capsys, extra, expected):
+    """A bad --gradinit-*/--metainit-* value is one line, exit 2, before the data or the model is built."""
+    def never(*args, **kwargs):
+        raise AssertionError("built before the values were checked")
+
+    monkeypatch.setattr(train_vision, "build_datasets", never)
+    monkeypatch.setattr(train_vision, "create_model", never)
+    out = tmp_path / "run"
+    assert train_vision.cli(TINY + ["--output-dir", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.split(": error: ", 1)[1].startswith(expected), err  # "PROG: error: ..." (PROG: argv[0])
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_train_vision_warns_about_init_flags_its_init_does_not_read(tmp_path, caplog):
+    caplog.set_level("WARNING")
+    args = tv_args(tmp_path / "k", "--init", "kaiming", "--gradinit-iters", "5", "--metainit-iters", "3")
+    assert train_vision.check_init_options(args) == ["--gradinit-iters 5", "--metainit-iters 3"]
+    train_vision.main(args)
+    assert "ignoring --gradinit-iters 5, --metainit-iters 3: --init kaiming runs neither GradInit nor MetaInit" \
+        in caplog.text
+    # MetaInit reads GradInit's scale bounds and tau, not its other settings; GradInit reads no --metainit-*
+    meta = tv_args(None, "--init", "metainit", "--gradinit-min-scale", "0.02", "--gradinit-gamma", "2")
+    assert train_vision.check_init_options(meta) == ["--gradinit-gamma 2.0"]
+    gi = tv_args(None, "--init", "gradinit", "--gradinit-gamma", "2", "--metainit-batch-size", "32")
+    assert train_vision.check_init_options(gi) == ["--metainit-batch-size 32"]

@@ -281,7 +281,8 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
     --max-update is stopped by the wall-time budget; curves (CSV, PNG, Markdown), BLEU at the
     common checkpoint and study.json are written; a second plan finds the scales cached."""
     out = tmp_path / "study"
-    argv = [str(tiny_bin), "--out", str(out), "--cpu", "--parallel", "3", "--max-update", "4",
+    # relative paths, run from another folder than the repository: they are the caller's
+    argv = [os.path.relpath(tiny_bin, tmp_path), "--out", "study", "--cpu", "--parallel", "3", "--max-update", "4",
             "--valid-every", "2", "--save-every", "2", "--time-budget", "1", "--finish-margin", "20",
             "--base-args", " ".join(f"'{t}'" if " " in t else t for t in TINY_BASE),
             "--arm", "gA=" + " ".join(GI_TINY) + " --gradinit-monitor-interval 2",

@@ -81,3 +81,38 @@ def test_bad_updates(tmp_path):
     d = _study(tmp_path, {"a": {1: (1.0, 1.0)}})
     with pytest.raises(ValueError, match="positive"):
         build_table(d, updates=[0])
+
+
+@pytest.mark.parametrize("damage, expected", [
+    (lambda text: "", "curves.csv is empty (no header line)"),
+    (lambda text: text[:text.rindex(",", 0, len(text) - 2)], "curves.csv, line 4: 8 fields where the header has 10"),
+    (lambda text: text.replace("8.5", "8.5x", 1), "curves.csv, line 2: train_loss '8.5x' is not a number"),
+    (lambda text: text.replace("g-s1,100,", "g-s1,1e,", 1), "curves.csv, line 2: num_updates '1e' is not an update"),
+    (lambda text: text + text.splitlines()[1] + "\n", "curves.csv, line 5: arm 'g-s1' at update 100 again (first "
+                                                      "at line 2)"),
+    (lambda text: "\n".join(text.splitlines()[:2]) + "\n", "has no rows of arm 'g-s2', which"),
+    (lambda text: "\n".join(text.splitlines()[:3]) + "\n", "ends arm 'g-s2' at update 100, but"),
+    (lambda text: text.replace("arm,num_updates", "name,update"), "curves.csv, line 1: the header"),
+])
+def test_partial_or_damaged_curves_csv_is_refused_naming_file_and_line(tmp_path, damage, expected):
+    """A table from a file that is not whole would look like data: the CLI refuses it, one line, exit 2."""
+    d = _study(tmp_path, {"g-s1": {100: (9.0, 8.5)}, "g-s2": {100: (8.0, 8.4), 200: (7.0, 7.5)}})
+    (d / "study.json").write_text(json.dumps({"arms": {
+        "g-s1": {"trained": True, "last_update": 100}, "g-s2": {"trained": True, "last_update": 200},
+        "ref": {"trained": False}}}))
+    build_table(d, updates=[100])  # the whole file is fine
+    csv_path = d / "curves.csv"
+    csv_path.write_text(damage(csv_path.read_text()))
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(d), "--updates", "100"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith("study_table: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    assert expected in proc.stderr and str(csv_path) in proc.stderr, proc.stderr
+
+
+def test_damaged_bleu_json_is_named(tmp_path):
+    d = _study(tmp_path, {"g-s1": {100: (9.0, 8.5)}})
+    (d / "bleu.json").write_text('{"update": 100, "arms": ')
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(d), "--updates", "100"], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert proc.stderr.startswith(f"study_table: error: {d / 'bleu.json'} is not a bleu.json of scripts/study.py (")
+    assert proc.stderr.count("\n") == 1

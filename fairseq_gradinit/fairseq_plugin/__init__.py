@@ -3,10 +3,11 @@
 ``transformer_wskip`` model (Admin's w_skip Post-LN Transformer) and the ``transformer_lm_postln``
 architecture (a Post-LN decoder-only language model), and ``--optimizer radam`` (torch's RAdam)."""
 from ..quiet import hide_known_noise
-from .compat import patch_fairseq_checkpoint_loading
+from .compat import patch_fairseq_checkpoint_loading, patch_fairseq_numpy_compat
 
 hide_known_noise()
 patch_fairseq_checkpoint_loading()
+patch_fairseq_numpy_compat()
 
 from .task import TranslationGradInitConfig, TranslationGradInitTask, gradinit_config_from_task  # noqa: E402  (serves every task)
 from .wskip import WSkipTransformerModel  # noqa: E402  (registers transformer_wskip)

@@ -6,7 +6,7 @@ import glob
 import json
 import os
 import tempfile
-from typing import List
+from typing import List, Optional
 
 
 
@@ -45,3 +45,37 @@ def remove_stale_temp_files(directory: str, name: str) -> List[str]:
             os.unlink(tmp)
             removed.append(tmp)
     return removed
+
+
+def unwritable_folder_reason(path: str) -> Optional[str]:
+    """Why no folder can be created or written at ``path`` ('D is a file', 'is below the file F',
+    'cannot write into D (permission denied)'), or None. Creates nothing."""
+    path = os.path.abspath(path)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return "is a file, not a folder" if existing == path else f"is below the file {existing}, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"cannot be written: no permission to write into {existing}"
+    return None
+
+
+def write_result(path: str, obj: dict) -> Optional[str]:
+    """:func:`atomic_write_json` of a result that exists only in memory. When ``path`` cannot be
+    written (disk full, permissions), the result goes to a file in the temporary folder instead and
+    the message returned says where both went; None when ``path`` was written."""
+    try:
+        atomic_write_json(path, obj)
+        return None
+    except OSError as e:
+        reason = f"{e.strerror or e}"
+    try:
+        fd, fallback = tempfile.mkstemp(prefix="gradinit-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump(obj, f, indent=1)
+    except OSError as e:
+        return f"could not write {path} ({reason}), nor a copy in {tempfile.gettempdir()} ({e.strerror or e}): the result is lost"
+    return (f"could not write {path} ({reason}); the result was saved to {fallback} instead: free space (or fix the "
+            f"permissions) and copy it to {path}, or pass --gradinit-init-file {fallback} to apply it without "
+            "computing it again")

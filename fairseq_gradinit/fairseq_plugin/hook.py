@@ -23,23 +23,29 @@ import torch.distributed as dist
 from ..core import BatchPair, DevicePrefetcher, apply_scales, gradinit, summarize_scales
 from ..core.health import snapshot_weights
 from .cfg import cfg_value
-from .files import atomic_write_json, remove_stale_temp_files
+from .compat import takes_keyword
+from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
+from .files import remove_stale_temp_files, write_result
 from .groups import transformer_group
 from .health_report import measure_health
 from .init_file import clamped_init_file
 from .phase_state import load_phase_state, save_phase_state, state_path
 from .monitor import monitor_from_cfg
+from .init_file import unscaled_tensors
+from .lock import phase_lock
 from .option_values import (
     GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
     gradinit_enabled, gradinit_option_error, read_usable_init_file,
-    read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error,
+    read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error, check_when_parsed,
 )
+from .preflight import precision_error, training_setup_error, valid_split_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
 from .restore import restore_source
+from .resume_checks import resume_error
 from .signals import sigterm_raises_interrupt
 from .tied import (
     apply_multiplier_scales, effective_use_scales, install_multipliers, install_multipliers_on_load, is_multiplier,
-    multiplier_names, multipliers_as_parameters,
+    multiplier_names, multipliers_as_parameters, uncovered_ties,
 )
 from .training import collate, training_batch_indices, training_dataset
 from .wskip import admin_profile_if_requested
@@ -102,6 +108,7 @@ class GradInitTaskMixin:
     def add_args(cls, parser):
         super().add_args(parser)
         refuse_bad_values_when_parsed(parser)
+        check_when_parsed(parser, training_setup_error)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -123,19 +130,44 @@ class GradInitTaskMixin:
         with self.gradinit_monitor.around_optimizer_step(optimizer, model, update_num):
             return super().optimizer_step(optimizer, model, update_num)
 
-    def build_model(self, cfg, *args, **kwargs):
-        # Tasks differ in whether they take from_checkpoint; pass on exactly what was given.
-        from_checkpoint = bool(kwargs.get("from_checkpoint", args[0] if args else False))
+    def state_dict(self):
+        # Saved in every checkpoint's task_state: what the model's word ids mean (see .dictionaries).
+        state = dict(super().state_dict() or {})
+        state[DICTIONARIES_KEY] = dictionary_digests(self)
+        return state
+
+    def load_state_dict(self, state_dict):
+        """Refuse a checkpoint trained with other dictionaries than this task's data-bin has."""
+        state_dict = dict(state_dict or {})
+        error = dictionary_mismatch(state_dict.pop(DICTIONARIES_KEY, None), dictionary_digests(self),
+                                    data=str(cfg_value(self.gradinit_cfg, "data", "the data-bin")))
+        if error is not None:
+            raise GradInitStop(error)
+        super().load_state_dict(state_dict)
+
+    def build_model(self, cfg, from_checkpoint=False, **kwargs):
+        # Named in the signature: fairseq's checkpoint loading passes from_checkpoint=True only to a
+        # build_model that names it, and a model built for a checkpoint must never get GradInit.
+        # Tasks differ in whether they take it; pass it on only to those that do.
+        if takes_keyword(super().build_model, "from_checkpoint"):
+            kwargs["from_checkpoint"] = from_checkpoint
+        from_checkpoint = bool(from_checkpoint)
         if not from_checkpoint and gradinit_enabled(self.gradinit_cfg):
             # The model's arguments as given: building fills in derived ones (e.g. the shared
             # output embedding), and the fingerprint must equal the one of the command line.
             self._gradinit_model_args = model_arguments(cfg)
-        model = super().build_model(cfg, *args, **kwargs)
+        model = super().build_model(cfg, **kwargs)
         install_multipliers_on_load(model)
         if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
             # Also when loading a checkpoint: its state holds the multipliers.
             installed = install_multipliers(model)
             if not from_checkpoint:
+                uncovered = uncovered_ties(model) if gradinit_enabled(self.gradinit_cfg) else []
+                if uncovered:
+                    raise GradInitStop(
+                        f"--gradinit-tied-embeddings per-use: this model ties {' = '.join(uncovered[0])} (one tensor), "
+                        "which gets no per-use scales (they exist for fairseq's embed_tokens with embed_scale, as in "
+                        "the transformer models); use --gradinit-tied-embeddings shared")
                 logger.info("gradinit: per-use scales of tied embeddings: multipliers %s",
                             ", ".join(installed) or "none (the model ties no embedding matrix)")
         # Remember a freshly built training model; GradInit runs once the criterion exists.
@@ -159,6 +191,9 @@ class GradInitTaskMixin:
         if error is not None:
             raise GradInitStop(error)
         source = restore_source(self.gradinit_cfg)
+        error = resume_error(model, source, task=self) if source is not None else None
+        if error is not None:
+            raise GradInitStop(error)
         if source is None:
             admin_profile_if_requested(model, self)  # transformer_wskip --wskip-init admin; before GradInit
         if enabled:
@@ -170,7 +205,13 @@ class GradInitTaskMixin:
 
     # ------------------------------------------------------------------------------------
     def run_gradinit(self, model, criterion):
-        """Run GradInit (or apply ``--gradinit-init-file``) on ``model`` in place."""
+        """Run GradInit (or apply ``--gradinit-init-file``) on ``model`` in place, holding the save
+        dir's lock (:mod:`.lock`) for the whole phase: a second run into the folder stops."""
+        rank, world = rank_world()
+        with phase_lock(cfg_value(self.gradinit_cfg, "gradinit_save_dir", "checkpoints"), rank=rank, world=world):
+            return self._run_gradinit_locked(model, criterion)
+
+    def _run_gradinit_locked(self, model, criterion):
         cfg = self.gradinit_cfg
         rank, world = rank_world()
         save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
@@ -235,6 +276,11 @@ class GradInitTaskMixin:
         except ValueError as e:
             model.to(orig_device)
             raise GradInitStop(f"GradInit's batches: {e}") from None
+        error = precision_error(cfg) or valid_split_error(self, model)  # fairseq would refuse them after the phase
+        if error is not None:
+            source.close()
+            model.to(orig_device)
+            raise GradInitStop(error)
         interval = int(cfg_value(cfg, "gradinit_checkpoint_interval", 0) or 0)
         saved_at = [done_before]
 
@@ -262,6 +308,8 @@ class GradInitTaskMixin:
                         health = measure_health(model, result.scales, criterion, getattr(last[0], "s", None),
                                                 initial=initial, config=gcfg) if rank == 0 else None
                         initial = last[0] = None  # free the copy before training
+                except FloatingPointError as e:  # non-finite losses: the model is left as built
+                    raise GradInitStop(f"{e} {path} was not written and training did not start.") from None
                 finally:
                     source.close()
                     model.to(orig_device)
@@ -274,7 +322,9 @@ class GradInitTaskMixin:
                     out.update(summary=summary, uses=effective_use_scales(model, result.scales),
                                max_tokens=max_tokens, derived=derived, device=str(device),
                                wall_time=time.time() - start, fingerprint=current, health=health)
-                    atomic_write_json(path, out)
+                    lost = write_result(path, out)
+                    if lost:  # disk full, permissions: say where the result is instead of a traceback
+                        raise GradInitStop(lost)
                     logger.info("gradinit: wrote %s", path)
                     if os.path.exists(resume_path):
                         os.unlink(resume_path)
@@ -333,6 +383,12 @@ class GradInitTaskMixin:
                 f"{source} {path}: {len(missing)} of its {len(scales)} scales name tensors this model does not "
                 f"have, e.g. {missing[:5]} (the model has e.g. {names[:3]}); it was computed for another "
                 "architecture")
+        unscaled = unscaled_tensors(model, scales, saved.get("config"))
+        if unscaled:
+            raise GradInitStop(
+                f"{source} {path}: no scale for {len(unscaled)} of this model's tensors, e.g. {unscaled[:5]}: they "
+                "would start unscaled while the others are scaled (was the file edited?); recompute it, or restore "
+                "the missing scales")
         if current is not None and keys:
             diff = fingerprint_diff(saved.get("fingerprint"), current, keys=keys)
             if diff:

@@ -115,3 +115,16 @@ def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:
         "path": os.path.abspath(path), "sha256": digest, "bounds": [list(b.to_list()) for b in bounds],
         "changed": out["changed"], "previous": saved.get("clamped_from")})
     return record
+
+
+def unscaled_tensors(model, scales: Mapping[str, float], config: Optional[Mapping] = None) -> list:
+    """First names of the ``model``'s tensors that GradInit scales (trainable and not all zeros) but
+    that ``scales`` has no scale for under any of their names: a file edited by hand, or computed for
+    a model with more tensors. Empty for a file computed with its own ``param_filter``."""
+    if isinstance(config, Mapping) and config.get("param_filter") is not None:
+        return []
+    tensors: dict = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        tensors.setdefault(id(p), (p, []))[1].append(name)
+    return [names[0] for p, names in tensors.values()
+            if p.requires_grad and not any(n in scales for n in names) and bool(p.detach().count_nonzero())]

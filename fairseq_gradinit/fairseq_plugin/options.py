@@ -94,6 +94,11 @@ class PluginOptions(FairseqDataclass):
     gradinit_train_max_tokens: Any = II("dataset.max_tokens")
     gradinit_train_batch_size: Any = II("dataset.batch_size")
     gradinit_train_subset: Any = II("dataset.train_subset")
+    gradinit_valid_subset: Any = II("dataset.valid_subset")
+    gradinit_skip_invalid_valid: Any = II("dataset.skip_invalid_size_inputs_valid_test")
+    gradinit_disable_validation: Any = II("dataset.disable_validation")
+    gradinit_fp16: Any = II("common.fp16")
+    gradinit_memory_efficient_fp16: Any = II("common.memory_efficient_fp16")
     gradinit_train_optimizer: Optional[str] = "${oc.select:optimizer._name,null}"
     gradinit_cpu: Any = II("common.cpu")
     gradinit_seed: Any = II("common.seed")

@@ -44,7 +44,7 @@ class TranslationGradInitTask(GradInitTaskMixin, TranslationTask):
 
 def _log_changes_to_fairseq() -> None:
     """Say once, at load, what the plugin changes in fairseq (the README lists both)."""
-    from .compat import checkpoint_loading_patched
+    from .compat import checkpoint_loading_patched, numpy_compat_patched
 
     changes = []
     if TASK_REGISTRY.get("translation") is TranslationGradInitTask:
@@ -57,6 +57,12 @@ def _log_changes_to_fairseq() -> None:
     if checkpoint_loading_patched():
         changes.append("fairseq's checkpoint loading passes torch.load(weights_only=False) "
                        "(load only checkpoints you trust)")
+    if others or TASK_REGISTRY.get("translation") is TranslationGradInitTask:
+        changes.append("checkpoints record their dictionaries (task_state), and loading or resuming one on a data-bin "
+                       "with other dictionaries stops")
+    if numpy_compat_patched():
+        changes.append("np.compat.long, which numpy 2 removed, is int in fairseq's token-block and language-pair "
+                       "datasets (--sample-break-mode eos, bucketed batches)")
     if changes:
         logger.info("fairseq_gradinit plugin loaded; changes to fairseq: %s", "; ".join(changes))
 

@@ -147,3 +147,15 @@ def effective_use_scales(model: nn.Module, scales: Mapping[str, float]) -> Dict[
                 factor *= float(scales[mult])
             out[use] = factor
     return out
+
+
+def uncovered_ties(model: nn.Module) -> List[List[str]]:
+    """Names of each tensor the model uses under several names (a tie) that no per-use multiplier
+    covers: ties other than an ``embed_tokens`` with fairseq's ``embed_scale`` (e.g. RoBERTa's
+    output head, an LSTM's shared embeddings), which ``per-use`` would leave shared without a word."""
+    covered = {id(owner.embed_tokens.weight) for _, owner in _embedding_owners(model)
+               if isinstance(getattr(owner, MULTIPLIER), torch.Tensor)}
+    groups: Dict[int, List[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return [names for key, names in groups.items() if len(names) > 1 and key not in covered]

@@ -70,6 +70,19 @@ def _require_post_ln(normalize_before: bool, side: str) -> None:
             f"transformer_* architecture for Pre-LN")
 
 
+def nonnegative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (a seed numpy and torch accept)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 0") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 0")
+    return value
+
+
 def wskip_argument_error(ns) -> Optional[str]:
     """'argument --FLAG: ...' when a parsed command line asks for a Pre-LN transformer_wskip or gives
     --wskip-profile-seed without --wskip-init admin (refused when parsed, exit status 2), or None."""
@@ -195,7 +208,7 @@ class WSkipTransformerModel(TransformerModel):
                             help="initialization of the residual scales omega: ones (plain Post-LN, the "
                                  "GradInit variant), admin (Admin's profiling on the first training batch) "
                                  "or admin-closed-form (the admin-torch package's rule)")
-        parser.add_argument("--wskip-profile-seed", type=int, default=None, metavar="SEED",
+        parser.add_argument("--wskip-profile-seed", type=nonnegative_int, default=None, metavar="SEED",
                             help="--wskip-init admin: profile a twin model built and batched with this seed and "
                                  "copy its omega (the Admin authors profile once with seed 1111 and reuse omega for "
                                  "every seed); default: profile this run's own model with --seed")

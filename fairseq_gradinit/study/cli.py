@@ -2,9 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import shlex
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
@@ -125,9 +129,17 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         raise ValueError("the main data-bin (first argument) is required")
     if args.out is None:
         raise ValueError("--out DIR is required")
-    data = {"main": args.data, **dict(args.data_bin)}
+    from ..fairseq_plugin.files import unwritable_folder_reason
+
+    for flag, folder in (("--out", args.out), ("--gradinit-cache", args.gradinit_cache)):
+        reason = unwritable_folder_reason(str(folder)) if folder is not None else None
+        if reason:  # before anything runs, not when the first result is written
+            raise ValueError(f"{flag} {folder} {reason}; give a folder you can write")
+    # Every path the user gave is the caller's (relative to this working folder); the arms run in
+    # the same folder, and the study records absolute paths.
+    data = {key: os.path.abspath(path) for key, path in {"main": args.data, **dict(args.data_bin)}.items()}
     files = dict(preset.resolved_files(REPO_ROOT)) if preset else {}
-    files.update(dict(args.file))
+    files.update({key: os.path.abspath(path) for key, path in args.file})
 
     def pick(value, attr, default):
         return value if value is not None else getattr(preset, attr, None) or default
@@ -142,16 +154,18 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     bleu_budget = from_call(args.bleu_budget, "bleu_budget")
 
     return StudyConfig(
-        data=data, out=args.out, arms=tuple(selected), prepare=tuple(prepare),
+        data=data, out=Path(os.path.abspath(args.out)), arms=tuple(selected), prepare=tuple(prepare),
         base=tuple((preset.base if preset else ())) + tuple(shlex.split(args.base_args)), files=files,
         parallel=from_call(args.parallel, "parallel", 1),
         time_budget_s=(time_budget * 60 if time_budget is not None else None),
         finish_margin_s=from_call(args.finish_margin, "finish_margin", 30.0),
         max_update=pick(args.max_update, "max_update", 3000), valid_every=pick(args.valid_every, "valid_every", 100),
         save_every=pick(args.save_every, "save_every", 500), cpu=args.cpu, bleu=not args.no_bleu,
-        bleu_ref=args.bleu_ref, bleu_subset=args.bleu_subset, bleu_args=tuple(shlex.split(args.bleu_args)),
+        bleu_ref=os.path.abspath(args.bleu_ref) if args.bleu_ref else None, bleu_subset=args.bleu_subset,
+        bleu_args=tuple(shlex.split(args.bleu_args)),
         bleu_budget_s=bleu_budget * 60 if bleu_budget is not None else None,
-        bleu_script=args.bleu_script, gradinit_cache=args.gradinit_cache,
+        bleu_script=Path(os.path.abspath(args.bleu_script)),
+        gradinit_cache=Path(os.path.abspath(args.gradinit_cache)) if args.gradinit_cache else None,
     )
 
 
@@ -233,18 +247,21 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
             plans, groups = plan_study(cfg)
             est, _ = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
             logger.info("study: %s", est.describe())
-        result = run_study(cfg)
-        if args.export:
-            exported = export_results(Path(cfg.out), args.export, list(result["gradinit_groups"]), cfg.cache_dir)
-            logger.info("study: exported %s", ", ".join(exported))
+        with termination_signals_interrupt():
+            result = run_study(cfg)
+            if args.export:
+                exported = export_results(Path(cfg.out), args.export, list(result["gradinit_groups"]), cfg.cache_dir)
+                logger.info("study: exported %s", ", ".join(exported))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)  # noqa: T201
         return 2
-    except KeyboardInterrupt:
-        print(f"study: interrupted (Ctrl-C); its jobs were stopped and no study.json was written. Rerun with a new "
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        how = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"study: {how}; its jobs were stopped and no study.json was written. Rerun with a new "
               f"--out (finished GradInit phases stay cached in {cfg.cache_dir if cfg else 'the cache'})",
               file=sys.stderr)  # noqa: T201
-        return 130
+        return 128 + signum
     finally:
         if args.archive is not None and cfg is not None and not args.dry_run and Path(cfg.out).is_dir():
             groups_used = list(result["gradinit_groups"]) if result is not None else None
@@ -255,4 +272,54 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
             handler.close()
     print(summary_table(result))  # noqa: T201
     failed = [n for n, a in result["arms"].items() if a.get("trained") and a["run"]["status"] in ("failed", "skipped")]
+    for line in failed_arm_lines(result):
+        print(line, file=sys.stderr)  # noqa: T201
     return 1 if failed else 0
+
+
+class Terminated(KeyboardInterrupt):
+    """A termination signal other than SIGINT, handled as Ctrl-C; ``signum`` names it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def termination_signals_interrupt():
+    """SIGTERM and SIGHUP (a scheduler, ``timeout``, a closed terminal) end the study as Ctrl-C does:
+    its jobs are stopped and its temporary folders cleaned up. Later signals are ignored until then."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signums = (signal.SIGTERM, signal.SIGHUP)
+
+    def handler(signum, frame):
+        for s in signums:
+            signal.signal(s, signal.SIG_IGN)
+        raise Terminated(signum)
+
+    previous = {s: signal.signal(s, handler) for s in signums}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def failed_arm_lines(result: Mapping) -> List[str]:
+    """One line per arm that failed or never started, naming the log to read (for an arm whose
+    GradInit phase failed: the phase's log)."""
+    lines = []
+    for name, arm in result["arms"].items():
+        run = arm.get("run") or {}
+        if not arm.get("trained") or run.get("status") not in ("failed", "skipped"):
+            continue
+        group = (result.get("gradinit_groups") or {}).get(arm.get("gradinit_group") or "") or {}
+        phase = group.get("phase") or {}
+        # A failed arm's reason names its log; a skipped one's names the phase that failed.
+        log = phase.get("log") if run["status"] == "skipped" and phase.get("status") not in (None, "done") else None
+        what = "failed" if run["status"] == "failed" else "did not run"
+        lines.append(f"study: arm {name} {what}: {run.get('reason') or 'no reason recorded'}"
+                     + (f"; see {log}" if log else ""))
+    return lines

@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import io
 import json
+import logging
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +17,8 @@ from .arms import Arm, has_option, merge_args, substitute_files
 PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fairseq-train --user-dir
 REPO_ROOT = PACKAGE_DIR.parent
 DEFAULT_BLEU_SCRIPT = REPO_ROOT / "scripts" / "evaluate_bleu.py"
+
+logger = logging.getLogger(__name__)
 
 #: Options the runner sets itself for every arm.
 RESERVED_OPTIONS = ("--save-dir", "--stop-time-hours", "--user-dir")
@@ -64,6 +67,14 @@ class StudyConfig:
                 raise ValueError(f"the base arguments set {opt}: the study sets it for every arm; remove it")
         if self.time_budget_s is not None and self.time_budget_s <= 0:
             raise ValueError("--time-budget must be positive")
+        for flag, value in (("--max-update", self.max_update), ("--valid-every", self.valid_every),
+                            ("--save-every", self.save_every)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
+        if not (self.finish_margin_s >= 0):  # also NaN
+            raise ValueError(f"--finish-margin must be >= 0 seconds, got {self.finish_margin_s!r}")
+        if self.bleu_budget_s is not None and not (self.bleu_budget_s > 0 and self.bleu_budget_s != float("inf")):
+            raise ValueError(f"--bleu-budget must be a positive number of minutes, got {self.bleu_budget_s / 60!r}")
 
     @property
     def cache_dir(self) -> Path:
@@ -141,7 +152,9 @@ def cached_scales_match(group_dir: Path, fp: Mapping) -> bool:
     try:
         saved = json.loads(side.read_text())
         inner = json.loads(scales.read_text()).get("fingerprint")
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, AttributeError) as e:  # not JSON, or not an object
+        logger.warning("study: WARNING: the cached GradInit group %s is damaged (%s: %s); it is computed again",
+                       group_dir, type(e).__name__, e)
         return False
     if fingerprint_diff(saved, fp):
         return False

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from .arms import merge_args
-from .plan import REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, phase_command, plan_study
+from .plan import ArmPlan, GradInitGroup, StudyConfig, arm_command, phase_command, plan_study
 from .results import arm_curves, arm_outcome, checkpoint_updates, common_update, write_curves
 from .scheduler import Job, run_jobs, subprocess_env
 
@@ -108,7 +108,7 @@ def run_study(cfg: StudyConfig) -> dict:
                 sum(g.cached for g in groups.values()), len(arm_jobs))
     try:
         run_jobs(jobs, parallel=cfg.parallel, deadline=deadline, finish_margin_s=cfg.finish_margin_s, env=env,
-                 cwd=REPO_ROOT)
+                 cwd=Path.cwd())
     finally:  # also on Ctrl-C: no temporary folder stays in the cache
         for j in jobs:  # failed, killed or never started phases: keep their log beside the cache
             if j.kind == "phase" and j.status != "done":
@@ -132,7 +132,8 @@ def run_study(cfg: StudyConfig) -> dict:
                          **arm_outcome(job, all_curves[p.arm.name], job.log, cfg.max_update))
         arms_out[p.arm.name] = entry
 
-    bleu = run_bleu(cfg, plans, env) if cfg.bleu and arm_jobs else None
+    not_run = {name: job.reason for name, job in arm_jobs.items() if job.started is None}
+    bleu = run_bleu(cfg, plans, env, not_run=not_run) if cfg.bleu and arm_jobs else None
     result = {
         "out": str(out),
         "data": {k: str(v) for k, v in cfg.data.items()},
@@ -151,15 +152,22 @@ def run_study(cfg: StudyConfig) -> dict:
     return result
 
 
-def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str]) -> dict:
-    """BLEU of every arm at the largest checkpoint update that all arms with checkpoints reached."""
-    trained = [p for p in plans if p.train]
+def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str], *,
+             not_run: Optional[Mapping[str, str]] = None) -> dict:
+    """BLEU of every arm at the largest checkpoint update that all arms with checkpoints reached.
+
+    ``not_run`` maps the arms that never started (their GradInit phase failed, the budget was
+    spent) to why: they get their reason in the study's ``bleu.json`` and no folder of their own,
+    so that the same ``--out`` takes a rerun of them."""
+    not_run = dict(not_run or {})
+    trained = [p for p in plans if p.train and p.arm.name not in not_run]
     ckpts = {p.arm.name: checkpoint_updates(p.save_dir) for p in trained}
     without = sorted(n for n, c in ckpts.items() if not c)
     update = common_update(ckpts)
     gen_args = merge_args(BLEU_LENGTH_LIMITS, list(cfg.bleu_args))
     result = {"update": update, "beam": 5, "subset": cfg.bleu_subset, "reference": cfg.bleu_ref or "T- lines",
-              "generate_args": gen_args, "arms": {}, "no_checkpoint": without}
+              "generate_args": gen_args, "no_checkpoint": without,
+              "arms": {name: {"bleu": None, "reason": f"the arm did not run ({why})"} for name, why in not_run.items()}}
 
     def no_score(p: ArmPlan, reason: str, decode: Optional[dict] = None) -> None:
         entry = {"bleu": None, "reason": reason, **({"decode": decode} if decode else {})}
@@ -199,7 +207,7 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str])
         cmd += ["--", *gen_args]
         jobs.append(Job(name=p.arm.name, kind="bleu", cmd=cmd, log=p.save_dir / "bleu.log"))
     t0 = time.time()
-    run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=REPO_ROOT, deadline=t0 + budget if budget else None)
+    run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=Path.cwd(), deadline=t0 + budget if budget else None)
     rates = {}
     for job in jobs:
         entry = {"checkpoint": str(ckpts[job.name][update]), **job.summary(t0)}

@@ -138,6 +138,9 @@ def subprocess_env(cfg: StudyConfig) -> Dict[str, str]:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # The jobs run in the caller's folder (its relative paths mean what they meant to the caller);
+    # this keeps `python -m` from importing a package of that folder instead of this one.
+    env["PYTHONSAFEPATH"] = "1"
     if cfg.cpu and "OMP_NUM_THREADS" not in env:
         # arms at once on the CPU share its cores instead of each taking all of them
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // cfg.parallel))

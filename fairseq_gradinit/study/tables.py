@@ -56,20 +56,74 @@ def split_arm_name(name: str) -> Tuple[str, Optional[int]]:
 
 
 def read_curves_csv(path: Path) -> Dict[str, Dict[str, Dict[int, float]]]:
-    """``{arm: {column: {update: value}}}`` from a study's ``curves.csv`` (empty cells skipped)."""
+    """``{arm: {column: {update: value}}}`` from a study's ``curves.csv`` (empty cells skipped).
+
+    A file that is not whole is refused with a ``ValueError`` naming it and the line: no header, a
+    row with too few or too many fields (a truncated write), a value that is not a number, an
+    update logged twice for one arm.
+    """
     out: Dict[str, Dict[str, Dict[int, float]]] = {}
+    seen: Dict[Tuple[str, int], int] = {}
+    advice = "rewrite it with scripts/study.py (or restore it from the study's export)"
     with open(path, newline="", encoding="utf-8") as f:
-        for row in csv.DictReader(f):
-            arm = out.setdefault(row["arm"], {})
-            update = int(float(row["num_updates"]))
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header:
+            raise ValueError(f"{path} is empty (no header line): it is not a whole curves.csv; {advice}")
+        if "arm" not in header or "num_updates" not in header:
+            raise ValueError(f"{path}, line 1: the header {header[:4]} lacks the columns 'arm' and 'num_updates'; "
+                             f"it is not a curves.csv of scripts/study.py")
+        for fields in reader:
+            line = reader.line_num
+            if not fields:
+                continue
+            if len(fields) != len(header):
+                raise ValueError(f"{path}, line {line}: {len(fields)} fields where the header has {len(header)} "
+                                 f"(a truncated or damaged row); {advice}")
+            row = dict(zip(header, fields))
+            name = row["arm"].strip()
+            if not name:
+                raise ValueError(f"{path}, line {line}: no arm name; {advice}")
+            try:
+                update = float(row["num_updates"])
+                if not update.is_integer() or update < 0:
+                    raise ValueError
+                update = int(update)
+            except ValueError:
+                raise ValueError(f"{path}, line {line}: num_updates {row['num_updates']!r} is not an update number; "
+                                 f"{advice}") from None
+            if (name, update) in seen:
+                raise ValueError(f"{path}, line {line}: arm {name!r} at update {update} again (first at line "
+                                 f"{seen[name, update]}); {advice}")
+            seen[name, update] = line
+            arm = out.setdefault(name, {})
             for col, value in row.items():
-                if col in ("arm", "num_updates") or value in ("", None):
+                if col in ("arm", "num_updates") or value == "":
                     continue
                 try:
                     arm.setdefault(col, {})[update] = float(value)
                 except ValueError:
-                    continue
+                    raise ValueError(f"{path}, line {line}: {col} {value!r} is not a number; {advice}") from None
     return out
+
+
+def check_against_study_json(curves: Mapping[str, Mapping[str, Mapping[int, float]]], csv_path: Path,
+                             study_json: Path) -> None:
+    """Refuse a ``curves.csv`` that lacks an arm, or an arm's last updates, that ``study.json`` of
+    the same study recorded (a partial copy or an interrupted rewrite)."""
+    try:
+        arms = json.loads(study_json.read_text(encoding="utf-8"))["arms"]
+        recorded = {name: int(a.get("last_update") or 0) for name, a in arms.items() if a.get("trained")}
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{study_json} is not a study.json of scripts/study.py ({type(e).__name__}: {e})") from None
+    for name, last in recorded.items():
+        logged = [u for col in curves.get(name, {}).values() for u in col]
+        if last > 0 and not logged:
+            raise ValueError(f"{csv_path} has no rows of arm {name!r}, which {study_json} says reached update "
+                             f"{last}: the file is incomplete; rewrite it with scripts/study.py")
+        if logged and max(logged) < last:
+            raise ValueError(f"{csv_path} ends arm {name!r} at update {max(logged)}, but {study_json} says it reached "
+                             f"update {last}: the file is incomplete; rewrite it with scripts/study.py")
 
 
 def _at_or_before(curve: Mapping[int, float], update: int) -> Optional[float]:
@@ -90,11 +144,19 @@ def build_table(study_dir: Path, *, updates: Sequence[int], train_at: Optional[i
         raise ValueError(f"updates must be positive integers, got {list(updates)}")
     updates = tuple(sorted(int(u) for u in updates))
     curves = read_curves_csv(csv_path)
+    if (study_dir / "study.json").is_file():
+        check_against_study_json(curves, csv_path, study_dir / "study.json")
     bleu: Mapping = {}
     bleu_update = None
     if (study_dir / "bleu.json").is_file():
-        loaded = json.loads((study_dir / "bleu.json").read_text(encoding="utf-8"))
-        bleu, bleu_update = loaded.get("arms") or {}, loaded.get("update")
+        try:
+            loaded = json.loads((study_dir / "bleu.json").read_text(encoding="utf-8"))
+            bleu, bleu_update = loaded.get("arms") or {}, loaded.get("update")
+            if not isinstance(bleu, dict):
+                raise ValueError(f"'arms' is a {type(bleu).__name__}, not an object")
+        except (ValueError, AttributeError) as e:
+            raise ValueError(f"{study_dir / 'bleu.json'} is not a bleu.json of scripts/study.py ({e}); rewrite it "
+                             "with scripts/study.py, or remove it for a table without BLEU") from None
     names = list(arms) if arms else list(curves)
     unknown = [n for n in names if n not in curves]
     if unknown:

@@ -1,0 +1,32 @@
+"""Numeric arguments of the scripts are checked when parsed: one argparse error, exit status 2."""
+import importlib.util
+import sys
+
+import pytest
+
+from fairseq_helpers import REPO
+
+
+def _script(name):
+    spec = importlib.util.spec_from_file_location(f"_numbers_{name}", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script, parser, argv, expected", [
+    ("evaluate_bleu", "build_parser", ["data", "--beam", "0"], "argument --beam: invalid value 0: expected an integer >= 1"),
+    ("evaluate_bleu", "build_parser", ["data", "--batch-size", "-2"], "argument --batch-size: invalid value -2"),
+    ("evaluate_bleu", "build_parser", ["data", "--max-tokens", "0"], "argument --max-tokens: invalid value 0"),
+    ("valid_loss_modes", "get_args_parser", ["data", "--path", "x.pt", "--max-tokens", "0"],
+     "argument --max-tokens: invalid value 0: expected an integer >= 1"),
+    ("gradinit_report", "build_parser", ["--gradinit-json", "g.json", "--out", "o", "--batches", "1"],
+     "argument --batches: invalid value 1: expected an integer >= 2"),
+])
+def test_bad_numbers_are_argument_errors(script, parser, argv, expected, capsys):
+    pytest.importorskip("fairseq")
+    with pytest.raises(SystemExit) as exc:
+        getattr(_script(script), parser)().parse_args(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and f"error: {expected}" in err, err
