@@ -25,7 +25,7 @@ from ..core.health import snapshot_weights
 from .cfg import cfg_value
 from .compat import takes_keyword
 from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
-from .files import remove_stale_temp_files, write_result
+from .files import atomic_write_json, remove_stale_temp_files, write_result
 from .groups import transformer_group
 from .health_report import measure_health
 from .init_file import clamped_init_file
