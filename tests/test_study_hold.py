@@ -201,3 +201,19 @@ def test_docs_state_the_hold_command_and_its_estimate():
     spec.loader.exec_module(bleu)
     assert f"{bleu.GPU_MAX_TOKENS:,} tokens and\n{bleu.GPU_BATCH_SIZE:,} sentences" in doc
     assert f"{a.bleu_budget * 60:.0f}-second budget" in doc
+
+
+def test_cpu_presets_state_their_measured_duration_in_the_listing_and_the_dry_run(sep_bin, tmp_path):
+    from fairseq_gradinit.study.presets import PRESETS
+
+    listing = describe_presets(("demo", "lm"))
+    assert listing.count("duration where measured:") == 2
+    # the durations quoted are those of the docs that measured them
+    assert "most of a day" in PRESETS["demo"].duration
+    assert "most of a day" in (REPO / "docs" / "debian-demo.md").read_text(encoding="utf-8")
+    assert "12 minutes" in PRESETS["lm"].duration
+    assert "(12 minutes: GradInit phase 106 s" in (REPO / "docs" / "lm-nowarmup.md").read_text(encoding="utf-8")
+    rc, out, err = _dry_run([str(sep_bin), "--preset", "demo", "--cpu", "--no-bleu", "--out", str(tmp_path / "d"),
+                             "--dry-run"])
+    assert rc == 0, err[-2000:]
+    assert "no estimate on the CPU" in out and "duration of preset demo where measured: with --cpu, most of a day" in out

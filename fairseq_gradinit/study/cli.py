@@ -233,6 +233,8 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
             print(describe_plan(cfg, plans, groups))  # noqa: T201
             est, why = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
             print(est.describe() if est is not None else why)  # noqa: T201
+            if est is None and preset is not None and preset.duration:
+                print(f"duration of preset {preset.name} where measured: {preset.duration}")  # noqa: T201
             if est is not None and est.limit_s is not None and not est.fits:
                 to_compute = sum(not g.cached for g in groups.values())
                 hint = (f"; {to_compute} GradInit group(s) are still to compute: pass the --gradinit-cache of the "

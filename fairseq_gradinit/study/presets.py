@@ -52,6 +52,9 @@ class Preset:
     calls: Tuple[StudyCall, ...] = ()
     doc: str = ""
     throughput: Optional[str] = None  # the GPU whose measured figures estimate its calls (study.estimate)
+    #: How long the preset took where it was measured, for presets without throughput figures
+    #: (printed by --list-presets and --dry-run).
+    duration: str = ""
 
     def call(self, name: str) -> StudyCall:
         for c in self.calls:
@@ -205,6 +208,8 @@ DEMO = Preset(
     name="demo",
     summary="docs/debian-demo.md: 6+6-layer d=128 Post-LN Transformer, lr 1e-3, Xavier / GradInit "
             "without warmup vs a 200-update warmup, 600 updates (CPU: add --cpu)",
+    duration="with --cpu, most of a day on a 2-core VM (a 1024-token update took ~7 s on one thread there, a "
+             "GradInit constraint iteration ~19 s: docs/debian-demo.md); on one GPU, about 3 minutes per arm",
     base=D128_BASE,
     arms=(
         Arm("gradinit-s1", GI_DEMO + ("--seed", "1"), note="GradInit (eta = lr, gamma from eta*gamma = 0.1), seed 1"),
@@ -554,6 +559,8 @@ def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
                 out.append(f"       expected duration on one {est.throughput.name.upper()}: ~{est.total_s:.0f} s"
                            f"{bound}{limit} (--parallel {c.parallel} --time-budget {c.time_budget:g} "
                            f"--bleu-budget {c.bleu_budget:g} --finish-margin {c.finish_margin:g})")
+        if p.duration:
+            out.append(f"   duration where measured: {p.duration}")
         if p.doc:
             out.append(textwrap.indent(p.doc, "   "))
         out.append("")
@@ -573,6 +580,8 @@ GI_LM = ("--gradinit-iters", "100", "--gradinit-lr", "1e-2", "--gradinit-max-tok
 
 LM = Preset(
     name="lm",
+    duration="with --cpu --no-bleu, 12 minutes on a shared 2-core VM (GradInit phase 106 s, then the three arms "
+             "one after another, 113-260 s each: docs/lm-nowarmup.md)",
     summary="docs/lm-nowarmup.md: 6-layer d=128 Post-LN decoder-only LM (transformer_lm_postln) on the target "
             "side of the Debian corpus, lr 3e-3, Xavier / GradInit without warmup vs a 300-update warmup, "
             "600 updates (CPU: add --cpu --no-bleu)",
