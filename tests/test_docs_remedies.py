@@ -25,7 +25,7 @@ def test_every_flag_of_the_table_and_commands_parses_with_the_plugin():
     import fairseq_gradinit.fairseq_plugin  # noqa: F401
 
     cmds = doc_commands()
-    assert len(cmds) == 3
+    assert len(cmds) == 4
     table_flags = set(re.findall(r"^\| [^|]+ \| `(--gradinit-[a-z-]+)", DOC, flags=re.M))
     from fairseq_gradinit.fairseq_plugin.task import TranslationGradInitConfig
 
@@ -73,3 +73,23 @@ def test_the_readme_status_quotes_the_measured_health_of_the_collapsed_scales():
     assert health["verdict"] == "degenerate" and health["floor"]["weights"]["count"] == 20
     assert f"gain |γ|/σ {gains[0]:.1f} and {gains[1]:.1f}" in readme.replace("\n", " ")
     assert "20 of the 128 weight tensors" in readme.replace("\n", " ")
+
+
+def test_the_clamp_table_is_the_stored_measurement():
+    import json
+
+    def health(path):
+        return json.loads((REPO / "docs" / path).read_text())["health"]
+
+    rows = {"as learned": health("health-authors-d512.json"),
+            "clamped mild: LayerNorm ≥ 0.1, others ≥ 0.05": health("remedies/health-clamp-mild.json"),
+            "clamped strong: LayerNorm ≥ 0.3, others ≥ 0.1": health("remedies/health-clamp-strong.json")}
+    cols = ("decoder.layers.5.self_attn_layer_norm", "decoder.layers.4.self_attn_layer_norm",
+            "encoder.layers.4.final_layer_norm")
+    for label, h in rows.items():
+        gains = {n["name"]: n["gain_after"] for n in h["norms"]}
+        cells = [str(h["floor"]["weights"]["count"])] + [f"{gains[c]:.1f}" for c in cols] + [h["verdict"]]
+        assert f"| {label} | " + " | ".join(cells) + " |" in DOC, label
+        assert h["batch"] == {"sentences": 160, "tokens": 2201}
+    before = [n["gain_before"] for n in rows["as learned"]["norms"]]
+    assert f"{min(before):.2f}–{max(before):.2f}" == "0.81–1.07" and "(Xavier:\n0.81–1.07)" in DOC
