@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 from .arms import merge_args
-from .plan import ArmPlan, GradInitGroup, StudyConfig, arm_command, phase_command, plan_study
+from .plan import PACKAGE_DIR, ArmPlan, GradInitGroup, StudyConfig, arm_command, bleu_command, phase_command, plan_study
 from .results import arm_curves, arm_outcome, checkpoint_updates, common_update, write_curves
 from .scheduler import Job, run_jobs, subprocess_env
 
@@ -183,8 +183,9 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
                 no_score(p, result["error"])
         (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n")
         return result
-    if not Path(cfg.bleu_script).is_file():
-        raise ValueError(f"BLEU script not found: {cfg.bleu_script} (run from a source checkout, or --no-bleu)")
+    if cfg.bleu_script is not None and not Path(cfg.bleu_script).is_file():
+        raise ValueError(f"--bleu-script {cfg.bleu_script}: no such file; give a BLEU script, or leave it out "
+                         "for the package's own")
     budget = bleu_budget_s(cfg, len(trained) - len(without))
     result["budget_s"] = budget
     jobs, outputs = [], {}
@@ -192,8 +193,8 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
         if p.arm.name in without:
             continue
         out_json = outputs[p.arm.name] = p.save_dir / "bleu.json"
-        cmd = [cfg.python, str(cfg.bleu_script), p.data, "--path", str(ckpts[p.arm.name][update]),
-               "--user-dir", "gradinit", "--beam", "5", "--gen-subset", cfg.bleu_subset,
+        cmd = [*bleu_command(cfg), p.data, "--path", str(ckpts[p.arm.name][update]),
+               "--user-dir", str(PACKAGE_DIR), "--beam", "5", "--gen-subset", cfg.bleu_subset,
                "--output-json", str(out_json), "--progress-json", str(p.save_dir / "bleu.progress.json")]
         if cfg.cpu:
             cmd.append("--cpu")

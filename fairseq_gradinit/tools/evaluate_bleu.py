@@ -57,8 +57,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-GRADINIT_USER_DIR = REPO_ROOT / "fairseq_gradinit"
+#: The installed package, fairseq's ``--user-dir`` for this plugin.
+GRADINIT_USER_DIR = Path(__file__).resolve().parents[1]
 
 _HYP_RE = re.compile(r"^H-(\d+)\t")
 _REF_RE = re.compile(r"^T-(\d+)\t")
@@ -792,5 +792,13 @@ def evaluate(args, extra: Sequence[str]) -> int:
     return 0
 
 
+def run() -> int:
+    """The ``gradinit-evaluate-bleu`` command: :func:`main` with known third-party warnings hidden."""
+    from ..quiet import hide_known_noise
+
+    hide_known_noise()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

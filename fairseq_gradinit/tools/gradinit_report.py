@@ -26,9 +26,6 @@ import sys
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 logger = logging.getLogger("gradinit_report")
 
@@ -116,8 +113,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from fairseq_gradinit.quiet import hide_known_noise
+def run() -> int:
+    """The ``gradinit-report`` command: :func:`main` with known third-party warnings hidden."""
+    from ..quiet import hide_known_noise
 
     hide_known_noise()
-    sys.exit(main())
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

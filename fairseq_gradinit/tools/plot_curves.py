@@ -33,13 +33,9 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
 # The parsing and plotting live in the package (shared with the study runner, scripts/study.py);
 # importing fairseq_gradinit.curves needs neither torch nor fairseq.
-from fairseq_gradinit.curves import (  # noqa: E402,F401  (re-exported: this script's API)
+from ..curves import (  # noqa: F401  (re-exported: this module's API)
     Curve,
     markdown_table,
     parse_log,

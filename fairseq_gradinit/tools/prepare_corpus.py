@@ -512,8 +512,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    from fairseq_gradinit.quiet import hide_known_noise
+def run() -> int:
+    """The ``gradinit-prepare-corpus`` command: :func:`main` with known third-party warnings hidden."""
+    from ..quiet import hide_known_noise
 
     hide_known_noise()
-    sys.exit(main())
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

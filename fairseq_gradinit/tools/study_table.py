@@ -12,9 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fairseq_gradinit.study.tables import build_table, markdown, to_json  # noqa: E402
+from ..study.tables import build_table, markdown, to_json
 
 
 def _updates(text: str):

@@ -21,9 +21,6 @@ from typing import Optional
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
 
 def positive_int(text: str) -> int:
     """An argparse type: an integer >= 1."""
@@ -139,9 +136,15 @@ def main(argv=None) -> dict:
     return result
 
 
-if __name__ == "__main__":
-    from fairseq_gradinit.quiet import hide_known_noise
+def run() -> int:
+    """The ``gradinit-valid-loss-modes`` command: :func:`main` with known third-party warnings hidden."""
+    from ..quiet import hide_known_noise
 
     hide_known_noise()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     main()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())
