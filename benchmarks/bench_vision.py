@@ -43,7 +43,6 @@ import json
 import logging
 import platform
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -53,14 +52,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:
-    import fairseq_gradinit  # noqa: F401
-except ImportError:  # running from a source checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fairseq_gradinit.core import GradInit, GradInitConfig, gradinit_mode  # noqa: E402
-from fairseq_gradinit.core.batching import BatchPair  # noqa: E402
-from fairseq_gradinit.vision import classification_loss, create_model  # noqa: E402
+from fairseq_gradinit.core import GradInit, GradInitConfig, gradinit_mode
+from fairseq_gradinit.core.batching import BatchPair
+from fairseq_gradinit.vision import classification_loss, create_model
 
 logger = logging.getLogger("bench_vision")
 
