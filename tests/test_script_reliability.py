@@ -139,6 +139,7 @@ def test_prepare_corpus_ctrl_c_exits_130_and_leaves_out_as_it_was(tmp_path):
 # ------------------------------------------------------------------------------------------------
 from fairseq_gradinit.tools.train_vision import cli as train_vision  # noqa: E402
 from fairseq_gradinit.tools.train_vision import data as train_vision_data  # noqa: E402
+from fairseq_gradinit.tools.train_vision import initialization as train_vision_init  # noqa: E402
 
 TINY = ["--dataset", "synthetic", "--synthetic-train-size", "96", "--synthetic-test-size", "32",
         "--synthetic-shape", "1,8,8", "--model", "vgg19", "--no-bn", "--width", "0.0625", "--batch-size", "32",
@@ -359,7 +360,7 @@ def test_train_vision_refuses_bad_init_values_before_building_anything(tmp_path,
         raise AssertionError("built before the values were checked")
 
     monkeypatch.setattr(train_vision, "build_datasets", never)
-    monkeypatch.setattr(train_vision, "create_model", never)
+    monkeypatch.setattr(train_vision_init, "create_model", never)
     out = tmp_path / "run"
     assert train_vision.cli(TINY + ["--output-dir", str(out), *extra]) == 2
     err = capsys.readouterr().err

@@ -480,6 +480,35 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def read_output(stdout: Iterable[str], meter: DecodeMeter, stop_generate, *, time_limit: Optional[float],
+                progress_json: Optional[Path], report_every_s: float) -> List[str]:
+    """fairseq-generate's stdout lines, each hypothesis timed by ``meter``; the rate is reported every
+    ``report_every_s`` seconds and ``stop_generate(reason)`` called once it projects beyond ``time_limit``."""
+    out_lines: List[str] = []
+    next_report = None
+    for raw in stdout:
+        now = time.time()
+        line = raw.rstrip("\n")
+        out_lines.append(line)
+        m = _HYP_RE.match(line)
+        if not m:
+            continue
+        meter.hypothesis(int(m.group(1)), now)
+        if not meter.measured or (next_report is not None and now < next_report):
+            continue
+        report = meter.report(now)
+        if meter.first_report is None:
+            meter.first_report = report
+        next_report = now + report_every_s
+        print("evaluate_bleu: " + format_rate(report), file=sys.stderr, flush=True)
+        if progress_json is not None:
+            write_json_atomic(progress_json, report)
+        projected = report["projected_total_s"]
+        if time_limit is not None and projected is not None and projected > time_limit:
+            stop_generate(f"the measured rate projects {projected:.0f} s, beyond --time-limit {time_limit:g} s")
+    return out_lines
+
+
 def run_generate(
     cmd: Sequence[str], save_output: Optional[Path], *, meter: Optional[DecodeMeter] = None,
     time_limit: Optional[float] = None, progress_json: Optional[Path] = None, report_every_s: float = 5.0,
@@ -519,29 +548,9 @@ def run_generate(
         timer = threading.Timer(max(time_limit, 0.0), stop_generate, args=(f"--time-limit {time_limit:g} s reached",))
         timer.daemon = True
         timer.start()
-    out_lines: List[str] = []
-    next_report = None
     try:
-        for raw in proc.stdout:
-            now = time.time()
-            line = raw.rstrip("\n")
-            out_lines.append(line)
-            m = _HYP_RE.match(line)
-            if not m:
-                continue
-            meter.hypothesis(int(m.group(1)), now)
-            if not meter.measured or (next_report is not None and now < next_report):
-                continue
-            report = meter.report(now)
-            if meter.first_report is None:
-                meter.first_report = report
-            next_report = now + report_every_s
-            print("evaluate_bleu: " + format_rate(report), file=sys.stderr, flush=True)
-            if progress_json is not None:
-                write_json_atomic(progress_json, report)
-            projected = report["projected_total_s"]
-            if time_limit is not None and projected is not None and projected > time_limit:
-                stop_generate(f"the measured rate projects {projected:.0f} s, beyond --time-limit {time_limit:g} s")
+        out_lines = read_output(proc.stdout, meter, stop_generate, time_limit=time_limit,
+                                progress_json=progress_json, report_every_s=report_every_s)
     finally:
         if timer is not None:
             timer.cancel()
