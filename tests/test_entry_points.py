@@ -110,3 +110,11 @@ def test_command_functions_are_short(folder):
                 if lines > MAX_FUNCTION_LINES:
                     long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} ({lines} lines)")
     assert long == []
+
+
+def test_tests_and_code_name_behaviour_not_tracker_numbers():
+    cited = re.compile(r"(?<!fairseq )\bissues?\s+#?\d", re.I)  # upstream projects' issues may be cited
+    found = [f"{p.relative_to(REPO)}:{i}" for folder in ("tests", "fairseq_gradinit", "scripts", "benchmarks")
+             for p in sorted((REPO / folder).rglob("*.py"))
+             for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if cited.search(line)]
+    assert found == []

@@ -1,4 +1,4 @@
-"""Issue 18 items 4 and 9: scripts/evaluate_bleu.py refuses a --ref file of another split, and
+"""scripts/evaluate_bleu.py refuses a --ref file of another split, and
 bad inputs (split, truncated checkpoint, the data-bin's parent, --user-dir) get one message each.
 docs/reliability.md ('Plugin, BLEU and study') maps each case here."""
 import json

@@ -1,4 +1,4 @@
-"""Issue 18: scripts/prepare_corpus.py and scripts/train_vision.py never lose a user's work and answer
+"""scripts/prepare_corpus.py and scripts/train_vision.py never lose a user's work and answer
 mistakes with one message. docs/reliability.md ("Scripts and the vision API") maps each case here.
 
 prepare_corpus.py runs on the first 300/40/40 lines of the repository's debian-ui-de-en corpus (data/) with a

@@ -376,7 +376,7 @@ def test_interrupted_study_leaves_no_temporary_cache_folder(tiny_bin, tmp_path, 
 
 
 def test_ctrl_c_ends_the_study_with_one_line_and_status_130(tiny_bin, tmp_path, monkeypatch, capsys):
-    """Issue 18 item 11: Ctrl-C prints no traceback."""
+    """Ctrl-C prints no traceback."""
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
@@ -411,7 +411,7 @@ def test_device_setup_dry_run(tmp_path):
 
 
 def test_study_json_of_a_failed_gradinit_phase_names_no_missing_files(tmp_path):
-    """Issue 18 item 11: a failed phase is not 'computed_now' and names no scales file that does not
+    """A failed phase is not 'computed_now' and names no scales file that does not
     exist; its log path is the one the failure moved it to; a computed group names its scales."""
     failed_log = tmp_path / "failed-gi-k" / "gradinit.log.part"
     failed_log.parent.mkdir()
@@ -438,7 +438,7 @@ json.dump({"bleu": 1.5, "argv": sys.argv}, open(out, "w"))
 
 
 def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_path):
-    """Issue 15 item 4: fairseq-generate gets --max-len-a 1.2 --max-len-b 10 unless --bleu-args
+    """fairseq-generate gets --max-len-a 1.2 --max-len-b 10 unless --bleu-args
     overrides one, and every arm's bleu.json holds a score or why it has none."""
     script = tmp_path / "fake_bleu.py"
     script.write_text(FAKE_BLEU)

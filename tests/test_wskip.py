@@ -83,7 +83,7 @@ def test_architectures_match_fairseq_and_pre_ln_is_rejected(tiny_data):
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
 def test_pre_ln_is_an_argument_error_when_parsed(tiny_data, side, capsys):
-    """Issue 18 item 10: the refusal is argparse's (usage, one 'error:' line, exit status 2)."""
+    """The refusal is argparse's (usage, one 'error:' line, exit status 2)."""
     with pytest.raises(SystemExit) as exc:
         options.parse_args_and_arch(options.get_training_parser(), input_args=[
             str(tiny_data), "--task", "translation_gradinit", "--arch", "transformer_wskip_iwslt_de_en",
