@@ -328,6 +328,8 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
 
     bleu = json.loads((out / "bleu.json").read_text())
     assert bleu["update"] == 4 and bleu["beam"] == 5
+    bleu_cmd = (out / "arms" / "gA" / "bleu.log").read_text().splitlines()[0]  # the installed package's BLEU step
+    assert " -m fairseq_gradinit.tools.evaluate_bleu " in bleu_cmd and f"--user-dir {REPO / 'fairseq_gradinit'} " in bleu_cmd
     for arm in ("gA", "gB", "long"):
         assert bleu["arms"][arm]["status"] == "done" and bleu["arms"][arm]["bleu"] is not None
         assert bleu["arms"][arm]["checkpoint"].endswith("_4.pt")
@@ -400,7 +402,7 @@ def test_device_setup_dry_run(tmp_path):
     ok = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path), "/tmp/site"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "--no-index --no-deps" in ok.stdout and "--target /tmp/site" in ok.stdout
-    assert all(n in ok.stdout for n in names) and "PYTHONPATH=/tmp/site" in ok.stdout
+    assert all(n in ok.stdout for n in names) and f"PYTHONPATH=/tmp/site:{REPO}" in ok.stdout  # wheels, checkout
     (tmp_path / names[4]).unlink()
     missing = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path)], capture_output=True, text=True)
     assert missing.returncode == 1 and "antlr4_python3_runtime" in missing.stderr
