@@ -23,9 +23,7 @@ import json
 import logging
 import os
 import sys
-from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
-
 
 logger = logging.getLogger("gradinit_report")
 

@@ -55,12 +55,12 @@ def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train a CIFAR-style classifier with GradInit / MetaInit / "
                                 "baseline initializations (GradInit paper recipe)", add_help=add_help,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_data_arguments(p)
+    add_model_and_data_arguments(p)
     add_training_arguments(p)
     return p
 
 
-def add_data_arguments(p: argparse.ArgumentParser) -> None:
+def add_model_and_data_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", default="resnet110", choices=list_models(), help="registered architecture")
     g.add_argument("--bn", default=None, action=argparse.BooleanOptionalAction,
@@ -91,7 +91,6 @@ def add_data_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--cutout-length", default=None, type=int, help="side of the cutout square (default: half "
                    "the image side, 16 for CIFAR; 0 disables cutout)")
     g.add_argument("--workers", default=2, type=int, help="DataLoader worker processes")
-
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:

@@ -27,7 +27,6 @@ FASHION_MEAN, FASHION_STD = (0.2860,), (0.3530,)
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 
 
-
 def read_idx(path: Path) -> torch.Tensor:
     """Read an IDX file (MNIST format, optionally gzip-compressed) of unsigned bytes."""
     opener = gzip.open if str(path).endswith(".gz") else open
@@ -220,5 +219,3 @@ class Limited:
     def __len__(self) -> int:
         n = len(self.loader)
         return n if self.limit is None else min(n, self.limit)
-
-

@@ -1,6 +1,7 @@
 """The exceptions of ``gradinit-train-vision``: each ends the command with one ``error:`` line."""
 from __future__ import annotations
 
+
 class UsageError(ValueError):
     """A bad argument: one ``error:`` line, exit status 2."""
 
@@ -11,5 +12,3 @@ class RunFailure(RuntimeError):
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during training, after the state of the output folder was logged."""
-
-

@@ -157,5 +157,3 @@ def check_batches(args, n_train: int, resume: str) -> None:
         raise UsageError(f"GradInit pairs consecutive batches and needs at least 2 per pass, but {src} gives "
                          f"{n}: raise --limit-train-batches, lower {flag} or --batch-size, or set --gradinit-iters "
                          "to cycle the batches")
-
-

@@ -210,5 +210,3 @@ def train_epochs(args, model, optimizer, log, out_dir: Path, device, train_batch
         write_logs(out_dir, log)
     if log["epochs"]:
         write_logs(out_dir, log)
-
-
