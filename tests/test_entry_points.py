@@ -19,8 +19,8 @@ from fairseq_gradinit.study.runner import bleu_arm_command
 from fairseq_gradinit.study.scheduler import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
-#: Folders of the command modules, held to MAX_FUNCTION_LINES.
-COMMAND_CODE = ("fairseq_gradinit/tools", "fairseq_gradinit/study", "scripts")
+#: Folders of the commands and benchmarks, held to MAX_FUNCTION_LINES.
+COMMAND_CODE = ("fairseq_gradinit/tools", "fairseq_gradinit/study", "scripts", "benchmarks")
 MAX_FUNCTION_LINES = 80
 
 
