@@ -23,17 +23,14 @@ import copy
 import json
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from host_syncs import HostSyncCounter  # this folder is sys.path[0] when the benchmark runs
 
-from host_syncs import HostSyncCounter  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 PRECISIONS = ("fp32", "tf32", "bf16")
 BRANCHES = ("objective", "constraint")

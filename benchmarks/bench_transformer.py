@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 KINDS = ("train_step", "gradinit_objective", "gradinit_constraint", "gradinit_constraint_switch",
          "gradinit_constraint_fd")

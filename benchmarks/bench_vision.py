@@ -43,7 +43,6 @@ import json
 import logging
 import platform
 import statistics
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -53,14 +52,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-try:
-    import fairseq_gradinit  # noqa: F401
-except ImportError:  # running from a source checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fairseq_gradinit.core import GradInit, GradInitConfig, gradinit_mode  # noqa: E402
-from fairseq_gradinit.core.batching import BatchPair  # noqa: E402
-from fairseq_gradinit.vision import classification_loss, create_model  # noqa: E402
+from fairseq_gradinit.core import GradInit, GradInitConfig, gradinit_mode
+from fairseq_gradinit.core.batching import BatchPair
+from fairseq_gradinit.vision import classification_loss, create_model
 
 logger = logging.getLogger("bench_vision")
 
@@ -240,10 +234,16 @@ def bench_model(name: str, bn: Optional[bool], args, device: torch.device) -> Di
         if device.type == "cuda":
             torch.cuda.empty_cache()
 
+    out["ratios"] = ratios(out)
+    return out
+
+
+def ratios(out: Dict[str, Any]) -> Dict[str, Optional[float]]:
+    """GradInit iterations over the training step, in time and peak memory."""
     def ratio(a, b):
         return None if a is None or b is None or b == 0 else a / b
 
-    out["ratios"] = {
+    result = {
         "objective_cpu_time": ratio(out["objective"]["cpu_time_s"], out["train"]["cpu_time_s"]),
         "constraint_cpu_time": ratio(out["constraint"]["cpu_time_s"], out["train"]["cpu_time_s"]),
         "objective_time": ratio(out["objective"]["time_s"], out["train"]["time_s"]),
@@ -252,9 +252,9 @@ def bench_model(name: str, bn: Optional[bool], args, device: torch.device) -> Di
         "constraint_memory": ratio(out["constraint"]["peak_bytes"], out["train"]["peak_bytes"]),
     }
     if "constraint_fd" in out:
-        out["ratios"]["constraint_fd_time"] = ratio(out["constraint_fd"]["time_s"], out["train"]["time_s"])
-        out["ratios"]["constraint_fd_cpu_time"] = ratio(out["constraint_fd"]["cpu_time_s"], out["train"]["cpu_time_s"])
-    return out
+        result["constraint_fd_time"] = ratio(out["constraint_fd"]["time_s"], out["train"]["time_s"])
+        result["constraint_fd_cpu_time"] = ratio(out["constraint_fd"]["cpu_time_s"], out["train"]["cpu_time_s"])
+    return result
 
 
 def parse_models(spec: str) -> List[Tuple[str, Optional[bool]]]:

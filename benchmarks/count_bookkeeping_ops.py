@@ -13,19 +13,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-try:
-    import fairseq_gradinit  # noqa: F401
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from fairseq_gradinit.core import GradInit, GradInitConfig  # noqa: E402
-from fairseq_gradinit.vision import create_model  # noqa: E402
+from fairseq_gradinit.core import GradInit, GradInitConfig
+from fairseq_gradinit.vision import create_model
 
 
 def get_args_parser() -> argparse.ArgumentParser:

@@ -4,7 +4,7 @@
 # package index can be reached from it).
 #
 #   here, once:  bash scripts/device_setup.sh --download .whl   # cp312 manylinux wheels into .whl/
-#   there:       source scripts/device_setup.sh .whl /tmp/site   # installs, exports PYTHONPATH
+#   there:       source scripts/device_setup.sh .whl /tmp/site   # installs, exports PYTHONPATH (wheels, checkout)
 #   check here:  bash scripts/device_setup.sh --dry-run .whl     # lists what it would install, checks the set
 #
 # .whl/ must be ignored by git (echo /.whl/ >> .git/info/exclude) and named in the device call's carry.
@@ -53,15 +53,18 @@ _device_setup_main() {
       *-cp3*-cp3*) case "$(basename "$f")" in *-cp312-*) ;; *) echo "device_setup: $f is not a cp312 wheel" >&2; return 1 ;; esac ;;
     esac
   done
+  # the checkout's package, importable as `pip install -e .` makes it (scripts/*.py import it)
+  local checkout
+  checkout=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
   local cmd=("$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$target" "${files[@]}")
   if [ "$mode" = dry ]; then
     echo "would run: ${cmd[*]}"
-    echo "would export PYTHONPATH=$target\${PYTHONPATH:+:\$PYTHONPATH}"
+    echo "would export PYTHONPATH=$target:$checkout\${PYTHONPATH:+:\$PYTHONPATH}"
     return 0
   fi
   "${cmd[@]}"
-  export PYTHONPATH="$target${PYTHONPATH:+:$PYTHONPATH}"
-  "$py" -c "import fairseq, fairseq_cli.train, hydra, omegaconf, bitarray; print('device_setup: fairseq', fairseq.__version__)"
+  export PYTHONPATH="$target:$checkout${PYTHONPATH:+:$PYTHONPATH}"
+  "$py" -c "import fairseq, fairseq_cli.train, hydra, omegaconf, bitarray, fairseq_gradinit; print('device_setup: fairseq', fairseq.__version__)"
 }
 
 _device_setup_main "$@"

@@ -1,13 +1,7 @@
-import os
-import sys
-
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
+# The repository root, tests/ and benchmarks/ are importable through setup.cfg's [tool:pytest] pythonpath.
 pytest_plugins = ["strict_skips"]
 
 # The test machine has very few cores shared with other jobs: keep PyTorch single-threaded.

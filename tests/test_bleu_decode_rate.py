@@ -1,27 +1,16 @@
 """scripts/evaluate_bleu.py measures its decode rate while fairseq-generate runs, projects the run's
 length from it, stops at --time-limit, and decodes in fp16 only on a CUDA GPU."""
-import importlib.util
 import json
 import struct
-import sys
 
 import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_helpers import REPO  # noqa: E402
 from test_fairseq_plugin import TINY_MODEL, tiny_data, train_inprocess  # noqa: E402,F401  (tiny_data: fixture)
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("_decode_rate_evaluate_bleu", REPO / "scripts" / "evaluate_bleu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-evaluate_bleu = _load_script()
+from fairseq_gradinit.tools import evaluate_bleu  # noqa: E402
 
 
 @pytest.fixture(scope="module")

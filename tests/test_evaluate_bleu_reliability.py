@@ -1,10 +1,8 @@
-"""Issue 18 items 4 and 9: scripts/evaluate_bleu.py refuses a --ref file of another split, and
+"""scripts/evaluate_bleu.py refuses a --ref file of another split, and
 bad inputs (split, truncated checkpoint, the data-bin's parent, --user-dir) get one message each.
 docs/reliability.md ('Plugin, BLEU and study') maps each case here."""
-import importlib.util
 import json
 import re
-import sys
 
 import pytest
 
@@ -14,15 +12,7 @@ from fairseq_helpers import REPO  # noqa: E402
 from test_fairseq_plugin import TINY_MODEL, tiny_data, train_inprocess  # noqa: E402,F401  (tiny_data: fixture)
 
 
-def _load_script():
-    spec = importlib.util.spec_from_file_location("_issue18_evaluate_bleu", REPO / "scripts" / "evaluate_bleu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-evaluate_bleu = _load_script()
+from fairseq_gradinit.tools import evaluate_bleu  # noqa: E402
 
 
 @pytest.fixture(scope="module")

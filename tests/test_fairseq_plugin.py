@@ -420,11 +420,7 @@ def test_valid_loss_modes_script(tiny_data, tmp_path, caplog):
     checkpoint; with dropout on it differs when the model has dropout, and not when it has none."""
     import re
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import valid_loss_modes
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from fairseq_gradinit.tools import valid_loss_modes
     caplog.set_level("INFO")
     results = {}
     for dropout in ("0.3", "0"):

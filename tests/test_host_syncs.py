@@ -1,7 +1,6 @@
 """No avoidable work per GradInit iteration: one host sync (the branch decision), batches built
 ahead by DevicePrefetcher and moved to the device once."""
 import gc
-import importlib.util
 import threading
 import time
 
@@ -10,13 +9,9 @@ import torch
 
 from fairseq_gradinit.core import BatchPair, DevicePrefetcher, GradInit, GradInitConfig, gradinit_mode
 from fairseq_gradinit.core.prefetch import move_to_device
-from fairseq_helpers import REPO
 from test_precision import TinyTransformer, lm_loss, token_batches
 
-_spec = importlib.util.spec_from_file_location("host_syncs", REPO / "benchmarks" / "host_syncs.py")
-host_syncs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(host_syncs)
-HostSyncCounter = host_syncs.HostSyncCounter
+from host_syncs import HostSyncCounter  # benchmarks/ is on pytest's pythonpath
 
 #: gamma per iteration: objective, constraint (after an objective one), constraint (graph reused), objective
 SCHEDULE = (1e9, 1e-9, 1e-9, 1e9)

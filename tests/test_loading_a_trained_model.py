@@ -95,11 +95,7 @@ def test_fairseq_generate_and_interactive_do_not_run_gradinit(trained, tiny_data
 
 
 def test_valid_loss_modes_script_keeps_the_trained_weights(trained, tiny_data, no_gradinit, monkeypatch):
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import valid_loss_modes
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from fairseq_gradinit.tools import valid_loss_modes
     ckpt, weights = trained
     seen = []
     real = valid_loss_modes.split_loss
@@ -118,11 +114,7 @@ def test_valid_loss_modes_refuses_a_wrong_data_bin_or_subset(trained, tiny_data,
     """One 'error:' line, exit 2, naming what to pass instead (before: tracebacks)."""
     from fairseq_helpers import make_tiny_bin
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import valid_loss_modes
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from fairseq_gradinit.tools import valid_loss_modes
     ckpt, _ = trained
     (tmp_path / "other").mkdir()
     other = make_tiny_bin(tmp_path / "other", {"train": 60, "valid": 10, "test": 10}, 200)  # another dictionary
@@ -149,13 +141,9 @@ def test_valid_loss_modes_refuses_a_wrong_data_bin_or_subset(trained, tiny_data,
 
 
 def _evaluate_bleu():
-    import importlib.util
+    from fairseq_gradinit.tools import evaluate_bleu
 
-    spec = importlib.util.spec_from_file_location("_loading_evaluate_bleu", REPO / "scripts" / "evaluate_bleu.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return evaluate_bleu
 
 
 def test_evaluate_bleu_refuses_a_plugin_checkpoint_without_user_dir_and_an_empty_split(trained, tiny_data, tmp_path,

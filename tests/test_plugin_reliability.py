@@ -1,4 +1,4 @@
-"""Reliability of the fairseq plugin under real use (issue 12): bad input, resume paths, provenance,
+"""Reliability of the fairseq plugin under real use: bad input, resume paths, provenance,
 unsupported setups, import side effects and interruption. docs/reliability.md maps each case here."""
 import json
 import os
@@ -144,7 +144,7 @@ def test_bad_init_file_refused_at_parsing(init_files, case, expected, capsys):
     (["--gradinit-scale-bounds", "[('bias', 0, None)]"], "--gradinit-scale-bounds [('bias', 0, None)]"),
 ])
 def test_init_file_with_compute_settings_is_refused(tmp_path, extra, named, capsys):
-    """Issue 18 item 3: an init file replaces the computation, so settings of the computation are
+    """An init file replaces the computation, so settings of the computation are
     refused with it instead of being ignored."""
     path = tmp_path / "gradinit.json"
     path.write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))

@@ -183,13 +183,8 @@ def test_precision_offered_by_every_front_end():
                            gradinit_iters=3, gradinit_train_max_tokens=1000)
     assert gradinit_config_from_task(opts).precision == "bf16"
 
-    import importlib.util
-
     from fairseq_gradinit.core.options import values_from
-    from fairseq_helpers import REPO
+    from fairseq_gradinit.tools.train_vision import cli as tv
 
-    spec = importlib.util.spec_from_file_location("train_vision", REPO / "scripts" / "train_vision.py")
-    tv = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tv)
     args = tv.get_args_parser().parse_args(["--gradinit-precision", "tf32"])
     assert values_from(args, tv.GRADINIT_CLI_OPTIONS, prefix="gradinit_")["precision"] == "tf32"

@@ -1,14 +1,12 @@
 """``--optimizer radam``: same steps as torch's RAdam, resumable from its state_dict."""
 import copy
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 from omegaconf import OmegaConf
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_fairseq_plugin import tiny_data  # noqa: E402,F401  (fixture)
+from test_fairseq_plugin import tiny_data  # noqa: F401  (fixture)
 
 from fairseq_gradinit.fairseq_plugin.radam import FairseqRAdam, FairseqRAdamConfig, parse_betas
 

@@ -3,7 +3,6 @@ end to end on a tiny Transformer (with a gradinit.json written by a real fairseq
 import importlib.util
 import json
 import math
-import sys
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from torch import nn
 
 from fairseq_gradinit.core.report import ReportConfig, gradient_std, init_report
 
-from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
+from fairseq_helpers import make_tiny_bin  # noqa: E402
 
 
 class Tiny(nn.Module):
@@ -161,11 +160,9 @@ def gradinit_run(tmp_path_factory):
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("_gradinit_report_script", REPO / "scripts" / "gradinit_report.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from fairseq_gradinit.tools import gradinit_report
+
+    return gradinit_report
 
 
 def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):

@@ -1,18 +1,11 @@
 """Numeric arguments of the scripts are checked when parsed: one argparse error, exit status 2."""
-import importlib.util
-import sys
+import importlib
 
 import pytest
 
-from fairseq_helpers import REPO
-
 
 def _script(name):
-    spec = importlib.util.spec_from_file_location(f"_numbers_{name}", REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"fairseq_gradinit.tools.{name}")
 
 
 @pytest.mark.parametrize("script, parser, argv, expected", [

@@ -1,4 +1,4 @@
-"""Issue 18: scripts/prepare_corpus.py and scripts/train_vision.py never lose a user's work and answer
+"""scripts/prepare_corpus.py and scripts/train_vision.py never lose a user's work and answer
 mistakes with one message. docs/reliability.md ("Scripts and the vision API") maps each case here.
 
 prepare_corpus.py runs on the first 300/40/40 lines of the repository's debian-ui-de-en corpus (data/) with a
@@ -6,7 +6,6 @@ prepare_corpus.py runs on the first 300/40/40 lines of the repository's debian-u
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -22,15 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ROOT / "scripts"
 
 
-def load(name):
-    spec = importlib.util.spec_from_file_location(f"_reliability_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-prepare_corpus = load("prepare_corpus")
+from fairseq_gradinit.tools import prepare_corpus  # noqa: E402
 
 
 def run_python(code, *args, timeout=300):
@@ -120,9 +111,8 @@ def test_prepare_corpus_refuses_an_out_that_is_a_file(tmp_path, caplog):
 
 
 INTERRUPT = """
-import importlib.util, os, signal, sys, time
-spec = importlib.util.spec_from_file_location("prepare_corpus", sys.argv[1])
-m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)
+import os, signal, sys, time
+from fairseq_gradinit.tools import prepare_corpus as m
 def ctrl_c(*args):  # Ctrl-C while fairseq-preprocess runs
     os.kill(os.getpid(), signal.SIGINT)
     time.sleep(60)
@@ -147,7 +137,9 @@ def test_prepare_corpus_ctrl_c_exits_130_and_leaves_out_as_it_was(tmp_path):
 # ------------------------------------------------------------------------------------------------
 # train_vision.py
 # ------------------------------------------------------------------------------------------------
-train_vision = load("train_vision")
+from fairseq_gradinit.tools.train_vision import cli as train_vision  # noqa: E402
+from fairseq_gradinit.tools.train_vision import data as train_vision_data  # noqa: E402
+from fairseq_gradinit.tools.train_vision import initialization as train_vision_init  # noqa: E402
 
 TINY = ["--dataset", "synthetic", "--synthetic-train-size", "96", "--synthetic-test-size", "32",
         "--synthetic-shape", "1,8,8", "--model", "vgg19", "--no-bn", "--width", "0.0625", "--batch-size", "32",
@@ -210,7 +202,7 @@ def test_train_vision_missing_data_is_one_message_and_leaves_no_folder(tmp_path,
     out = tmp_path / "run"
     empty = tmp_path / "empty"
     empty.mkdir()
-    monkeypatch.setattr(train_vision, "FASHION_MNIST_DIRS", ())
+    monkeypatch.setattr(train_vision_data, "FASHION_MNIST_DIRS", ())
     cases = [
         (["--dataset", "fashion-mnist", "--data-dir", str(empty)],
          r"Fashion-MNIST not found .*pass --data-dir pointing to a folder with train-images-idx3-ubyte.gz"),
@@ -297,17 +289,16 @@ def test_train_vision_cli_exit_status_without_traceback(tmp_path):
 
 
 TV_INTERRUPT = """
-import importlib.util, os, signal, sys
-spec = importlib.util.spec_from_file_location("train_vision", sys.argv[1])
-m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-evaluate, calls = m.evaluate, []
+import os, signal, sys
+from fairseq_gradinit.tools.train_vision import cli, loop
+evaluate, calls = loop.evaluate, []
 def ctrl_c_in_epoch_2(*args):
     calls.append(1)
     if len(calls) == 2:
         os.kill(os.getpid(), signal.SIGINT)
     return evaluate(*args)
-m.evaluate = ctrl_c_in_epoch_2
-sys.exit(m.cli(sys.argv[2:]))
+loop.evaluate = ctrl_c_in_epoch_2
+sys.exit(cli.cli(sys.argv[2:]))
 """
 
 
@@ -322,10 +313,9 @@ def test_train_vision_ctrl_c_exits_130_and_says_what_the_checkpoint_holds(tmp_pa
 
 
 GROUP_INTERRUPT = """
-import importlib.util, multiprocessing, os, signal, sys, time
+import multiprocessing, os, signal, sys, time
 from fairseq_cli import preprocess
-spec = importlib.util.spec_from_file_location("prepare_corpus", sys.argv[1])
-m = importlib.util.module_from_spec(spec); sys.modules[spec.name] = m; spec.loader.exec_module(m)
+from fairseq_gradinit.tools import prepare_corpus as m
 def forking_preprocess(args):  # fairseq-preprocess with worker processes, then Ctrl-C in a terminal
     pool = multiprocessing.Pool(2)
     waits = [pool.apply_async(time.sleep, (30,)) for _ in range(2)]
@@ -370,7 +360,7 @@ def test_train_vision_refuses_bad_init_values_before_building_anything(tmp_path,
         raise AssertionError("built before the values were checked")
 
     monkeypatch.setattr(train_vision, "build_datasets", never)
-    monkeypatch.setattr(train_vision, "create_model", never)
+    monkeypatch.setattr(train_vision_init, "create_model", never)
     out = tmp_path / "run"
     assert train_vision.cli(TINY + ["--output-dir", str(out), *extra]) == 2
     err = capsys.readouterr().err

@@ -7,7 +7,6 @@ SentencePiece and fairseq-preprocess on a slice of the repository's Debian UI co
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -22,17 +21,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO_ROOT / "scripts"
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"_scripts_{name}", SCRIPTS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses need the module registered
-    spec.loader.exec_module(module)
-    return module
-
-
-evaluate_bleu = _load("evaluate_bleu")
-plot_curves = _load("plot_curves")
-prepare_corpus = _load("prepare_corpus")
+from fairseq_gradinit.tools import evaluate_bleu, plot_curves, prepare_corpus  # noqa: E402
 
 
 # --------------------------------------------------------------------------------------------

@@ -328,6 +328,10 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
 
     bleu = json.loads((out / "bleu.json").read_text())
     assert bleu["update"] == 4 and bleu["beam"] == 5
+    from fairseq_gradinit.fairseq_plugin.user_dir import user_dir
+
+    bleu_cmd = (out / "arms" / "gA" / "bleu.log").read_text().splitlines()[0]  # the installed package's BLEU step
+    assert " -m fairseq_gradinit.tools.evaluate_bleu " in bleu_cmd and f"--user-dir {user_dir()} " in bleu_cmd
     for arm in ("gA", "gB", "long"):
         assert bleu["arms"][arm]["status"] == "done" and bleu["arms"][arm]["bleu"] is not None
         assert bleu["arms"][arm]["checkpoint"].endswith("_4.pt")
@@ -376,7 +380,7 @@ def test_interrupted_study_leaves_no_temporary_cache_folder(tiny_bin, tmp_path, 
 
 
 def test_ctrl_c_ends_the_study_with_one_line_and_status_130(tiny_bin, tmp_path, monkeypatch, capsys):
-    """Issue 18 item 11: Ctrl-C prints no traceback."""
+    """Ctrl-C prints no traceback."""
     def interrupted(*a, **k):
         raise KeyboardInterrupt
 
@@ -400,7 +404,7 @@ def test_device_setup_dry_run(tmp_path):
     ok = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path), "/tmp/site"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert "--no-index --no-deps" in ok.stdout and "--target /tmp/site" in ok.stdout
-    assert all(n in ok.stdout for n in names) and "PYTHONPATH=/tmp/site" in ok.stdout
+    assert all(n in ok.stdout for n in names) and f"PYTHONPATH=/tmp/site:{REPO}" in ok.stdout  # wheels, checkout
     (tmp_path / names[4]).unlink()
     missing = subprocess.run(["bash", str(script), "--dry-run", str(tmp_path)], capture_output=True, text=True)
     assert missing.returncode == 1 and "antlr4_python3_runtime" in missing.stderr
@@ -411,7 +415,7 @@ def test_device_setup_dry_run(tmp_path):
 
 
 def test_study_json_of_a_failed_gradinit_phase_names_no_missing_files(tmp_path):
-    """Issue 18 item 11: a failed phase is not 'computed_now' and names no scales file that does not
+    """A failed phase is not 'computed_now' and names no scales file that does not
     exist; its log path is the one the failure moved it to; a computed group names its scales."""
     failed_log = tmp_path / "failed-gi-k" / "gradinit.log.part"
     failed_log.parent.mkdir()
@@ -438,7 +442,7 @@ json.dump({"bleu": 1.5, "argv": sys.argv}, open(out, "w"))
 
 
 def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_path):
-    """Issue 15 item 4: fairseq-generate gets --max-len-a 1.2 --max-len-b 10 unless --bleu-args
+    """fairseq-generate gets --max-len-a 1.2 --max-len-b 10 unless --bleu-args
     overrides one, and every arm's bleu.json holds a score or why it has none."""
     script = tmp_path / "fake_bleu.py"
     script.write_text(FAKE_BLEU)

@@ -3,7 +3,6 @@
 import io
 import json
 import re
-import sys
 import tarfile
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -181,8 +180,6 @@ def test_archive_holds_summaries_arm_files_and_groups_but_no_checkpoints(tmp_pat
 
 
 def test_docs_state_the_hold_command_and_its_estimate():
-    import importlib.util
-
     doc = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8")
     readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "--preset hold --call A" in doc and "--archive RESULTS/hold-A.tar.gz" in doc
@@ -195,10 +192,8 @@ def test_docs_state_the_hold_command_and_its_estimate():
             f"--bleu-budget {a.bleu_budget:g} --finish-margin {a.finish_margin:g}`") in doc
     totals = [call_estimate(HOLD, c).total_s for c in HOLD.calls]
     assert f"{len(HOLD.calls)} calls of ~{min(totals):.0f}–{max(totals):.0f} s on one H200" in readme.replace("five", "5")
-    spec = importlib.util.spec_from_file_location("_doc_evaluate_bleu", REPO / "scripts" / "evaluate_bleu.py")
-    bleu = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bleu  # its dataclasses look their module up
-    spec.loader.exec_module(bleu)
+    from fairseq_gradinit.tools import evaluate_bleu as bleu
+
     assert f"{bleu.GPU_MAX_TOKENS:,} tokens and\n{bleu.GPU_BATCH_SIZE:,} sentences" in doc
     assert f"{a.bleu_budget * 60:.0f}-second budget" in doc
 

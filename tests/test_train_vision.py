@@ -1,7 +1,6 @@
-"""scripts/train_vision.py end to end on small synthetic data (Fashion-MNIST-shaped 1x28x28)."""
+"""gradinit-train-vision (scripts/train_vision.py) end to end on small synthetic data (Fashion-MNIST-shaped 1x28x28)."""
 import csv
 import gzip
-import importlib.util
 import json
 import math
 import os
@@ -10,18 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "train_vision.py"
-
-
-def load_script():
-    spec = importlib.util.spec_from_file_location("train_vision", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tv = load_script()
+from fairseq_gradinit.tools.train_vision import cli as tv
+from fairseq_gradinit.tools.train_vision import data as tv_data
+from fairseq_gradinit.tools.train_vision.initialization import paper_tau
+from fairseq_gradinit.tools.train_vision.loop import lr_at
 
 
 def args_for(tmp_path, *extra):
@@ -46,18 +37,18 @@ def test_defaults_follow_the_paper():
     assert (a.lr, a.momentum, a.wd, a.epochs, a.init) == (0.1, 0.9, 1e-4, 200, "kaiming")
     assert a.gradinit_overlap == 0.5 and a.gradinit_min_scale == 0.01 and a.gradinit_sgd_step == "normalized"
     assert a.gradinit_adam_state == "shared"
-    assert tv.paper_tau("resnet110", False) == 5e-2 and tv.paper_tau("vgg19", True) == 1e-1
+    assert paper_tau("resnet110", False) == 5e-2 and paper_tau("vgg19", True) == 1e-1
 
 
 def test_lr_schedules():
     kw = dict(base_lr=0.1, steps_per_epoch=10, epochs=2)
-    cos = [tv.lr_at(s, init="kaiming", **kw) for s in range(20)]
+    cos = [lr_at(s, init="kaiming", **kw) for s in range(20)]
     assert cos[0] == pytest.approx(0.1) and all(a >= b for a, b in zip(cos, cos[1:]))
-    assert tv.lr_at(20, init="kaiming", **kw) == pytest.approx(0.0, abs=1e-12)  # 0 after the last iteration
-    warm = [tv.lr_at(s, init="warmup1", **kw) for s in range(30)]
+    assert lr_at(20, init="kaiming", **kw) == pytest.approx(0.0, abs=1e-12)  # 0 after the last iteration
+    warm = [lr_at(s, init="warmup1", **kw) for s in range(30)]
     assert warm[:10] == pytest.approx([0.01 * (i + 1) for i in range(10)])
     assert warm[10:] == pytest.approx(cos)
-    const = [tv.lr_at(s, init="const1", **kw) for s in range(30)]
+    const = [lr_at(s, init="const1", **kw) for s in range(30)]
     assert const[:10] == pytest.approx([0.1] * 10) and const[10:] == pytest.approx(cos)
 
 
@@ -119,35 +110,34 @@ def test_fashion_mnist_reader(tmp_path, monkeypatch):
     write_idx(d / "train-labels-idx1-ubyte.gz", labels)
     write_idx(d / "t10k-images-idx3-ubyte.gz", imgs[:4])
     write_idx(d / "t10k-labels-idx1-ubyte.gz", labels[:4])
-    assert torch.equal(tv.read_idx(d / "train-images-idx3-ubyte.gz"), imgs)
+    assert torch.equal(tv_data.read_idx(d / "train-images-idx3-ubyte.gz"), imgs)
     args = args_for(tmp_path)
     args.dataset, args.data_dir = "fashion-mnist", str(d)
-    train, test, classes, channels, side = tv.build_datasets(args)
+    train, test, classes, channels, side = tv_data.build_datasets(args)
     assert (len(train), len(test), classes, channels, side) == (12, 4, 10, 1, 28)
     x, y = train[0]
     assert x.shape == (1, 28, 28) and int(y) == 0
     x, _ = test[1]
     torch.testing.assert_close(x[0], (imgs[1].float() / 255 - 0.2860) / 0.3530)
 
-    monkeypatch.setattr(tv, "FASHION_MNIST_DIRS", ())
+    monkeypatch.setattr(tv_data, "FASHION_MNIST_DIRS", ())
     args.data_dir = str(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="apt-get install dataset-fashion-mnist"):
-        tv.build_datasets(args)
+        tv_data.build_datasets(args)
 
 
 @pytest.mark.skipif(not Path("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz").is_file(),
                     reason="optional: Debian package dataset-fashion-mnist not installed")
 def test_installed_fashion_mnist_files():
-    files = tv.find_fashion_mnist(None)
-    labels = tv.read_idx(files["test_labels"])
+    files = tv_data.find_fashion_mnist(None)
+    labels = tv_data.read_idx(files["test_labels"])
     assert labels.shape == (10000,) and int(labels.max()) == 9
 
 
 def load_bench():
-    spec = importlib.util.spec_from_file_location("bench_vision", ROOT / "benchmarks" / "bench_vision.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    import bench_vision  # benchmarks/ is on pytest's pythonpath
+
+    return bench_vision
 
 
 @pytest.mark.skipif(os.environ.get("RUN_SLOW") != "1", reason="slow on CPU (profiler start-up); set RUN_SLOW=1")
@@ -181,9 +171,8 @@ def test_bench_vision_smoke(tmp_path):
 def test_scale_bookkeeping_stays_fused(tmp_path):
     """The per-iteration bookkeeping issues a handful of operators per tensor (15 before it was
     fused), which is what bounds small models on a GPU."""
-    spec = importlib.util.spec_from_file_location("count_ops", ROOT / "benchmarks" / "count_bookkeeping_ops.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    import count_bookkeeping_ops as mod  # benchmarks/ is on pytest's pythonpath
+
     args = mod.get_args_parser().parse_args(["--models", "vgg19:bn", "--out", str(tmp_path / "ops")])
     (row,) = mod.main(args)["results"]
     assert row["flat_buffer"] and row["tensors"] == 50  # 33 scaled + 17 all-zero BN biases in the step

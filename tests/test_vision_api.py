@@ -310,7 +310,7 @@ def test_metainit_one_pass_on_small_vit():
     assert len(result.history) == 2 and result.num_skipped == 0
 
 
-# -- issue 18: a failed run leaves the model as it was given; clear messages -------------------------
+# -- a failed run leaves the model as it was given; clear messages ----------------------------------
 def small_cnn(seed=0):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5))

@@ -83,7 +83,7 @@ def test_architectures_match_fairseq_and_pre_ln_is_rejected(tiny_data):
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
 def test_pre_ln_is_an_argument_error_when_parsed(tiny_data, side, capsys):
-    """Issue 18 item 10: the refusal is argparse's (usage, one 'error:' line, exit status 2)."""
+    """The refusal is argparse's (usage, one 'error:' line, exit status 2)."""
     with pytest.raises(SystemExit) as exc:
         options.parse_args_and_arch(options.get_training_parser(), input_args=[
             str(tiny_data), "--task", "translation_gradinit", "--arch", "transformer_wskip_iwslt_de_en",
@@ -297,11 +297,7 @@ def test_admin_then_gradinit_end_to_end_and_generate(tiny_data, tmp_path, monkey
     trained = _omegas(checkpoint_state(admin_dir / "checkpoint_last.pt"))
     assert any(not torch.equal(trained[n], torch.full_like(trained[n], profile["omega"][n])) for n in OMEGA_NAMES)
 
-    sys.path.insert(0, str(REPO / "scripts"))
-    try:
-        import evaluate_bleu
-    finally:
-        sys.path.remove(str(REPO / "scripts"))
+    from fairseq_gradinit.tools import evaluate_bleu
     out = tmp_path / "bleu.json"
     rc = evaluate_bleu.main([str(tiny_data), "--path", str(admin_dir / "checkpoint_last.pt"), "--user-dir", "gradinit",
                              "--cpu", "--batch-size", "40", "--beam", "2", "--output-json", str(out), "--",

@@ -17,11 +17,11 @@ An *arm* is a name plus ``fairseq-train`` arguments on top of a common base (a p
    wall-time budget, and kills whatever still runs when the budget is spent;
 4. writes ``curves.csv`` (per arm and logged update: eval-mode validation loss, training loss, fp16
    loss scale, lr, gradient norm, from fairseq's log), ``curves.png``, ``curves.md`` and
-   ``study.json``, and BLEU (``scripts/evaluate_bleu.py``: beam 5, detokenized, sacreBLEU) of every
+   ``study.json``, and BLEU (:mod:`fairseq_gradinit.tools.evaluate_bleu`: beam 5, detokenized, sacreBLEU) of every
    arm at the largest checkpoint update that all arms reached, in the same run, so checkpoints never
    have to leave the machine.
 
-The command line is ``scripts/study.py`` (:func:`~.cli.main`); presets are in :mod:`.presets`. Modules:
+The command line is ``gradinit-study`` or ``scripts/study.py`` (:func:`~.cli.main`); presets are in :mod:`.presets`. Modules:
 :mod:`.arms` (arm specs, pure Python), :mod:`.plan` (configuration, plan, GradInit phase; fairseq
 imported there only, lazily), :mod:`.scheduler`, :mod:`.results`, :mod:`.runner`, :mod:`.cli`,
 :mod:`.tables` (tables of a finished study, pure Python), :mod:`.estimate` (durations from measured GPU

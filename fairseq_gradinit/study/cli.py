@@ -1,4 +1,4 @@
-"""Command line of the study runner (``scripts/study.py``)."""
+"""Command line of the study runner (``gradinit-study``, ``scripts/study.py``)."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +15,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from .archive import check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
 from .estimate import THROUGHPUT, CallEstimate, estimate_call, plan_jobs
-from .plan import DEFAULT_BLEU_SCRIPT, REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, plan_study
+from .plan import REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, plan_study
 from .results import export_results, summary_table
 from .runner import bleu_budget_s, run_study
 
@@ -91,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate, print the plan (commands, groups) and the "
                                                           "estimated durations, and exit (1 if the --call's "
                                                           "estimate exceeds its limit)")
-    p.add_argument("--bleu-script", type=Path, default=DEFAULT_BLEU_SCRIPT, help=argparse.SUPPRESS)
+    p.add_argument("--bleu-script", type=Path, default=None, help=argparse.SUPPRESS)
     return p
 
 
@@ -164,7 +164,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         bleu_ref=os.path.abspath(args.bleu_ref) if args.bleu_ref else None, bleu_subset=args.bleu_subset,
         bleu_args=tuple(shlex.split(args.bleu_args)),
         bleu_budget_s=bleu_budget * 60 if bleu_budget is not None else None,
-        bleu_script=Path(os.path.abspath(args.bleu_script)),
+        bleu_script=Path(os.path.abspath(args.bleu_script)) if args.bleu_script is not None else None,
         gradinit_cache=Path(os.path.abspath(args.gradinit_cache)) if args.gradinit_cache else None,
     )
 
@@ -325,3 +325,11 @@ def failed_arm_lines(result: Mapping) -> List[str]:
         lines.append(f"study: arm {name} {what}: {run.get('reason') or 'no reason recorded'}"
                      + (f"; see {log}" if log else ""))
     return lines
+
+
+def run() -> int:
+    """The ``gradinit-study`` command: :func:`main` with known third-party warnings hidden."""
+    from ..quiet import hide_known_noise
+
+    hide_known_noise()
+    return main()

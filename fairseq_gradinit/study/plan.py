@@ -14,9 +14,12 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .arms import Arm, has_option, merge_args, substitute_files
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1]  # fairseq-train --user-dir
-REPO_ROOT = PACKAGE_DIR.parent
-DEFAULT_BLEU_SCRIPT = REPO_ROOT / "scripts" / "evaluate_bleu.py"
+#: The package this study runs from (its installed location): fairseq's ``--user-dir`` for the arms and
+#: the BLEU step, and the folder the subprocesses import it from.
+PACKAGE_DIR = Path(__file__).resolve().parents[1]
+REPO_ROOT = PACKAGE_DIR.parent  # the presets' evidence files are relative to the source checkout
+#: The BLEU step, run as ``python -m BLEU_MODULE``.
+BLEU_MODULE = "fairseq_gradinit.tools.evaluate_bleu"
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,7 @@ class StudyConfig:
     bleu_subset: str = "test"
     bleu_args: Tuple[str, ...] = ()           # passed to fairseq-generate
     bleu_budget_s: Optional[float] = None
-    bleu_script: Path = DEFAULT_BLEU_SCRIPT
+    bleu_script: Optional[Path] = None        # a script to run instead of BLEU_MODULE
     gradinit_cache: Optional[Path] = None     # default OUT/gradinit
     python: str = sys.executable
 
@@ -213,6 +216,13 @@ def arm_command(cfg: StudyConfig, plan: ArmPlan, groups: Mapping[str, GradInitGr
                           drop=compute_only_flags())
     return [cfg.python, "-m", "fairseq_cli.train", *argv, "--user-dir", str(PACKAGE_DIR),
             "--save-dir", str(plan.save_dir)]
+
+
+def bleu_command(cfg: StudyConfig) -> List[str]:
+    """The start of the BLEU step's command line (its arguments follow)."""
+    if cfg.bleu_script is not None:
+        return [cfg.python, str(cfg.bleu_script)]
+    return [cfg.python, "-m", BLEU_MODULE]
 
 
 def phase_command(cfg: StudyConfig, group: GradInitGroup, save_dir: Path) -> List[str]:

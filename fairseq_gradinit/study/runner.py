@@ -8,10 +8,10 @@ import shlex
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Mapping, Optional, Sequence
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .arms import merge_args
-from .plan import ArmPlan, GradInitGroup, StudyConfig, arm_command, phase_command, plan_study
+from .plan import PACKAGE_DIR, ArmPlan, GradInitGroup, StudyConfig, arm_command, bleu_command, phase_command, plan_study
 from .results import arm_curves, arm_outcome, checkpoint_updates, common_update, write_curves
 from .scheduler import Job, run_jobs, subprocess_env
 
@@ -69,20 +69,9 @@ def bleu_budget_s(cfg: StudyConfig, n_arms: int) -> Optional[float]:
     return BLEU_SECONDS_PER_ROUND * -(-n_arms // cfg.parallel)
 
 
-def run_study(cfg: StudyConfig) -> dict:
-    """Plan, run (GradInit phases, arms, BLEU) and write the results; returns ``study.json``'s content."""
-    out = Path(cfg.out)
-    plans, groups = plan_study(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "arms").mkdir(exist_ok=True)
-    for p in plans:
-        if p.train and p.save_dir.exists() and any(p.save_dir.iterdir()):
-            raise ValueError(f"{p.save_dir} is not empty: fairseq would resume from it; use a new --out "
-                             "or remove the arm's folder")
-    env = subprocess_env(cfg)
-    t0 = time.time()
-    deadline = t0 + cfg.time_budget_s if cfg.time_budget_s else None
-
+def _study_jobs(cfg: StudyConfig, plans: Sequence[ArmPlan],
+                groups: Mapping[str, GradInitGroup]) -> Tuple[List[Job], Dict[str, Job]]:
+    """The GradInit phases still to compute, then the arms (each after its group's phase); and the arms' jobs by name."""
     jobs: List[Job] = []
     for key, g in groups.items():
         if g.cached:
@@ -104,20 +93,44 @@ def run_study(cfg: StudyConfig) -> dict:
                   deps=deps, stop_time=True)
         arm_jobs[p.arm.name] = job
         jobs.append(job)
+    return jobs, arm_jobs
+
+
+def _keep_failed_phase_logs(cfg: StudyConfig, jobs: Sequence[Job]) -> None:
+    """Failed, killed or never started phases: their folder moves beside the cache as ``failed-NAME``."""
+    for j in jobs:
+        if j.kind == "phase" and j.status != "done":
+            tmp = j.log.parent
+            if tmp.exists():
+                failed = cfg.cache_dir / f"failed-{j.name}"
+                shutil.rmtree(failed, ignore_errors=True)
+                os.replace(tmp, failed)
+                j.log = failed / j.log.name
+
+
+def run_study(cfg: StudyConfig) -> dict:
+    """Plan, run (GradInit phases, arms, BLEU) and write the results; returns ``study.json``'s content."""
+    out = Path(cfg.out)
+    plans, groups = plan_study(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "arms").mkdir(exist_ok=True)
+    for p in plans:
+        if p.train and p.save_dir.exists() and any(p.save_dir.iterdir()):
+            raise ValueError(f"{p.save_dir} is not empty: fairseq would resume from it; use a new --out "
+                             "or remove the arm's folder")
+    env = subprocess_env(cfg)
+    t0 = time.time()
+    deadline = t0 + cfg.time_budget_s if cfg.time_budget_s else None
+
+    jobs, arm_jobs = _study_jobs(cfg, plans, groups)
+    phase_names = {j.name for j in jobs if j.kind == "phase"}
     logger.info("study: %d GradInit phase(s) to run, %d cached; %d arm(s)", len(phase_names),
                 sum(g.cached for g in groups.values()), len(arm_jobs))
     try:
         run_jobs(jobs, parallel=cfg.parallel, deadline=deadline, finish_margin_s=cfg.finish_margin_s, env=env,
                  cwd=Path.cwd())
     finally:  # also on Ctrl-C: no temporary folder stays in the cache
-        for j in jobs:  # failed, killed or never started phases: keep their log beside the cache
-            if j.kind == "phase" and j.status != "done":
-                tmp = j.log.parent
-                if tmp.exists():
-                    failed = cfg.cache_dir / f"failed-{j.name}"
-                    shutil.rmtree(failed, ignore_errors=True)
-                    os.replace(tmp, failed)
-                    j.log = failed / j.log.name
+        _keep_failed_phase_logs(cfg, jobs)
     t_train = time.time()
 
     all_curves = {name: arm_curves(job.log) for name, job in arm_jobs.items()}
@@ -152,6 +165,24 @@ def run_study(cfg: StudyConfig) -> dict:
     return result
 
 
+def bleu_arm_command(cfg: StudyConfig, p: ArmPlan, checkpoint: Path, out_json: Path, *, budget: Optional[float],
+                     gen_args: Sequence[str]) -> List[str]:
+    """The BLEU step of one arm: the package's BLEU module (or ``--bleu-script``) with the package as ``--user-dir``."""
+    cmd = [*bleu_command(cfg), p.data, "--path", str(checkpoint),
+           "--user-dir", str(PACKAGE_DIR), "--beam", "5", "--gen-subset", cfg.bleu_subset,
+           "--output-json", str(out_json), "--progress-json", str(p.save_dir / "bleu.progress.json")]
+    if cfg.cpu:
+        cmd.append("--cpu")
+    if "--fp16" in p.argv:  # decoded as trained (fp32 on the CPU, where the script says so)
+        cmd.append("--fp16")
+    if budget:
+        # the script stops itself once its measured rate cannot finish in the budget and says so
+        cmd += ["--time-limit", f"{max(budget - BLEU_STOP_GRACE_S, 1.0):g}"]
+    if cfg.bleu_ref:
+        cmd += ["--ref", str(cfg.bleu_ref)]
+    return cmd + ["--", *gen_args]
+
+
 def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str], *,
              not_run: Optional[Mapping[str, str]] = None) -> dict:
     """BLEU of every arm at the largest checkpoint update that all arms with checkpoints reached.
@@ -183,8 +214,9 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
                 no_score(p, result["error"])
         (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n")
         return result
-    if not Path(cfg.bleu_script).is_file():
-        raise ValueError(f"BLEU script not found: {cfg.bleu_script} (run from a source checkout, or --no-bleu)")
+    if cfg.bleu_script is not None and not Path(cfg.bleu_script).is_file():
+        raise ValueError(f"--bleu-script {cfg.bleu_script}: no such file; give a BLEU script, or leave it out "
+                         "for the package's own")
     budget = bleu_budget_s(cfg, len(trained) - len(without))
     result["budget_s"] = budget
     jobs, outputs = [], {}
@@ -192,19 +224,7 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
         if p.arm.name in without:
             continue
         out_json = outputs[p.arm.name] = p.save_dir / "bleu.json"
-        cmd = [cfg.python, str(cfg.bleu_script), p.data, "--path", str(ckpts[p.arm.name][update]),
-               "--user-dir", "gradinit", "--beam", "5", "--gen-subset", cfg.bleu_subset,
-               "--output-json", str(out_json), "--progress-json", str(p.save_dir / "bleu.progress.json")]
-        if cfg.cpu:
-            cmd.append("--cpu")
-        if "--fp16" in p.argv:  # decoded as trained (fp32 on the CPU, where the script says so)
-            cmd.append("--fp16")
-        if budget:
-            # the script stops itself once its measured rate cannot finish in the budget and says so
-            cmd += ["--time-limit", f"{max(budget - BLEU_STOP_GRACE_S, 1.0):g}"]
-        if cfg.bleu_ref:
-            cmd += ["--ref", str(cfg.bleu_ref)]
-        cmd += ["--", *gen_args]
+        cmd = bleu_arm_command(cfg, p, ckpts[p.arm.name][update], out_json, budget=budget, gen_args=gen_args)
         jobs.append(Job(name=p.arm.name, kind="bleu", cmd=cmd, log=p.save_dir / "bleu.log"))
     t0 = time.time()
     run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=Path.cwd(), deadline=t0 + budget if budget else None)

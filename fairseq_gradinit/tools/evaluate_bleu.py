@@ -1,0 +1,813 @@
+#!/usr/bin/env python3
+"""Translate a binarized split with fairseq-generate and score it with sacreBLEU.
+
+Runs::
+
+    python -m fairseq_cli.generate DATA --path CKPT --gen-subset SUBSET --beam 5 \\
+        --remove-bpe sentencepiece --max-tokens N [--batch-size B] [--user-dir D] [--cpu] [EXTRA...]
+
+with the same Python interpreter, collects the ``H-<id>`` (hypothesis) and ``T-<id>`` (reference)
+lines, which ``--remove-bpe sentencepiece`` has already turned back into plain text, and computes
+corpus BLEU with ``sacrebleu.metrics.BLEU`` (13a tokenization by default). A JSON file with the
+score, its signature and the run details is written, and a one-line summary is printed.
+
+Everything after ``--`` is passed unchanged to fairseq-generate, e.g.::
+
+    python scripts/evaluate_bleu.py data-bin/debian-ui-de-en/bin \\
+        --path checkpoints/run1/checkpoint_best.pt --cpu -- --lenpen 1.0 --nbest 1
+
+``--ref FILE`` scores against a raw reference file (line i = sample id i) instead of the ``T-``
+lines, which come from the binarized data (SentencePiece-normalized, unknown words as
+``<<unk>>``). The file is compared with the ``T-`` lines (letters and digits, lowercased) and
+refused when more than half of them differ (the target file of another split). ``--from-output FILE`` scores a saved fairseq-generate output without running it.
+
+On a CUDA GPU the batches are larger (``--max-tokens 16384``, up to 1024 sentences) and ``--fp16`` decodes in half precision (fairseq-generate
+``--fp16``; asked for when the model trained in fp16). On the CPU ``--fp16`` is ignored with a note
+(fairseq's CPU decoding is fp32). The decode rate is measured while fairseq-generate runs (sentences and
+source tokens per second since its start-up ended), logged once the first ``--rate-chunk`` sentences are
+out and then every few seconds, written to ``--progress-json`` and kept in the result's ``decode`` block;
+with ``--time-limit S`` the run stops as soon as that rate projects a total beyond S seconds (or at S),
+and the result file says so, with the rate.
+
+``--required-batch-size-multiple 1`` is added unless given after ``--``: with fairseq's default
+of 8 the last batch is dropped when its size is not a multiple of 8, so a few test sentences
+would silently go untranslated. The number of hypotheses is also checked against the size of
+the binarized subset.
+
+fairseq 0.12.3 cannot load its checkpoints under torch >= 2.6 (``torch.load`` now defaults to
+``weights_only=True``); the subprocess therefore runs with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``
+(only evaluate checkpoints you trust).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+import threading
+import time
+import unicodedata
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+#: The installed package, fairseq's ``--user-dir`` for this plugin.
+GRADINIT_USER_DIR = Path(__file__).resolve().parents[1]
+
+_HYP_RE = re.compile(r"^H-(\d+)\t")
+_REF_RE = re.compile(r"^T-(\d+)\t")
+_SRC_RE = re.compile(r"^S-(\d+)\t")
+_TRANSLATED_RE = re.compile(
+    r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s"
+)
+_FAIRSEQ_BLEU_RE = re.compile(r"^Generate (\S+) with beam=(\d+): (.*)$")
+
+
+class EvaluationError(RuntimeError):
+    """A user-facing error (failed generation, unusable output)."""
+
+
+class ArgumentProblem(ValueError):
+    """A bad command-line value, reported as argparse reports its own (exit status 2)."""
+
+
+# --------------------------------------------------------------------------------------------
+# parsing and scoring (pure functions, unit-tested without fairseq)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class GenerateOutput:
+    hypotheses: Dict[int, str] = field(default_factory=dict)  # best (first) hypothesis per id
+    references: Dict[int, str] = field(default_factory=dict)
+    sources: Dict[int, str] = field(default_factory=dict)
+    translate_seconds: Optional[float] = None  # from fairseq's "Translated ... in Xs" line
+    n_translated: Optional[int] = None
+    fairseq_bleu: Optional[str] = None  # fairseq's own "Generate ... with beam=N: ..." result
+    subset: Optional[str] = None  # from that line
+    beam: Optional[int] = None  # from that line
+
+
+def parse_generate_output(lines: Iterable[str]) -> GenerateOutput:
+    """Parse fairseq-generate stdout.
+
+    ``H-<id>\\t<score>\\t<text>`` and ``T-<id>\\t<text>`` lines are collected (the text may be
+    empty). With ``--nbest > 1`` only the first ``H`` line per id (the best one) is kept. Log
+    lines and the ``D-``/``P-`` lines are ignored except for the "Translated N sentences ... in
+    Xs" timing line and fairseq's own BLEU line.
+    """
+    out = GenerateOutput()
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        m = _HYP_RE.match(line)
+        if m:
+            parts = line.split("\t", 2)
+            text = parts[2] if len(parts) == 3 else ""
+            out.hypotheses.setdefault(int(m.group(1)), text)
+            continue
+        m = _REF_RE.match(line)
+        if m:
+            out.references[int(m.group(1))] = line.split("\t", 1)[1]
+            continue
+        m = _SRC_RE.match(line)
+        if m:
+            out.sources[int(m.group(1))] = line.split("\t", 1)[1]
+            continue
+        m = _TRANSLATED_RE.search(line)
+        if m:
+            out.n_translated = int(m.group(1).replace(",", ""))
+            out.translate_seconds = float(m.group(3))
+            continue
+        m = _FAIRSEQ_BLEU_RE.match(line)
+        if m:
+            out.subset, out.beam, out.fairseq_bleu = m.group(1), int(m.group(2)), m.group(3)
+    return out
+
+
+def read_reference_file(path: Path) -> List[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.rstrip("\r\n") for line in f]
+
+
+def comparable(text: str) -> str:
+    """``text`` reduced to what survives SentencePiece normalization and (de)tokenization: HTML
+    entities (Moses escapes) decoded, NFKC, lowercased, letters and digits only."""
+    return "".join(c for c in unicodedata.normalize("NFKC", html.unescape(text)).lower() if c.isalnum())
+
+
+def same_reference(file_line: str, t_line: str) -> bool:
+    """Whether a ``--ref`` line is the ``T-`` line's sentence; each ``<<unk>>`` stands for any text."""
+    pieces = [re.escape(comparable(p)) for p in t_line.split("<<unk>>")]
+    return re.fullmatch(".*".join(pieces), comparable(file_line)) is not None
+
+
+def reference_mismatch(parsed: GenerateOutput, reference_lines: Sequence[str]) -> Optional[str]:
+    """Why ``reference_lines`` (``--ref``) are not the references of the generated subset, or None.
+
+    Compares them with the ``T-`` lines that fairseq-generate printed: a reference file of
+    another split or language matches almost none of them.
+    """
+    pairs = [(i, t) for i, t in sorted(parsed.references.items())
+             if i < len(reference_lines) and comparable(t.replace("<<unk>>", ""))]
+    if not pairs:
+        return None
+    differ = [(i, t) for i, t in pairs if not same_reference(reference_lines[i], t)]
+    if 2 * len(differ) <= len(pairs):
+        return None
+    i, t = differ[0]
+    return (f"{len(differ)} of {len(pairs)} lines differ from the references in the binarized subset (e.g. "
+            f"sample {i}: the file has {reference_lines[i][:60]!r}, the subset {t[:60]!r}); pass the "
+            "plain-text target file of the split given as --gen-subset")
+
+
+def pair_up(
+    parsed: GenerateOutput, reference_lines: Optional[Sequence[str]] = None
+) -> Tuple[List[int], List[str], List[str]]:
+    """Return (ids, hypotheses, references) sorted by sample id.
+
+    References come from the ``T-`` lines, or from ``reference_lines`` (line i = sample id i)
+    when given. Raises :class:`EvaluationError` if nothing was generated or ids do not match.
+    """
+    if not parsed.hypotheses:
+        raise EvaluationError("no H-<id> lines found in the fairseq-generate output")
+    ids = sorted(parsed.hypotheses)
+    if reference_lines is not None:
+        out_of_range = [i for i in ids if i >= len(reference_lines)]
+        if out_of_range:
+            raise EvaluationError(
+                f"reference file has {len(reference_lines)} lines but the output has sample "
+                f"ids up to {max(out_of_range)}"
+            )
+        refs = [reference_lines[i] for i in ids]
+    else:
+        missing = [i for i in ids if i not in parsed.references]
+        if missing:
+            raise EvaluationError(
+                f"{len(missing)} hypotheses have no T-<id> reference line (e.g. id {missing[0]}); "
+                "is the subset missing its target side? Use --ref FILE."
+            )
+        extra = set(parsed.references) - set(ids)
+        if extra:
+            raise EvaluationError(
+                f"{len(extra)} references have no hypothesis (e.g. id {min(extra)})"
+            )
+        refs = [parsed.references[i] for i in ids]
+    return ids, [parsed.hypotheses[i] for i in ids], refs
+
+
+def score_bleu(
+    hypotheses: Sequence[str],
+    references: Sequence[str],
+    tokenize: Optional[str] = None,
+    lowercase: bool = False,
+) -> dict:
+    """Corpus BLEU with sacreBLEU; returns score, signature and the statistics."""
+    from sacrebleu.metrics import BLEU
+
+    if len(hypotheses) != len(references):
+        raise EvaluationError(
+            f"{len(hypotheses)} hypotheses but {len(references)} references"
+        )
+    bleu = BLEU(tokenize=tokenize, lowercase=lowercase)
+    result = bleu.corpus_score(list(hypotheses), [list(references)])
+    return {
+        "bleu": round(result.score, 4),
+        "signature": str(bleu.get_signature()),
+        "bleu_string": str(result),
+        "precisions": [round(p, 4) for p in result.precisions],
+        "brevity_penalty": round(result.bp, 4),
+        "sys_len": result.sys_len,
+        "ref_len": result.ref_len,
+    }
+
+
+def format_summary(result: dict) -> str:
+    wall = result.get("generation_wall_time_s")
+    wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "n/a"
+    return (
+        f"BLEU {result['bleu']:.2f} | {result['subset']} | beam {result['beam']} | "
+        f"{result['n_sentences']} sents | gen {wall_s} | {result['checkpoint']} | "
+        f"{result['signature']}"
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# running fairseq-generate
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_user_dir(value: str) -> Path:
+    """The ``--user-dir`` folder: 'gradinit', or the path fairseq-train took (``fairseq_gradinit``,
+    relative to the current folder or not), means this repository's package."""
+    path = Path(value)
+    if value == "gradinit" or (path.name == "fairseq_gradinit" and not path.is_dir()):
+        return GRADINIT_USER_DIR
+    if not path.is_dir():
+        raise ArgumentProblem(f"argument --user-dir: {value} is not a directory: pass the --user-dir the model "
+                              "was trained with (fairseq_gradinit for this plugin)")
+    return path.resolve()
+
+
+def data_subsets(data: Path) -> List[str]:
+    """The binarized splits in ``data`` (from the names of its ``.idx``/``.bin`` files)."""
+    names = {f.name.split(".", 1)[0] for f in data.iterdir() if f.suffix in (".idx", ".bin")}
+    return sorted(names)
+
+
+def check_inputs(args) -> None:
+    """Refuse a data folder that is no data-bin, a split it lacks and a damaged checkpoint before
+    fairseq-generate loads anything (``ArgumentProblem``)."""
+    data = Path(args.data)
+    if not data.is_dir():
+        raise ArgumentProblem(f"argument data: {data} is not a directory")
+    if not any(data.glob("dict.*.txt")):
+        inner = [d for d in sorted(data.iterdir()) if d.is_dir() and any(d.glob("dict.*.txt"))]
+        hint = (f"its subfolder {inner[0]} is one: pass {inner[0]}" if inner else
+                "pass the folder fairseq-preprocess (or prepare_corpus.py's bin/) wrote")
+        raise ArgumentProblem(f"argument data: {data} holds no fairseq data-bin (no dict.*.txt); {hint}")
+    subsets = data_subsets(data)
+    if args.gen_subset not in subsets:
+        raise ArgumentProblem(f"argument --gen-subset: invalid choice {args.gen_subset!r}: {data} holds "
+                              f"{', '.join(subsets) or 'no binarized split'}")
+    path = Path(args.path)
+    if not path.is_file():
+        raise ArgumentProblem(f"argument --path: {path}: no such checkpoint file")
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if not magic:
+        raise ArgumentProblem(f"argument --path: {path} is empty: pick another checkpoint")
+    if magic == b"PK\x03\x04":  # torch.save's zip format: a cut-off file has no central directory
+        try:
+            with zipfile.ZipFile(path) as z:
+                z.namelist()
+        except (zipfile.BadZipFile, OSError) as e:
+            raise ArgumentProblem(f"argument --path: {path} is truncated or damaged ({e}): pick another "
+                                  "checkpoint, e.g. an earlier checkpoint_*.pt of the same run") from None
+    if subset_size(data, args.gen_subset) == 0:
+        raise ArgumentProblem(f"argument --gen-subset: the split {args.gen_subset!r} of {data} has no sentences: "
+                              "there is nothing to translate; pick another split")
+    if not args.user_dir:
+        need = plugin_need(path)
+        if need:
+            raise ArgumentProblem(f"argument --path: {path} was trained with the fairseq_gradinit plugin ({need}), "
+                                  "which fairseq-generate needs to load it: add --user-dir fairseq_gradinit")
+
+
+#: Architectures the plugin registers (a checkpoint of one needs it to load).
+PLUGIN_ARCHS = ("transformer_wskip", "transformer_lm_postln")
+
+
+def plugin_need(path: Path) -> Optional[str]:
+    """What in the checkpoint ``path`` only loads with the fairseq_gradinit plugin (its task, its
+    per-use multipliers, one of its architectures), or None. The tensors are memory-mapped, not read."""
+    import torch
+
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception:  # an old format, or a pickle fairseq cannot read: fairseq-generate will say
+        return None
+    def get(obj, key):  # fairseq saves its config as a dict (or an omegaconf/argparse object)
+        return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+    if not isinstance(state, dict):
+        return None
+    cfg = state.get("cfg") or state.get("args")
+    name = str(get(get(cfg, "task"), "_name") or get(cfg, "task") or "")
+    if name == "translation_gradinit":
+        return "its task is translation_gradinit"
+    multipliers = sorted(k for k in (state.get("model") or {}) if k.endswith("embed_scale"))
+    if multipliers:
+        return f"it holds per-use scales of tied embeddings ({', '.join(multipliers)})"
+    model = get(cfg, "model")
+    arch = str(get(model, "_name") or get(model, "arch") or get(cfg, "arch") or "")
+    if arch.startswith(PLUGIN_ARCHS):
+        return f"its architecture {arch} is the plugin's"
+    return None
+
+
+#: Batches on a CUDA GPU: 16,384 tokens and up to 1,024 sentences fill one with a d=512 model at beam 5
+#: (the Debian test split is two batches); the CPU keeps fairseq's usual 4,096 tokens.
+GPU_MAX_TOKENS = 16384
+GPU_BATCH_SIZE = 1024
+CPU_MAX_TOKENS = 4096
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def decode_device(args) -> Tuple[bool, bool, Optional[str]]:
+    """(on CUDA, in fp16, note): fp16 only where it was asked for and a CUDA GPU decodes."""
+    cuda = not args.cpu and cuda_available()
+    if args.fp16 and not cuda:
+        return False, False, "--fp16 ignored: no CUDA GPU decodes here, fairseq-generate runs in fp32"
+    return cuda, bool(args.fp16 and cuda), None
+
+
+def build_generate_command(args, extra: Sequence[str], *, cuda: Optional[bool] = None,
+                           fp16: bool = False) -> List[str]:
+    """The fairseq-generate command line; ``cuda`` (detected when None) picks the batch defaults."""
+    if cuda is None:
+        cuda = not args.cpu and cuda_available()
+    cmd = [
+        sys.executable, "-m", "fairseq_cli.generate", str(args.data),
+        "--path", str(args.path),
+        "--gen-subset", args.gen_subset,
+        "--beam", str(args.beam),
+        "--remove-bpe", "sentencepiece",
+    ]
+    batch_size = args.batch_size
+    max_tokens = args.max_tokens
+    if cuda and batch_size is None and max_tokens is None:
+        batch_size, max_tokens = GPU_BATCH_SIZE, GPU_MAX_TOKENS
+    if batch_size is not None:
+        cmd += ["--batch-size", str(batch_size)]
+    if max_tokens is not None or batch_size is None:
+        cmd += ["--max-tokens", str(max_tokens or CPU_MAX_TOKENS)]
+    if args.user_dir:
+        cmd += ["--user-dir", str(resolve_user_dir(args.user_dir))]
+    if args.cpu:
+        cmd.append("--cpu")
+    if fp16 and "--fp16" not in extra:
+        cmd.append("--fp16")
+    if "--required-batch-size-multiple" not in extra:
+        # fairseq 0.12 drops the last batch when its size is not a multiple of this value
+        # (default 8), silently leaving up to 7 sentences untranslated (fairseq issue #5036)
+        cmd += ["--required-batch-size-multiple", "1"]
+    return cmd + list(extra)
+
+
+def generate_env() -> Dict[str, str]:
+    """Environment for fairseq-generate.
+
+    fairseq 0.12.3 calls ``torch.load`` without ``weights_only``; torch >= 2.6 then refuses its
+    checkpoints (they pickle an argparse.Namespace). The checkpoints evaluated here are our own,
+    so the subprocess gets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` unless the caller set either
+    torch variable already.
+    """
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"  # hypotheses arrive per batch, so the decode rate is measured as it goes
+    if "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in env:
+        env.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    return env
+
+
+class DecodeMeter:
+    """The decode rate of a running fairseq-generate, from the times its hypotheses arrive.
+
+    Start-up (loading, moving the model) ends at the last log line before the first hypothesis;
+    the rate counts sentences, and source tokens where the subset's sizes are known (fairseq
+    decodes short sentences first, so a token rate projects the rest better).
+    """
+
+    def __init__(self, total: Optional[int], source_sizes: Optional[Sequence[int]] = None,
+                 chunk: int = 100, t0: Optional[float] = None):
+        self.total, self.sizes, self.chunk = total, source_sizes, max(1, chunk)
+        self.t0 = time.time() if t0 is None else t0
+        self.decode_start: Optional[float] = None
+        self.done, self.tokens = 0, 0
+        self.total_tokens = sum(source_sizes) if source_sizes is not None else None
+        self.last_log_line = self.t0
+        self.first_report: Optional[dict] = None
+
+    def log_line(self, now: float) -> None:
+        if self.decode_start is None:
+            self.last_log_line = now
+
+    def hypothesis(self, sample_id: int, now: float) -> None:
+        if self.decode_start is None:
+            self.decode_start = self.last_log_line
+        self.done += 1
+        if self.sizes is not None and 0 <= sample_id < len(self.sizes):
+            self.tokens += int(self.sizes[sample_id])
+
+    @property
+    def measured(self) -> bool:
+        return self.done >= min(self.chunk, self.total or self.chunk)
+
+    def report(self, now: float) -> dict:
+        """Rate so far and the projected total wall time (seconds since fairseq-generate started)."""
+        start = self.decode_start if self.decode_start is not None else now
+        decode_s = max(now - start, 1e-6)
+        out = {"sentences_done": self.done, "sentences_total": self.total,
+               "startup_s": round(start - self.t0, 2), "decode_s": round(decode_s, 2),
+               "sentences_per_s": round(self.done / decode_s, 2), "source_tokens_per_s": None,
+               "projected_total_s": None}
+        if self.done and self.total_tokens and self.tokens:
+            rate = self.tokens / decode_s
+            out["source_tokens_per_s"] = round(rate, 1)
+            left = (self.total_tokens - self.tokens) / rate
+        elif self.done and self.total is not None:
+            left = (self.total - self.done) * decode_s / self.done
+        else:
+            left = None
+        if left is not None:
+            out["projected_total_s"] = round(now - self.t0 + max(left, 0.0), 1)
+        return out
+
+
+def format_rate(report: dict) -> str:
+    tok, projected = report.get("source_tokens_per_s"), report.get("projected_total_s")
+    return (f"decode rate {report['sentences_per_s']:.1f} sentences/s"
+            + (f" ({tok:.0f} source tokens/s)" if tok else "")
+            + f" over {report['sentences_done']}/{report['sentences_total'] or '?'} sentences; start-up "
+            f"{report['startup_s']:.1f} s; "
+            + (f"projected total {projected:.0f} s" if projected is not None else "no projection yet"))
+
+
+class TimeLimitReached(EvaluationError):
+    """fairseq-generate was stopped: its measured rate projected beyond --time-limit (or it ran into it)."""
+
+    def __init__(self, message: str, report: dict):
+        super().__init__(message)
+        self.report = report
+
+
+def write_json_atomic(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def read_output(stdout: Iterable[str], meter: DecodeMeter, stop_generate, *, time_limit: Optional[float],
+                progress_json: Optional[Path], report_every_s: float) -> List[str]:
+    """fairseq-generate's stdout lines, each hypothesis timed by ``meter``; the rate is reported every
+    ``report_every_s`` seconds and ``stop_generate(reason)`` called once it projects beyond ``time_limit``."""
+    out_lines: List[str] = []
+    next_report = None
+    for raw in stdout:
+        now = time.time()
+        line = raw.rstrip("\n")
+        out_lines.append(line)
+        m = _HYP_RE.match(line)
+        if not m:
+            continue
+        meter.hypothesis(int(m.group(1)), now)
+        if not meter.measured or (next_report is not None and now < next_report):
+            continue
+        report = meter.report(now)
+        if meter.first_report is None:
+            meter.first_report = report
+        next_report = now + report_every_s
+        print("evaluate_bleu: " + format_rate(report), file=sys.stderr, flush=True)
+        if progress_json is not None:
+            write_json_atomic(progress_json, report)
+        projected = report["projected_total_s"]
+        if time_limit is not None and projected is not None and projected > time_limit:
+            stop_generate(f"the measured rate projects {projected:.0f} s, beyond --time-limit {time_limit:g} s")
+    return out_lines
+
+
+def run_generate(
+    cmd: Sequence[str], save_output: Optional[Path], *, meter: Optional[DecodeMeter] = None,
+    time_limit: Optional[float] = None, progress_json: Optional[Path] = None, report_every_s: float = 5.0,
+) -> Tuple[List[str], List[str], float]:
+    """Run fairseq-generate; returns (stdout lines, stderr lines, wall seconds).
+
+    stdout (the S/T/H/D/P lines) is read as it comes, each hypothesis timed by ``meter``; stderr
+    (where fairseq's log usually ends up) is echoed live and also returned, without the very long
+    config line. With ``time_limit``, the run is stopped (:class:`TimeLimitReached`) once the
+    measured rate projects a total beyond it, or when it is reached.
+    """
+    print("running: " + " ".join(cmd), file=sys.stderr, flush=True)
+    t0 = time.time()
+    meter = meter or DecodeMeter(None, t0=t0)
+    meter.t0 = meter.last_log_line = t0
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            encoding="utf-8", errors="replace", env=generate_env())
+    err_lines: List[str] = []
+    stop: Dict[str, str] = {}
+
+    def pump_stderr() -> None:
+        for line in proc.stderr:
+            meter.log_line(time.time())
+            sys.stderr.write(line)
+            if len(line) < 2000:
+                err_lines.append(line.rstrip("\n"))
+
+    def stop_generate(reason: str) -> None:
+        if proc.poll() is None and not stop:
+            stop["reason"] = reason
+            proc.kill()
+
+    pump = threading.Thread(target=pump_stderr, daemon=True)
+    pump.start()
+    timer = None
+    if time_limit is not None:
+        timer = threading.Timer(max(time_limit, 0.0), stop_generate, args=(f"--time-limit {time_limit:g} s reached",))
+        timer.daemon = True
+        timer.start()
+    try:
+        out_lines = read_output(proc.stdout, meter, stop_generate, time_limit=time_limit,
+                                progress_json=progress_json, report_every_s=report_every_s)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    returncode = proc.wait()
+    pump.join(timeout=10)
+    wall = time.time() - t0
+    final = meter.report(time.time())
+    if progress_json is not None:
+        write_json_atomic(progress_json, final)
+    if save_output is not None:
+        save_output.parent.mkdir(parents=True, exist_ok=True)
+        save_output.write_text("\n".join(out_lines) + "\n", encoding="utf-8")
+    if stop:
+        raise TimeLimitReached(f"fairseq-generate stopped after {meter.done} of {meter.total or '?'} sentences: "
+                               f"{stop['reason']} ({format_rate(final)})", final)
+    if returncode != 0:
+        # stderr (fairseq's traceback) was already shown above: name only its last line here.
+        last = next((l.strip() for l in reversed(err_lines) if l.strip()), "no error output")
+        raise EvaluationError(f"fairseq-generate failed (exit {returncode}): {last}")
+    return out_lines, err_lines, wall
+
+
+def source_sizes(data: Path, subset: str) -> Optional[List[int]]:
+    """Source-side token counts of a binarized subset (``SUBSET.SRC-TGT.SRC.idx``, mmap format)."""
+    from array import array
+
+    for idx in sorted(Path(data).glob(f"{subset}.*-*.*.idx")):
+        pair, lang = idx.name.split(".")[1:3]
+        if pair.split("-")[0] != lang:
+            continue
+        try:
+            raw = idx.read_bytes()
+        except OSError:
+            return None
+        if len(raw) < 34 or raw[:9] != b"MMIDIDX\x00\x00":
+            return None
+        n = struct.unpack("<Q", raw[18:26])[0]
+        sizes = array("i")
+        sizes.frombytes(raw[34:34 + 4 * n])
+        if sys.byteorder != "little":
+            sizes.byteswap()
+        return list(sizes) if len(sizes) == n else None
+    return None
+
+
+def subset_size(data: Path, subset: str) -> Optional[int]:
+    """Number of sentences in a binarized subset, read from the header of its mmap .idx file.
+
+    Returns None when it cannot be determined (no data dir, other dataset format, several
+    language pairs with different sizes).
+    """
+    sizes = set()
+    for idx in sorted(Path(data).glob(f"{subset}.*-*.*.idx")):
+        try:
+            with open(idx, "rb") as f:
+                header = f.read(26)
+        except OSError:
+            continue
+        if len(header) == 26 and header[:9] == b"MMIDIDX\x00\x00":
+            sizes.add(struct.unpack("<Q", header[18:26])[0])
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def result_subset(args, parsed: GenerateOutput) -> str:
+    if args.from_output is not None and parsed.subset:
+        return parsed.subset
+    return args.gen_subset
+
+
+def default_json_path(checkpoint: Path, subset: str) -> Path:
+    return checkpoint.parent / f"bleu.{checkpoint.stem}.{subset}.json"
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+# --------------------------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Run fairseq-generate on a binarized split and score it with sacreBLEU. "
+                    "Arguments after `--` are passed to fairseq-generate.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("data", type=Path, help="fairseq data-bin directory (e.g. OUT/bin of prepare_corpus.py)")
+    p.add_argument("--path", type=Path, default=None,
+                   help="model checkpoint (.pt); required unless --from-output is given")
+    p.add_argument("--gen-subset", default="test", help="binarized split to translate")
+    p.add_argument("--beam", type=positive_int, default=5, help="beam size")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="sentences per batch")
+    p.add_argument("--max-tokens", type=positive_int, default=None,
+                   help="tokens per batch (when neither this nor --batch-size is given: 4096 on the CPU, "
+                        "16384 tokens and up to 1024 sentences on a CUDA GPU)")
+    p.add_argument("--user-dir", default=None,
+                   help="fairseq --user-dir, as given to fairseq-train (fairseq_gradinit, from any "
+                        "folder, or 'gradinit' mean this repository's package; needed for checkpoints "
+                        "of the translation_gradinit task)")
+    p.add_argument("--cpu", action="store_true", help="generate on CPU")
+    p.add_argument("--fp16", action="store_true",
+                   help="decode in fp16 on a CUDA GPU (for a model trained in fp16); ignored with a note on the CPU")
+    p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
+                   help="stop fairseq-generate once its measured decode rate projects a longer run, or at "
+                        "SECONDS (no score then; the result file records the rate)")
+    p.add_argument("--rate-chunk", type=int, default=100,
+                   help="sentences decoded before the rate is first logged and projected")
+    p.add_argument("--progress-json", type=Path, default=None,
+                   help="keep the measured decode rate and projection in this file while decoding")
+    p.add_argument("--ref", type=Path, default=None,
+                   help="plain-text reference file (line i = sample id i) to score against "
+                        "instead of the T- lines")
+    p.add_argument("--tokenize", default=None,
+                   help="sacreBLEU tokenizer (default: sacreBLEU's default, 13a)")
+    p.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU")
+    p.add_argument("--output-json", type=Path, default=None,
+                   help="where to write the result (default: next to the checkpoint, "
+                        "bleu.<checkpoint>.<subset>.json)")
+    p.add_argument("--save-output", type=Path, default=None,
+                   help="also save the raw fairseq-generate stdout to this file")
+    p.add_argument("--from-output", type=Path, default=None,
+                   help="do not run fairseq-generate; score this saved generate output instead")
+    return p
+
+
+def split_passthrough(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
+    argv = list(argv)
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    return argv, []
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args = parser.parse_args(own)
+    try:
+        return evaluate(args, extra)
+    except ArgumentProblem as exc:
+        parser.error(str(exc))
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+def decode_block(meter: DecodeMeter, time_limit: Optional[float]) -> dict:
+    """The result's ``decode`` entry: the rate over the whole run, after the first chunk, the limit."""
+    return {**meter.report(time.time()), "first_chunk": meter.first_report, "time_limit_s": time_limit}
+
+
+def write_stopped(args, cmd, stopped: "TimeLimitReached", fp16: bool, note: Optional[str], meter: DecodeMeter) -> None:
+    """The result file of a run stopped by --time-limit: no score, the reason and the measured rate."""
+    out_json = args.output_json or default_json_path(args.path, args.gen_subset)
+    write_json_atomic(out_json, {
+        "bleu": None, "reason": str(stopped), "checkpoint": str(args.path), "data": str(args.data),
+        "subset": args.gen_subset, "beam": args.beam, "generate_command": cmd,
+        "precision": "fp16" if fp16 else "fp32", "precision_note": note,
+        "decode": {**stopped.report, "first_chunk": meter.first_report, "time_limit_s": args.time_limit},
+    })
+
+
+def evaluate(args, extra: Sequence[str]) -> int:
+    """Generate (or read the saved output), score, write the JSON; 0, or 1 after an error line."""
+    meter, device_note, fp16 = None, None, False
+    try:
+        if args.from_output is None and args.path is None:
+            raise EvaluationError("--path CHECKPOINT is required (unless --from-output is given)")
+        if args.from_output is not None:
+            cmd = None
+            with open(args.from_output, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+            err_lines, wall = [], None
+        else:
+            check_inputs(args)
+            cuda, fp16, device_note = decode_device(args)
+            if device_note:
+                print(f"note: {device_note}", file=sys.stderr)
+            cmd = build_generate_command(args, extra, cuda=cuda, fp16=fp16)
+            meter = DecodeMeter(subset_size(args.data, args.gen_subset), source_sizes(args.data, args.gen_subset),
+                                chunk=args.rate_chunk)
+            try:
+                lines, err_lines, wall = run_generate(cmd, args.save_output, meter=meter, time_limit=args.time_limit,
+                                                      progress_json=args.progress_json)
+            except TimeLimitReached as stopped:
+                write_stopped(args, cmd, stopped, fp16, device_note, meter)
+                raise
+
+        parsed = parse_generate_output(lines)
+        if parsed.translate_seconds is None and err_lines:  # fairseq logged to stderr
+            logged = parse_generate_output(l for l in err_lines if _TRANSLATED_RE.search(l))
+            parsed.translate_seconds = logged.translate_seconds
+            parsed.n_translated = logged.n_translated
+        expected = subset_size(args.data, result_subset(args, parsed))
+        ref_lines = read_reference_file(args.ref) if args.ref is not None else None
+        if ref_lines is not None:
+            mismatch = reference_mismatch(parsed, ref_lines)
+            if mismatch:
+                raise EvaluationError(f"--ref {args.ref}: {mismatch}")
+        ids, hyps, refs = pair_up(parsed, ref_lines)
+        if ref_lines is None and any("<<unk>>" in r for r in refs):
+            print("warning: some T- references contain <<unk>>; pass --ref with the raw "
+                  "reference file for exact scoring", file=sys.stderr)
+        if expected is not None and len(ids) != expected:
+            print(f"warning: fairseq-generate output has {len(ids)} hypotheses but the "
+                  f"binarized subset has {expected} sentences; BLEU covers only the translated "
+                  "ones", file=sys.stderr)
+        elif ref_lines is not None and len(ids) != len(ref_lines):
+            print(f"warning: {len(ids)} hypotheses for {len(ref_lines)} reference lines; "
+                  "scoring only the translated ids", file=sys.stderr)
+        scores = score_bleu(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase)
+    except (EvaluationError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+    result = {
+        **scores,
+        "n_sentences": len(ids),
+        "n_subset_sentences": expected,
+        "checkpoint": str(args.path) if args.path is not None else None,
+        "data": str(args.data),
+        "subset": result_subset(args, parsed),
+        "beam": (parsed.beam if args.from_output is not None and parsed.beam else args.beam),
+        "references": str(args.ref) if args.ref is not None else "T- lines",
+        "generation_wall_time_s": round(wall, 2) if wall is not None else None,
+        "fairseq_translate_time_s": parsed.translate_seconds,
+        "fairseq_bleu": parsed.fairseq_bleu,
+        "generate_command": cmd,
+        "generate_output": str(args.from_output or args.save_output or "") or None,
+        "precision": None if cmd is None else ("fp16" if fp16 else "fp32"),
+        "precision_note": device_note,
+        "decode": None if meter is None else decode_block(meter, args.time_limit),
+    }
+    out_json = args.output_json or default_json_path(
+        args.path if args.path is not None else args.from_output, result["subset"])
+    out_json.parent.mkdir(parents=True, exist_ok=True)
+    out_json.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    print(format_summary(result))
+    return 0
+
+
+def run() -> int:
+    """The ``gradinit-evaluate-bleu`` command: :func:`main` with known third-party warnings hidden."""
+    from ..quiet import hide_known_noise
+
+    hide_known_noise()
+    return main()
+
+
+if __name__ == "__main__":
+    sys.exit(run())

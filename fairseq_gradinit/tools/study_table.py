@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Per-seed table of a finished study (``scripts/study.py --out DIR``): validation loss at chosen
+updates, training loss, BLEU with its sacreBLEU signature, and the mean over seeds of arms named
+``CONFIG-sN``. Writes Markdown (stdout or ``--md``) and JSON (``--json``).
+
+    python scripts/study_table.py runs/confirm-A --updates 500,1000,2000,3000 --md table.md --json table.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..study.tables import build_table, markdown, to_json
+
+
+def _updates(text: str):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated update numbers, e.g. 500,1000, got {text!r}")
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive update numbers, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("study_dir", type=Path, help="the --out folder of scripts/study.py")
+    p.add_argument("--updates", type=_updates, default=[500, 1000, 2000, 3000],
+                   help="validation updates to show (default: 500,1000,2000,3000)")
+    p.add_argument("--train-at", type=int, help="update of the training-loss column (default: the last of --updates)")
+    p.add_argument("--arms", help="comma-separated arms, in this order (default: all, in curves.csv order)")
+    p.add_argument("--md", type=Path, help="write the Markdown table here (default: print it)")
+    p.add_argument("--json", type=Path, help="also write the numbers as JSON here")
+    args = p.parse_args(argv)
+    try:
+        table = build_table(args.study_dir, updates=args.updates, train_at=args.train_at,
+                            arms=args.arms.split(",") if args.arms else None)
+    except (ValueError, OSError) as e:
+        print(f"study_table: error: {e}", file=sys.stderr)
+        return 2
+    text = markdown(table)
+    if args.md:
+        args.md.write_text(text, encoding="utf-8")
+    else:
+        print(text, end="")
+    if args.json:
+        args.json.write_text(json.dumps(to_json(table), indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
