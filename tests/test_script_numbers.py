@@ -16,6 +16,16 @@ def _script(name):
      "argument --max-tokens: invalid value 0: expected an integer >= 1"),
     ("gradinit_report", "build_parser", ["--gradinit-json", "g.json", "--out", "o", "--batches", "1"],
      "argument --batches: invalid value 1: expected an integer >= 2"),
+    ("prepare_corpus", "build_parser", ["c", "--src", "de", "--tgt", "en", "--out", "o", "--vocab-size", "1"],
+     "argument --vocab-size: invalid value 1: expected an integer >= 2"),
+    ("prepare_corpus", "build_parser", ["c", "--src", "de", "--tgt", "en", "--out", "o", "--character-coverage", "0"],
+     "argument --character-coverage: invalid value 0: expected a number in (0, 1]"),
+    ("prepare_corpus", "build_parser", ["c", "--src", "de", "--tgt", "en", "--out", "o", "--character-coverage",
+                                        "nan"], "argument --character-coverage: invalid value nan: expected a number in (0, 1]"),
+    ("prepare_corpus", "build_parser", ["c", "--src", "de", "--tgt", "en", "--out", "o", "--input-sentence-size", "0"],
+     "argument --input-sentence-size: invalid value 0: expected an integer >= 1"),
+    ("prepare_corpus", "build_parser", ["c", "--src", "de", "--tgt", "en", "--out", "o", "--workers", "x"],
+     "argument --workers: invalid value 'x': expected an integer >= 1"),
 ])
 def test_bad_numbers_are_argument_errors(script, parser, argv, expected, capsys):
     pytest.importorskip("fairseq")

@@ -56,6 +56,7 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from ..argtypes import positive_int
 
 #: The installed package, fairseq's ``--user-dir`` for this plugin.
 GRADINIT_USER_DIR = Path(__file__).resolve().parents[1]
@@ -629,15 +630,6 @@ def default_json_path(checkpoint: Path, subset: str) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

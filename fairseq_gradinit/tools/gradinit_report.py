@@ -24,6 +24,7 @@ import logging
 import os
 import sys
 from typing import List, Optional, Sequence, Tuple
+from ..argtypes import int_at_least
 
 logger = logging.getLogger("gradinit_report")
 
@@ -37,15 +38,6 @@ def split_argv(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     return argv[:i], argv[i + 1:]
 
 
-def at_least_two(text: str) -> int:
-    """An argparse type: an integer >= 2."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 2") from None
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 2")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--gradinit-json", required=True, help="gradinit.json with the learned scales")
     p.add_argument("--out", required=True, help="output prefix: writes OUT.json and OUT.png")
-    p.add_argument("--batches", type=at_least_two, default=8, help="k, minibatches the gradient std is taken over")
+    p.add_argument("--batches", type=int_at_least(2), default=8, help="k, minibatches the gradient std is taken over")
     p.add_argument("--mode", choices=["train", "eval"], default="train",
                    help="gradients with dropout on (train, what the optimizer sees) or off (eval, as GradInit)")
     p.add_argument("--batch-seed", type=int, default=None,

@@ -49,6 +49,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence
+from ..argtypes import float_in, int_at_least
 
 logger = logging.getLogger("prepare_corpus")
 
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tgt", required=True, help="target language suffix, e.g. en")
     p.add_argument("--out", "-o", required=True, type=Path,
                    help="output directory (gets spm/, bin/ and prepare_corpus.json)")
-    p.add_argument("--vocab-size", type=int, default=6000,
+    p.add_argument("--vocab-size", type=int_at_least(2), default=6000,
                    help="SentencePiece vocabulary size (joint for SRC and TGT)")
     p.add_argument("--separate-dicts", action="store_true",
                    help="build separate source and target fairseq dictionaries (each from its own "
@@ -96,21 +97,21 @@ def build_parser() -> argparse.ArgumentParser:
                         "not --share-all-embeddings (which needs the default joined dictionary)")
     p.add_argument("--model-type", default="unigram", choices=["unigram", "bpe", "char", "word"],
                    help="SentencePiece model type")
-    p.add_argument("--character-coverage", type=float, default=1.0,
+    p.add_argument("--character-coverage", type=float_in(0.0, 1.0, low_open=True), default=1.0,
                    help="SentencePiece character coverage (1.0 keeps every character seen in train)")
-    p.add_argument("--input-sentence-size", type=int, default=2_000_000,
+    p.add_argument("--input-sentence-size", type=int_at_least(1), default=2_000_000,
                    help="at most this many training sentences (SRC+TGT) are sampled by the "
                         "SentencePiece trainer; 0 means use all")
     p.add_argument("--soft-vocab-limit", action="store_true",
                    help="treat --vocab-size as a soft limit (SentencePiece hard_vocab_limit=false); "
                         "useful for tiny corpora that cannot fill the requested vocabulary")
-    p.add_argument("--max-train-lines", type=int, default=None,
+    p.add_argument("--max-train-lines", type=int_at_least(1), default=None,
                    help="use only the first N training pairs (for quick tests); valid/test are "
                         "always used in full")
-    p.add_argument("--workers", type=int, default=max(1, min(4, os.cpu_count() or 1)),
+    p.add_argument("--workers", type=int_at_least(1), default=max(1, min(4, os.cpu_count() or 1)),
                    help="threads for SentencePiece encoding and worker processes for fairseq-preprocess "
                         "(the output does not depend on it)")
-    p.add_argument("--spm-threads", type=int, default=2,
+    p.add_argument("--spm-threads", type=int_at_least(1), default=2,
                    help="threads of SentencePiece training; the learned model depends on this number "
                         "(measured: 1, 2 and 4 threads give three different vocabularies), so it is fixed "
                         "rather than taken from the machine; 2 reproduces the data-bins of the 2026-11-26 "

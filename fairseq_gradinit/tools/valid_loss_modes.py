@@ -20,17 +20,9 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+from ..argtypes import positive_int
 
 
-def positive_int(text: str) -> int:
-    """An argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
-    return value
 
 
 def get_args_parser() -> argparse.ArgumentParser:

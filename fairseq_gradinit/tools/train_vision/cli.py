@@ -34,18 +34,11 @@ from .errors import Interrupted, RunFailure, UsageError
 from .initialization import (GRADINIT_CLI_OPTIONS, INITS, build_model, check_batches, check_init_options,
                              has_batchnorm, run_initialization)
 from .loop import check_output_dir, default_output_dir, load_checkpoint, set_rng_state, train_epochs
+from ...argtypes import positive_int
 
 logger = logging.getLogger("train_vision")
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= 1") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= 1")
-    return value
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,46 @@
+"""argparse types for the numbers of our command-line tools: a bad value is argparse's own one-line
+error ('argument --flag: invalid value ...: expected ...', exit status 2) before anything runs."""
+from __future__ import annotations
+
+import argparse
+import math
+from typing import Callable, Optional
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer >= {minimum}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"invalid value {value}: expected an integer >= {minimum}")
+        return value
+
+    parse.__name__ = f"int_at_least_{minimum}"
+    return parse
+
+
+def float_in(low: float, high: Optional[float] = None, *, low_open: bool = False) -> Callable[[str], float]:
+    """A finite float in [low, high] (``(low, high]`` with ``low_open``; no upper end with ``high`` None)."""
+    left = "(" if low_open else "["
+    allowed = f"a number in {left}{low:g}, {high:g}]" if high is not None else \
+        f"a finite number {'>' if low_open else '>='} {low:g}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected {allowed}") from None
+        if not math.isfinite(value) or value < low or (low_open and value == low) or \
+                (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"invalid value {value:g}: expected {allowed}")
+        return value
+
+    parse.__name__ = "float"
+    return parse
+
+
+positive_int = int_at_least(1)
