@@ -20,12 +20,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..core.batching import split_draw
 from ..core import BatchPair, DevicePrefetcher, apply_scales, gradinit, summarize_scales
 from ..core.health import snapshot_weights
 from .cfg import cfg_value
 from .compat import takes_keyword
 from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
-from .files import remove_stale_temp_files, write_result
+from .files import atomic_write_json, remove_stale_temp_files, write_result
 from .groups import transformer_group
 from .health_report import measure_health
 from .init_file import clamped_init_file
@@ -33,14 +34,10 @@ from .phase_state import load_phase_state, save_phase_state, state_path
 from .monitor import monitor_from_cfg
 from .init_file import unscaled_tensors
 from .lock import phase_lock
-from .option_values import (
-    GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
-    gradinit_enabled, gradinit_option_error, read_usable_init_file,
-    read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error, check_when_parsed,
-)
+from .option_values import GradInitStop, check_when_parsed, gradinit_enabled, read_init_file, read_usable_init_file
+from .plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
 from .preflight import precision_error, training_setup_error, valid_split_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
-from .restore import restore_source
 from .resume_checks import resume_error
 from .signals import sigterm_raises_interrupt
 from .tied import (
@@ -116,6 +113,7 @@ class GradInitTaskMixin:
         self._gradinit_model_args = None
         self._gradinit_criterion_cfg = None
         self.gradinit_result = None
+        self.gradinit_plan = None  # the run's GradInitPlan, resolved when the criterion is built
         self.gradinit_monitor = monitor_from_cfg(self.gradinit_cfg)  # --gradinit-monitor-interval; None: off
 
     def train_step(self, sample, model, criterion, optimizer, update_num, *args, **kwargs):
@@ -180,45 +178,45 @@ class GradInitTaskMixin:
         model, self._gradinit_model = self._gradinit_model, None
         if model is None or from_checkpoint:
             return criterion
-        enabled = gradinit_enabled(self.gradinit_cfg)
         self._gradinit_criterion_cfg = cfg
-        # The command line was checked when parsed; this also covers configs built otherwise
-        # (fairseq-hydra-train, Python). Checked before Admin's profiling and GradInit, so that
-        # stopping here costs nothing.
-        error = gradinit_option_error(self.gradinit_cfg)
-        if error is None and enabled:
-            error = unsupported_setup_error(self.gradinit_cfg) or batch_setting_error(self.gradinit_cfg)
-        if error is not None:
-            raise GradInitStop(error)
-        source = restore_source(self.gradinit_cfg)
+        # The run's settings, resolved once. The command line was checked when parsed; this also
+        # covers configs built otherwise (fairseq-hydra-train, Python). Checked before Admin's
+        # profiling and GradInit, so that stopping here costs nothing.
+        plan = self.gradinit_plan = build_plan(self.gradinit_cfg, restore=True)
+        if plan.error is not None:
+            raise GradInitStop(plan.error)
+        source = plan.restore
         error = resume_error(model, source, task=self) if source is not None else None
         if error is not None:
             raise GradInitStop(error)
         if source is None:
             admin_profile_if_requested(model, self)  # transformer_wskip --wskip-init admin; before GradInit
-        if enabled:
+        if plan.enabled:
             if source is not None:
                 logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)", source)
             else:
-                self.run_gradinit(model, criterion)
+                self.run(plan, model, criterion)
         return criterion
 
     # ------------------------------------------------------------------------------------
-    def run_gradinit(self, model, criterion):
-        """Run GradInit (or apply ``--gradinit-init-file``) on ``model`` in place, holding the save
-        dir's lock (:mod:`.lock`) for the whole phase: a second run into the folder stops."""
+    def run(self, plan: GradInitPlan, model, criterion):
+        """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
+        with batches from this task's training data and the loss of ``criterion``, holding the save
+        dir's lock (:mod:`.lock`) for the whole phase: a second run into the folder stops. Returns
+        the :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
+        if plan.error is not None:
+            raise GradInitStop(plan.error)
         rank, world = rank_world()
-        with phase_lock(cfg_value(self.gradinit_cfg, "gradinit_save_dir", "checkpoints"), rank=rank, world=world):
-            return self._run_gradinit_locked(model, criterion)
+        with phase_lock(plan.save_dir, rank=rank, world=world):
+            return self._run_locked(plan, model, criterion)
 
-    def _run_gradinit_locked(self, model, criterion):
-        cfg = self.gradinit_cfg
+    def _run_locked(self, plan: GradInitPlan, model, criterion):
         rank, world = rank_world()
-        save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
+        save_dir = plan.save_dir
         path = os.path.join(save_dir, GRADINIT_JSON)
-        current = self.gradinit_fingerprint(world) if rank == 0 else None
-        if cfg.gradinit_init_file:
-            return self._apply_saved(model, cfg.gradinit_init_file, current, INIT_FILE_KEYS, "--gradinit-init-file")
+        current = self.gradinit_fingerprint(world, plan) if rank == 0 else None
+        if plan.init_file:
+            return self._apply_saved(plan, model, plan.init_file, current, INIT_FILE_KEYS, "--gradinit-init-file")
 
         # An existing gradinit.json is never overwritten: the same run reuses it, another stops.
         # Rank 0 decides for all ranks, so they cannot split between computing and reusing.
@@ -232,23 +230,25 @@ class GradInitTaskMixin:
         if decision[0] == "reuse":
             logger.info("gradinit: %s exists and its fingerprint matches this run (model, criterion, seed, data, "
                         "world size, GradInit settings); applying its scales instead of running GradInit", path)
-            return self._apply_saved(model, path, None, (), "reused")
+            return self._apply_saved(plan, model, path, None, (), "reused")
 
-        gcfg = gradinit_config_from_task(cfg)
-        use_cuda = torch.cuda.is_available() and not cfg_value(cfg, "gradinit_cpu", False)
-        device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
+        gcfg = plan.config
+        if gcfg is None:  # a plan built by hand: build_plan sets its error
+            raise GradInitStop(plan.config_error)
+        device = plan.device()
+        use_cuda = device.type == "cuda"
         orig_device = next(model.parameters()).device
         orig_dtype = next(model.parameters()).dtype
         if orig_dtype != torch.float32:
             raise ValueError(f"GradInit expects the freshly built fp32 model, got {orig_dtype}")
-        max_tokens = gradinit_batch_tokens(cfg)
+        max_tokens = plan.max_tokens
         if not max_tokens:
             raise ValueError("set --gradinit-max-tokens (or --max-tokens) for GradInit's batches")
         logger.info(
             "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%g tau=%g, %d tokens per "
             "iteration (S and S~ share %.0f%%), rank %d/%d", gcfg.iters, device, gcfg.optimizer,
             gcfg.eta, gcfg.resolved_gamma, gcfg.lr, max_tokens, 100 * gcfg.overlap, rank, world)
-        derived = derived_options(cfg)
+        derived = list(plan.derived)
         settings = {k: v for k, v in gcfg.to_dict().items() if k != "param_filter"}
         logger.info("gradinit: settings (%s derived from the training command): %s",
                     ", ".join(derived) or "none", json.dumps(settings, default=str))
@@ -271,17 +271,19 @@ class GradInitTaskMixin:
         done_before = 0 if resume is None else len(resume["history"])
         drawn[0] = done_before
         try:
-            source = self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world, skip=done_before)
+            source = self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world, skip=done_before,
+                                         plan=plan)
             pairs = counted(source)
         except ValueError as e:
             model.to(orig_device)
             raise GradInitStop(f"GradInit's batches: {e}") from None
-        error = precision_error(cfg) or valid_split_error(self, model)  # fairseq would refuse them after the phase
+        # fairseq would refuse them after the phase
+        error = precision_error(plan) or valid_split_error(self, model, plan)
         if error is not None:
             source.close()
             model.to(orig_device)
             raise GradInitStop(error)
-        interval = int(cfg_value(cfg, "gradinit_checkpoint_interval", 0) or 0)
+        interval = plan.checkpoint_interval
         saved_at = [done_before]
 
         def checkpoint(state):
@@ -358,13 +360,14 @@ class GradInitTaskMixin:
             logger.info("gradinit: resuming the GradInit phase from %s after iteration %d", path, len(value["history"]))
         return value, path
 
-    def gradinit_fingerprint(self, world_size: int) -> dict:
+    def gradinit_fingerprint(self, world_size: int, plan: Optional[GradInitPlan] = None) -> dict:
         """:func:`~.provenance.fingerprint` of this run (model arguments as given on the command line)."""
+        plan = plan if plan is not None else build_plan(self.gradinit_cfg)
         return fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None, criterion_cfg=self._gradinit_criterion_cfg,
-                           seed=cfg_value(self.gradinit_cfg, "gradinit_seed"), world_size=world_size,
-                           model_args=self._gradinit_model_args)
+                           seed=plan.gradinit_seed, world_size=world_size, model_args=self._gradinit_model_args,
+                           plan=plan)
 
-    def _apply_saved(self, model, path: str, current: Optional[dict], keys, source: str):
+    def _apply_saved(self, plan: GradInitPlan, model, path: str, current: Optional[dict], keys, source: str):
         """Apply the scales saved at ``path`` after checking they name this model's tensors."""
         try:
             saved = read_usable_init_file(path) if source == "--gradinit-init-file" else read_init_file(path)
@@ -396,7 +399,7 @@ class GradInitTaskMixin:
                     "gradinit: WARNING: %s %s was computed for a different model, seed or data than this run (%s). "
                     "Its scales fit the initial weights of that run; applying them anyway.", source, path,
                     "; ".join(diff))
-        clamp = cfg_value(self.gradinit_cfg, "gradinit_init_clamp") if source == "--gradinit-init-file" else None
+        clamp = plan.init_clamp if source == "--gradinit-init-file" else None
         record = self._clamp_saved(model, path, saved, clamp) if clamp else None
         if record is not None:
             scales = record["scales"]
@@ -405,7 +408,7 @@ class GradInitTaskMixin:
         health = measure_health(model, scales, None, None, initial=None, config=saved.get("config"))
         if record is not None:
             record["health"] = health
-            self._write_clamped(record)
+            self._write_clamped(plan, record)
         self._log_summary(scales)
         return None
 
@@ -422,9 +425,9 @@ class GradInitTaskMixin:
                     "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
         return record
 
-    def _write_clamped(self, record: dict) -> None:
+    def _write_clamped(self, plan: GradInitPlan, record: dict) -> None:
         rank, _ = rank_world()
-        out = os.path.join(cfg_value(self.gradinit_cfg, "gradinit_save_dir", "checkpoints"), GRADINIT_JSON)
+        out = os.path.join(plan.save_dir, GRADINIT_JSON)
         if rank == 0:
             if os.path.exists(out):
                 logger.info("gradinit: %s exists; the clamped scales are not written there", out)
@@ -440,7 +443,7 @@ class GradInitTaskMixin:
         return summary
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
-                       world: int = 1, skip: int = 0) -> DevicePrefetcher:
+                       world: int = 1, skip: int = 0, plan: Optional[GradInitPlan] = None) -> DevicePrefetcher:
         """Endless (S, S~) pairs on ``device`` from this rank's shard of the training data.
 
         Each pair is one batch of the task's own training iterator with ``max_tokens`` tokens (and
@@ -451,13 +454,14 @@ class GradInitTaskMixin:
         ``ntokens``, ``nsentences``, ...) describes exactly its samples, whatever the task. Pairs are
         collated on the host ahead of the iteration that uses them (:class:`DevicePrefetcher`; close
         it when done) and, on CUDA, copied from pinned memory without waiting for the GPU. The first
-        ``skip`` pairs are passed over without collating them (a resumed phase).
+        ``skip`` pairs are passed over without collating them (a resumed phase). ``plan``: the run's
+        settings (default: resolved from this task's config).
         """
-        cfg = self.gradinit_cfg
-        dataset = training_dataset(self, cfg_value(cfg, "gradinit_train_subset") or cfg_value(cfg, "train_subset"))
-        seed = int(cfg_value(cfg, "gradinit_seed", 1) or 1)
+        plan = plan if plan is not None else build_plan(self.gradinit_cfg)
+        dataset = training_dataset(self, plan.train_subset or cfg_value(self.gradinit_cfg, "train_subset"))
+        seed = plan.seed
         batches = training_batch_indices(self, model, dataset, max_tokens=max_tokens,
-                                         batch_size=cfg_value(cfg, "gradinit_train_batch_size"), seed=seed)
+                                         batch_size=plan.train_batch_size, seed=seed)
         if len(batches) < world:
             raise ValueError(f"the training set has {len(batches)} batches of {max_tokens} tokens, fewer than "
                              f"there are ranks ({world}): each rank needs its own; lower --gradinit-max-tokens")
@@ -475,15 +479,8 @@ class GradInitTaskMixin:
                     if skipped[0] < skip:
                         skipped[0] += 1
                         continue
-                    n = len(idx)
-                    if n < 2:
-                        s_idx = st_idx = idx
-                    else:
-                        n_s = min(n, max(1, int(round(n / (2.0 - overlap)))))
-                        k = int(round(overlap * n_s))
-                        s_idx, st_idx = idx[:n_s], idx[n_s - k:n_s - k + n_s]
-                        if len(st_idx) == 0:
-                            st_idx = s_idx
+                    (a, b), (c, d) = split_draw(len(idx), overlap)
+                    s_idx, st_idx = idx[a:b], idx[c:d]
                     yield BatchPair(collate(dataset, s_idx, "cpu"), collate(dataset, st_idx, "cpu"))
 
         return DevicePrefetcher(gen(), device)
