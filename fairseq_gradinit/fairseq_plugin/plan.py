@@ -14,6 +14,8 @@ import dataclasses
 import types
 from typing import Any, Mapping, Optional, Tuple
 
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
 from ..core import GradInitConfig
 from .option_values import (
     batch_setting_error, check_when_parsed, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
@@ -24,7 +26,7 @@ from .restore import restore_source
 from .wskip import wskip_argument_error
 
 #: Every field the plugin reads from a task config: the options and the global settings.
-SETTING_NAMES = tuple(f.name for f in dataclasses.fields(GradInitOptions))
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(GradInitOptions) if f.name.startswith("gradinit_"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,6 +112,8 @@ def plugin_settings(source) -> Mapping[str, Any]:
             value = getattr(source, GLOBAL_SETTINGS[name] if namespace and name in GLOBAL_SETTINGS else name)
         except Exception:  # absent, or an interpolation omegaconf cannot resolve (a config built outside fairseq)
             value = None
+        if isinstance(value, (DictConfig, ListConfig)):  # plain values: the plan holds no live config node
+            value = OmegaConf.to_container(value, resolve=True)
         out[name] = None if isinstance(value, str) and value.startswith("${") else value
     if not namespace and out["gradinit_train_optimizer"] is None:
         out["gradinit_train_optimizer"] = training_optimizer(source)
