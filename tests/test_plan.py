@@ -97,6 +97,7 @@ def test_the_phase_runs_from_a_plan_made_by_hand(tiny_data, tmp_path):
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
     assert task.gradinit_result is None  # GradInit off in the config: nothing ran yet
+    assert isinstance(task.gradinit_plan, GradInitPlan) and not task.gradinit_plan.enabled  # built with the criterion
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     plan = build_plan(GradInitOptions(
         gradinit_iters=2, gradinit_train_lr=[5e-4], gradinit_train_max_tokens=300, gradinit_seed=3,
@@ -177,3 +178,13 @@ def test_one_loss_function_type():
     from fairseq_gradinit.vision import api
 
     assert report.LossFn is runtime.LossFn and api.LossFn is runtime.LossFn
+
+
+def test_the_plan_holds_the_restore_decision(tmp_path):
+    """Decided where the run starts (the criterion's plan), not when a command line is parsed elsewhere."""
+    settings = dict(gradinit_iters=2, gradinit_train_lr=[5e-4], gradinit_train_max_tokens=100,
+                    gradinit_save_dir=str(tmp_path), gradinit_restore_file="checkpoint_last.pt")
+    assert build_plan(GradInitOptions(**settings), restore=True).restore is None
+    (tmp_path / "checkpoint_last.pt").write_bytes(b"x")
+    assert build_plan(GradInitOptions(**settings), restore=True).restore == str(tmp_path / "checkpoint_last.pt")
+    assert build_plan(GradInitOptions(**settings)).restore is None
