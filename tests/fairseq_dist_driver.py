@@ -19,9 +19,9 @@ def main():
     from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin
 
     record = {}
-    original_run = GradInitTaskMixin.run_gradinit
+    original_run = GradInitTaskMixin.run
 
-    def run_gradinit(self, model, criterion):
+    def run(self, plan, model, criterion):
         losses = []
 
         def counting(model_, sample, *a, **k):
@@ -31,7 +31,7 @@ def main():
 
         criterion.forward = counting
         try:
-            result = original_run(self, model, criterion)
+            result = original_run(self, plan, model, criterion)
         finally:
             del criterion.forward
         record["scales"] = result.scales
@@ -40,7 +40,7 @@ def main():
         record["after_gradinit"] = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return result
 
-    GradInitTaskMixin.run_gradinit = run_gradinit
+    GradInitTaskMixin.run = run
     # Weights after the last update, on every rank (only rank 0 saves checkpoints).
     original_train = train.train
 

@@ -78,19 +78,19 @@ def train_then_resume(argv, save, caplog):
 def test_language_model_gradinit_then_resume(lm_data, tmp_path, caplog, arch, post_ln):
     save = tmp_path / "ck"
     built = {}
-    original = GradInitTaskMixin.run_gradinit
+    original = GradInitTaskMixin.run
 
-    def spy(self, model, criterion):
+    def spy(self, plan, model, criterion):
         built["post_ln"] = not model.decoder.layers[0].normalize_before
         built["task"] = type(self).__name__
-        return original(self, model, criterion)
+        return original(self, plan, model, criterion)
 
-    GradInitTaskMixin.run_gradinit = spy
+    GradInitTaskMixin.run = spy
     try:
         saved = train_then_resume([str(lm_data), "--arch", arch, *TINY_LM, "--save-dir", str(save),
                                    "--gradinit-iters", "2", "--gradinit-monitor-interval", "1"], save, caplog)
     finally:
-        GradInitTaskMixin.run_gradinit = original
+        GradInitTaskMixin.run = original
     assert built == {"post_ln": post_ln, "task": "LanguageModelingTaskWithGradInit"}
     assert saved["fingerprint"]["data"]["tokens_per_sample"] == 32
     assert "decoder.layers.1.fc2.weight" in saved["scales"]

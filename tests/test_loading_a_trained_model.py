@@ -35,13 +35,13 @@ def trained(tiny_data, tmp_path_factory):
 def no_gradinit(monkeypatch, tmp_path, caplog):
     """Runs in an empty working folder; fails the test if GradInit (or an init file) is applied."""
     calls = []
-    real = GradInitTaskMixin.run_gradinit
+    real = GradInitTaskMixin.run
 
     def spy(self, *args, **kwargs):
         calls.append(args)
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(GradInitTaskMixin, "run_gradinit", spy)
+    monkeypatch.setattr(GradInitTaskMixin, "run", spy)
     monkeypatch.chdir(tmp_path)
     caplog.set_level("INFO")
     yield calls

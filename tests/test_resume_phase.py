@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("fairseq")
 
-import fairseq_gradinit.fairseq_plugin.hook as hook  # noqa: E402
+import fairseq_gradinit.fairseq_plugin.phase as phase  # noqa: E402
 from fairseq_helpers import make_tiny_bin  # noqa: E402
 from test_fairseq_plugin import TINY_MODEL, train_inprocess  # noqa: E402
 
@@ -20,7 +20,7 @@ def test_stopped_phase_resumes_where_it_stopped_and_matches_an_uninterrupted_one
     whole = json.loads((tmp_path / "whole" / "gradinit.json").read_text())
     assert not (tmp_path / "whole" / "gradinit.state.pt").exists()
 
-    real = hook.gradinit
+    real = phase.gradinit
     seen = []
 
     def stop_at_5(*args, callback=None, **kwargs):
@@ -31,7 +31,7 @@ def test_stopped_phase_resumes_where_it_stopped_and_matches_an_uninterrupted_one
         return real(*args, callback=cb, **kwargs)
 
     save = tmp_path / "stopped"
-    monkeypatch.setattr(hook, "gradinit", stop_at_5)
+    monkeypatch.setattr(phase, "gradinit", stop_at_5)
     caplog.set_level("INFO")
     with pytest.raises(SystemExit) as exc:
         train_inprocess(common + ["--save-dir", str(save)])
@@ -40,7 +40,7 @@ def test_stopped_phase_resumes_where_it_stopped_and_matches_an_uninterrupted_one
     state = torch.load(save / "gradinit.state.pt", weights_only=True)
     assert len(state["state"]["history"]) == 4 and not (save / "gradinit.json").exists()
 
-    monkeypatch.setattr(hook, "gradinit", real)
+    monkeypatch.setattr(phase, "gradinit", real)
     train_inprocess(common + ["--save-dir", str(save)])
     assert "resuming the GradInit phase" in caplog.text and "after iteration 4" in caplog.text
     resumed = json.loads((save / "gradinit.json").read_text())

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional
+from typing import Any, Callable, Iterable, Iterator, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -62,6 +62,27 @@ def concat_batches(a: Any, b: Any) -> Any:
     return a
 
 
+def tilde_rows(size_s: int, overlap: float) -> Tuple[int, int]:
+    """Where S~ lies in a sequence of examples whose first ``size_s`` are S: ``size_s`` rows that
+    start ``round(overlap * size_s)`` rows before S ends, so that ``|S ∩ S~| = overlap·|S|`` (the
+    one meaning of ``overlap``; rows past the sequence's end are simply missing)."""
+    k = int(round(overlap * size_s))
+    return size_s - k, 2 * size_s - k
+
+
+def split_draw(n: int, overlap: float) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """Rows of S and of S~ in one draw of ``n`` examples: S is the first 1/(2-overlap) of it and
+    S~ (:func:`tilde_rows`) the rest plus the shared part, e.g. thirds for overlap 0.5. A draw of
+    fewer than 2 examples (or one S~ gets nothing of) serves as both."""
+    if n < 2:
+        return (0, n), (0, n)
+    size_s = min(n, max(1, int(round(n / (2.0 - overlap)))))
+    start, stop = tilde_rows(size_s, overlap)
+    if start >= n:
+        return (0, size_s), (0, size_s)
+    return (0, size_s), (start, min(stop, n))
+
+
 def overlapping_pairs(
     batches: Iterable[Any],
     overlap: float = 0.5,
@@ -92,8 +113,8 @@ def overlapping_pairs(
         return
     for nxt in it:
         n = batch_size(prev)
-        k = int(round(overlap * n))
-        m = min(n - k, batch_size(nxt))
+        start, stop = tilde_rows(n, overlap)  # S~ runs on into the next batch
+        k, m = n - start, min(stop - n, batch_size(nxt))
         if k == 0:
             s_tilde = split(nxt, 0, m)
         elif m == 0:

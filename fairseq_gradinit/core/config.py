@@ -11,6 +11,23 @@ import torch
 
 #: The paper's rule of thumb (Sec. 3.3): eta * gamma = 0.1 for Adam, eta * gamma**2 = 0.1 for SGD.
 RULE_OF_THUMB = 0.1
+#: Bounds on the first step's first-order loss decrease (eta*gamma for Adam, eta*gamma^2 for SGD)
+#: that derive gamma when it is not given. The Python API and the vision tools follow the paper's
+#: rule of thumb; the fairseq plugin follows the settings the authors ran on IWSLT (their Adam launch
+#: script: eta 1e-3, gamma 1e3; the paper's SGD setting: eta 0.15, gamma 1), which the rule's 0.1
+#: would shrink tenfold for Adam.
+LOSS_CHANGE_BOUNDS = {
+    "engine": {"adam": RULE_OF_THUMB, "sgd": RULE_OF_THUMB},
+    "fairseq": {"adam": 1.0, "sgd": 0.15},
+}
+
+
+def default_gamma(optimizer: str, eta: float, bound: float) -> float:
+    """The gamma for which the first step's first-order loss decrease is ``bound``: ``bound/eta``
+    for Adam (a step of eta per coordinate), ``sqrt(bound/eta)`` for SGD."""
+    if optimizer == "adam":
+        return bound / eta
+    return math.sqrt(bound / eta)
 
 OPTIMIZERS = ("adam", "sgd")
 SGD_STEPS = ("grad", "normalized")
@@ -311,9 +328,7 @@ class GradInitConfig:
         """gamma, or the rule-of-thumb value when ``gamma`` is None."""
         if self.gamma is not None:
             return float(self.gamma)
-        if self.optimizer == "adam":
-            return RULE_OF_THUMB / self.eta
-        return math.sqrt(RULE_OF_THUMB / self.eta)
+        return default_gamma(self.optimizer, self.eta, LOSS_CHANGE_BOUNDS["engine"][self.optimizer])
 
     def to_dict(self) -> dict:
         d = config_to_dict(self)

@@ -32,15 +32,15 @@ import contextlib
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import torch
 from torch import nn
 
 from .modes import gradinit_mode
+from .runtime import LossFn
 from .scales import apply_scales, shared_parameter_groups
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
 
 MODES = ("train", "eval")
 

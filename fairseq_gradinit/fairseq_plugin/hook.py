@@ -5,89 +5,27 @@ GradInit runs in ``build_criterion``: ``fairseq-train`` calls ``task.build_model
 copies fp32 master weights, so training starts from exactly the GradInit weights. Inference
 entry points build the model with ``from_checkpoint=True`` (and never build the training
 criterion with a fresh model), so they never run it; nor does a run that resumes from a
-checkpoint. Batches come from the task's own training iterator and the loss from the user's
-criterion, so the same code serves translation, language modeling and the other tasks.
+checkpoint. The phase itself is :mod:`.phase`; the run's settings, :class:`~.plan.GradInitPlan`.
 """
-import dataclasses
-import json
 import logging
-import os
-import signal
-import time
 from typing import Optional
 
-import numpy as np
-import torch
-import torch.distributed as dist
-
-from ..core import BatchPair, DevicePrefetcher, apply_scales, gradinit, summarize_scales
-from ..core.health import snapshot_weights
+from ..core import DevicePrefetcher
 from .cfg import cfg_value
 from .compat import takes_keyword
 from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
-from .files import atomic_write_json, remove_stale_temp_files, write_result
-from .groups import transformer_group
-from .health_report import measure_health
-from .init_file import clamped_init_file
-from .phase_state import load_phase_state, save_phase_state, state_path
-from .monitor import monitor_from_cfg
-from .init_file import unscaled_tensors
 from .lock import phase_lock
-from .option_values import (
-    GradInitStop, batch_setting_error, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
-    gradinit_enabled, gradinit_option_error, read_usable_init_file,
-    read_init_file, refuse_bad_values_when_parsed, unsupported_setup_error, check_when_parsed,
-)
-from .preflight import precision_error, training_setup_error, valid_split_error
-from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint, fingerprint_diff, model_arguments
-from .restore import restore_source
+from .monitor import monitor_from_cfg
+from .option_values import GradInitStop, check_when_parsed, gradinit_enabled
+from .phase import GRADINIT_JSON, gradinit_pairs, mean_loss_fn, rank_world, run_locked  # noqa: F401  (re-exported)
+from .plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
+from .preflight import training_setup_error
+from .provenance import fingerprint, model_arguments
 from .resume_checks import resume_error
-from .signals import sigterm_raises_interrupt
-from .tied import (
-    apply_multiplier_scales, effective_use_scales, install_multipliers, install_multipliers_on_load, is_multiplier,
-    multiplier_names, multipliers_as_parameters, uncovered_ties,
-)
-from .training import collate, training_batch_indices, training_dataset
+from .tied import install_multipliers, install_multipliers_on_load, uncovered_ties
 from .wskip import admin_profile_if_requested
 
 logger = logging.getLogger(__name__)
-
-GRADINIT_JSON = "gradinit.json"
-
-
-def mean_loss_fn(criterion):
-    """The loss the optimizer differentiates: fairseq's summed loss divided by the sample size."""
-
-    def loss_fn(model, sample):
-        loss, sample_size, _ = criterion(model, sample)
-        return loss / max(float(sample_size), 1.0)
-
-    return loss_fn
-
-
-def rank_world():
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def saved_result_decision(path: str, current: dict) -> tuple:
-    """('run', None), ('reuse', None) or ('stop', message) for an existing ``gradinit.json``."""
-    if not os.path.exists(path):
-        return ("run", None)
-    advice = (f"GradInit never overwrites it: use another --save-dir, delete {path} to compute it again, or "
-              f"pass --gradinit-init-file {path} to apply its scales")
-    try:
-        saved = read_init_file(path)
-    except ValueError as e:
-        return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). {advice}")
-    diff = fingerprint_diff(saved.get("fingerprint"), current, keys=COMPARED_KEYS)
-    if diff:
-        return ("stop", f"{path} exists and was written by a different run ({'; '.join(diff)}). {advice}")
-    if saved["fingerprint"].get("version") != current.get("version"):
-        logger.info("gradinit: %s was written by fairseq_gradinit %s (this is %s)", path,
-                    saved["fingerprint"].get("version"), current.get("version"))
-    return ("reuse", None)
 
 
 class GradInitTaskMixin:
@@ -116,6 +54,7 @@ class GradInitTaskMixin:
         self._gradinit_model_args = None
         self._gradinit_criterion_cfg = None
         self.gradinit_result = None
+        self.gradinit_plan = None  # the run's GradInitPlan, resolved when the criterion is built
         self.gradinit_monitor = monitor_from_cfg(self.gradinit_cfg)  # --gradinit-monitor-interval; None: off
 
     def train_step(self, sample, model, criterion, optimizer, update_num, *args, **kwargs):
@@ -180,310 +119,46 @@ class GradInitTaskMixin:
         model, self._gradinit_model = self._gradinit_model, None
         if model is None or from_checkpoint:
             return criterion
-        enabled = gradinit_enabled(self.gradinit_cfg)
         self._gradinit_criterion_cfg = cfg
-        # The command line was checked when parsed; this also covers configs built otherwise
-        # (fairseq-hydra-train, Python). Checked before Admin's profiling and GradInit, so that
-        # stopping here costs nothing.
-        error = gradinit_option_error(self.gradinit_cfg)
-        if error is None and enabled:
-            error = unsupported_setup_error(self.gradinit_cfg) or batch_setting_error(self.gradinit_cfg)
-        if error is not None:
-            raise GradInitStop(error)
-        source = restore_source(self.gradinit_cfg)
+        # The run's settings, resolved once. The command line was checked when parsed; this also
+        # covers configs built otherwise (fairseq-hydra-train, Python). Checked before Admin's
+        # profiling and GradInit, so that stopping here costs nothing.
+        plan = self.gradinit_plan = build_plan(self.gradinit_cfg, restore=True)
+        if plan.error is not None:
+            raise GradInitStop(plan.error)
+        source = plan.restore
         error = resume_error(model, source, task=self) if source is not None else None
         if error is not None:
             raise GradInitStop(error)
         if source is None:
             admin_profile_if_requested(model, self)  # transformer_wskip --wskip-init admin; before GradInit
-        if enabled:
+        if plan.enabled:
             if source is not None:
                 logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)", source)
             else:
-                self.run_gradinit(model, criterion)
+                self.run(plan, model, criterion)
         return criterion
 
     # ------------------------------------------------------------------------------------
-    def run_gradinit(self, model, criterion):
-        """Run GradInit (or apply ``--gradinit-init-file``) on ``model`` in place, holding the save
-        dir's lock (:mod:`.lock`) for the whole phase: a second run into the folder stops."""
+    def run(self, plan: GradInitPlan, model, criterion):
+        """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
+        with batches from this task's training data and the loss of ``criterion``, holding the save
+        dir's lock (:mod:`.lock`) for the whole phase: a second run into the folder stops. Returns
+        the :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
+        if plan.error is not None:
+            raise GradInitStop(plan.error)
         rank, world = rank_world()
-        with phase_lock(cfg_value(self.gradinit_cfg, "gradinit_save_dir", "checkpoints"), rank=rank, world=world):
-            return self._run_gradinit_locked(model, criterion)
+        with phase_lock(plan.save_dir, rank=rank, world=world):
+            return run_locked(self, plan, model, criterion)
 
-    def _run_gradinit_locked(self, model, criterion):
-        cfg = self.gradinit_cfg
-        rank, world = rank_world()
-        save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
-        path = os.path.join(save_dir, GRADINIT_JSON)
-        current = self.gradinit_fingerprint(world) if rank == 0 else None
-        if cfg.gradinit_init_file:
-            return self._apply_saved(model, cfg.gradinit_init_file, current, INIT_FILE_KEYS, "--gradinit-init-file")
-
-        # An existing gradinit.json is never overwritten: the same run reuses it, another stops.
-        # Rank 0 decides for all ranks, so they cannot split between computing and reusing.
-        decision = saved_result_decision(path, current) if rank == 0 else None
-        if world > 1:
-            box = [decision]
-            dist.broadcast_object_list(box, src=0)
-            decision = box[0]
-        if decision[0] == "stop":
-            raise GradInitStop(decision[1])
-        if decision[0] == "reuse":
-            logger.info("gradinit: %s exists and its fingerprint matches this run (model, criterion, seed, data, "
-                        "world size, GradInit settings); applying its scales instead of running GradInit", path)
-            return self._apply_saved(model, path, None, (), "reused")
-
-        gcfg = gradinit_config_from_task(cfg)
-        use_cuda = torch.cuda.is_available() and not cfg_value(cfg, "gradinit_cpu", False)
-        device = torch.device("cuda", torch.cuda.current_device()) if use_cuda else torch.device("cpu")
-        orig_device = next(model.parameters()).device
-        orig_dtype = next(model.parameters()).dtype
-        if orig_dtype != torch.float32:
-            raise ValueError(f"GradInit expects the freshly built fp32 model, got {orig_dtype}")
-        max_tokens = gradinit_batch_tokens(cfg)
-        if not max_tokens:
-            raise ValueError("set --gradinit-max-tokens (or --max-tokens) for GradInit's batches")
-        logger.info(
-            "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%g tau=%g, %d tokens per "
-            "iteration (S and S~ share %.0f%%), rank %d/%d", gcfg.iters, device, gcfg.optimizer,
-            gcfg.eta, gcfg.resolved_gamma, gcfg.lr, max_tokens, 100 * gcfg.overlap, rank, world)
-        derived = derived_options(cfg)
-        settings = {k: v for k, v in gcfg.to_dict().items() if k != "param_filter"}
-        logger.info("gradinit: settings (%s derived from the training command): %s",
-                    ", ".join(derived) or "none", json.dumps(settings, default=str))
-
-        if rank == 0:
-            for tmp in remove_stale_temp_files(save_dir, GRADINIT_JSON):
-                logger.info("gradinit: removed %s, left by an interrupted run", tmp)
-        # The health check compares the weights before the scales with those after, on the last pair.
-        initial = snapshot_weights(model) if rank == 0 else None
-        model.to(device)
-        drawn, last = [0], [None]
-
-        def counted(it):
-            for pair in it:
-                drawn[0] += 1
-                last[0] = pair
-                yield pair
-
-        resume, resume_path = self._phase_state(save_dir, current, rank, world)
-        done_before = 0 if resume is None else len(resume["history"])
-        drawn[0] = done_before
-        try:
-            source = self.gradinit_pairs(model, max_tokens, gcfg.overlap, device, rank, world, skip=done_before)
-            pairs = counted(source)
-        except ValueError as e:
-            model.to(orig_device)
-            raise GradInitStop(f"GradInit's batches: {e}") from None
-        error = precision_error(cfg) or valid_split_error(self, model)  # fairseq would refuse them after the phase
-        if error is not None:
-            source.close()
-            model.to(orig_device)
-            raise GradInitStop(error)
-        interval = int(cfg_value(cfg, "gradinit_checkpoint_interval", 0) or 0)
-        saved_at = [done_before]
-
-        def checkpoint(state):
-            saved_at[0] = len(state["history"])
-            if rank == 0:
-                save_phase_state(resume_path, state, current)
-
-        start = time.time()
-        with sigterm_raises_interrupt():
-            try:
-                try:
-                    multipliers = multiplier_names(model)
-                    if multipliers:
-                        gcfg = dataclasses.replace(gcfg, fixed_params=is_multiplier)
-                    with multipliers_as_parameters(model, multipliers):
-                        try:
-                            result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg, state=resume,
-                                              checkpoint=checkpoint if interval else None,
-                                              checkpoint_interval=interval)
-                        except ValueError as e:
-                            if resume is None:
-                                raise
-                            raise GradInitStop(f"{resume_path}: {e}; delete it to start GradInit anew") from None
-                        health = measure_health(model, result.scales, criterion, getattr(last[0], "s", None),
-                                                initial=initial, config=gcfg) if rank == 0 else None
-                        initial = last[0] = None  # free the copy before training
-                except FloatingPointError as e:  # non-finite losses: the model is left as built
-                    raise GradInitStop(f"{e} {path} was not written and training did not start.") from None
-                finally:
-                    source.close()
-                    model.to(orig_device)
-                    if use_cuda:
-                        torch.cuda.empty_cache()
-                self.gradinit_result = result
-                summary = self._log_summary(result.scales)
-                if rank == 0:
-                    out = result.to_dict()
-                    out.update(summary=summary, uses=effective_use_scales(model, result.scales),
-                               max_tokens=max_tokens, derived=derived, device=str(device),
-                               wall_time=time.time() - start, fingerprint=current, health=health)
-                    lost = write_result(path, out)
-                    if lost:  # disk full, permissions: say where the result is instead of a traceback
-                        raise GradInitStop(lost)
-                    logger.info("gradinit: wrote %s", path)
-                    if os.path.exists(resume_path):
-                        os.unlink(resume_path)
-            except KeyboardInterrupt as e:
-                signum = getattr(e, "signum", signal.SIGINT)
-                done = "the GradInit result" if self.gradinit_result is not None else \
-                    f"iteration {drawn[0]} of {gcfg.iters}"
-                again = (f"Run the same command again to resume GradInit after iteration {saved_at[0]} (saved in "
-                         f"{resume_path})." if saved_at[0] else
-                         "Run the same command again to start GradInit from the beginning.")
-                logger.error("gradinit: stopped by %s during %s; %s was not written and training did not start. %s",
-                             signal.Signals(signum).name, done, path, again)
-                raise SystemExit(128 + signum) from None
-        return result
-
-    def _phase_state(self, save_dir: str, current: Optional[dict], rank: int, world: int):
-        """(the saved phase state to resume or None, its path); rank 0 reads it for all ranks."""
-        path = state_path(save_dir)
-        box = [None]
-        if rank == 0:
-            try:
-                box = [("ok", load_phase_state(path, current, lambda a, b: fingerprint_diff(a, b, keys=COMPARED_KEYS)))]
-            except ValueError as e:
-                box = [("stop", str(e))]
-        if world > 1:
-            dist.broadcast_object_list(box, src=0)
-        kind, value = box[0]
-        if kind == "stop":
-            raise GradInitStop(value)
-        if value is not None:
-            logger.info("gradinit: resuming the GradInit phase from %s after iteration %d", path, len(value["history"]))
-        return value, path
-
-    def gradinit_fingerprint(self, world_size: int) -> dict:
+    def gradinit_fingerprint(self, world_size: int, plan: Optional[GradInitPlan] = None) -> dict:
         """:func:`~.provenance.fingerprint` of this run (model arguments as given on the command line)."""
+        plan = plan if plan is not None else build_plan(self.gradinit_cfg)
         return fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None, criterion_cfg=self._gradinit_criterion_cfg,
-                           seed=cfg_value(self.gradinit_cfg, "gradinit_seed"), world_size=world_size,
-                           model_args=self._gradinit_model_args)
-
-    def _apply_saved(self, model, path: str, current: Optional[dict], keys, source: str):
-        """Apply the scales saved at ``path`` after checking they name this model's tensors."""
-        try:
-            saved = read_usable_init_file(path) if source == "--gradinit-init-file" else read_init_file(path)
-        except ValueError as e:
-            raise GradInitStop(str(e)) from None
-        scales = saved["scales"]
-        multipliers = [n for n in scales if is_multiplier(n)]
-        if multipliers and not multiplier_names(model):
-            raise GradInitStop(f"{source} {path}: it holds per-use scales of tied embeddings ({', '.join(multipliers)}); "
-                               "pass --gradinit-tied-embeddings per-use to apply it")
-        names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-        known = set(names) | set(multiplier_names(model))
-        missing = [n for n in scales if n not in known]
-        if missing:
-            raise GradInitStop(
-                f"{source} {path}: {len(missing)} of its {len(scales)} scales name tensors this model does not "
-                f"have, e.g. {missing[:5]} (the model has e.g. {names[:3]}); it was computed for another "
-                "architecture")
-        unscaled = unscaled_tensors(model, scales, saved.get("config"))
-        if unscaled:
-            raise GradInitStop(
-                f"{source} {path}: no scale for {len(unscaled)} of this model's tensors, e.g. {unscaled[:5]}: they "
-                "would start unscaled while the others are scaled (was the file edited?); recompute it, or restore "
-                "the missing scales")
-        if current is not None and keys:
-            diff = fingerprint_diff(saved.get("fingerprint"), current, keys=keys)
-            if diff:
-                logger.warning(
-                    "gradinit: WARNING: %s %s was computed for a different model, seed or data than this run (%s). "
-                    "Its scales fit the initial weights of that run; applying them anyway.", source, path,
-                    "; ".join(diff))
-        clamp = cfg_value(self.gradinit_cfg, "gradinit_init_clamp") if source == "--gradinit-init-file" else None
-        record = self._clamp_saved(model, path, saved, clamp) if clamp else None
-        if record is not None:
-            scales = record["scales"]
-        apply_scales(model, apply_multiplier_scales(model, scales))
-        logger.info("gradinit: applied %d scales from %s%s", len(scales), path, " (clamped)" if clamp else "")
-        health = measure_health(model, scales, None, None, initial=None, config=saved.get("config"))
-        if record is not None:
-            record["health"] = health
-            self._write_clamped(record)
-        self._log_summary(scales)
-        return None
-
-    def _clamp_saved(self, model, path: str, saved: dict, clamp: str) -> dict:
-        """The init file as a record of its own with the scales clamped by ``--gradinit-init-clamp``
-        (logged); :meth:`_write_clamped` stores it in ``--save-dir``'s gradinit.json (never
-        overwritten: an existing one is left as it is)."""
-        try:
-            record = clamped_init_file(model, path, saved, clamp)
-        except ValueError as e:
-            raise GradInitStop(str(e)) from None
-        changed = record["clamped_from"]["changed"]
-        logger.info("gradinit: --gradinit-init-clamp changed %d of %d scales%s", len(changed), len(record["scales"]),
-                    "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
-        return record
-
-    def _write_clamped(self, record: dict) -> None:
-        rank, _ = rank_world()
-        out = os.path.join(cfg_value(self.gradinit_cfg, "gradinit_save_dir", "checkpoints"), GRADINIT_JSON)
-        if rank == 0:
-            if os.path.exists(out):
-                logger.info("gradinit: %s exists; the clamped scales are not written there", out)
-            else:
-                atomic_write_json(out, record)
-                logger.info("gradinit: wrote the clamped scales to %s", out)
-
-    def _log_summary(self, scales):
-        summary = summarize_scales(scales, transformer_group)
-        logger.info("gradinit: scales by group (count min/mean/max)")
-        for group, s in summary.items():
-            logger.info("gradinit:   %-32s %3d  %.4f / %.4f / %.4f", group, s["count"], s["min"], s["mean"], s["max"])
-        return summary
+                           seed=plan.gradinit_seed, world_size=world_size, model_args=self._gradinit_model_args,
+                           plan=plan)
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
-                       world: int = 1, skip: int = 0) -> DevicePrefetcher:
-        """Endless (S, S~) pairs on ``device`` from this rank's shard of the training data.
-
-        Each pair is one batch of the task's own training iterator with ``max_tokens`` tokens (and
-        the run's ``--batch-size``; over-long samples skipped as fairseq-train skips them); its
-        samples are shuffled and split so S and S~ each hold 1/(2-overlap) of it and share
-        ``overlap`` of S (thirds for overlap 0.5, as the authors' fairseq code does). Each half is
-        collated by the dataset, so every field of the sample (``net_input``, ``target``,
-        ``ntokens``, ``nsentences``, ...) describes exactly its samples, whatever the task. Pairs are
-        collated on the host ahead of the iteration that uses them (:class:`DevicePrefetcher`; close
-        it when done) and, on CUDA, copied from pinned memory without waiting for the GPU. The first
-        ``skip`` pairs are passed over without collating them (a resumed phase).
-        """
-        cfg = self.gradinit_cfg
-        dataset = training_dataset(self, cfg_value(cfg, "gradinit_train_subset") or cfg_value(cfg, "train_subset"))
-        seed = int(cfg_value(cfg, "gradinit_seed", 1) or 1)
-        batches = training_batch_indices(self, model, dataset, max_tokens=max_tokens,
-                                         batch_size=cfg_value(cfg, "gradinit_train_batch_size"), seed=seed)
-        if len(batches) < world:
-            raise ValueError(f"the training set has {len(batches)} batches of {max_tokens} tokens, fewer than "
-                             f"there are ranks ({world}): each rank needs its own; lower --gradinit-max-tokens")
-
-        skipped = [0]
-
-        def gen():
-            epoch = 0
-            while True:
-                epoch += 1
-                rng = np.random.RandomState((seed + 7919 * epoch) % (2 ** 32))
-                shard = [batches[i] for i in rng.permutation(len(batches))][rank::world]
-                for idx in shard:
-                    idx = idx[rng.permutation(len(idx))]
-                    if skipped[0] < skip:
-                        skipped[0] += 1
-                        continue
-                    n = len(idx)
-                    if n < 2:
-                        s_idx = st_idx = idx
-                    else:
-                        n_s = min(n, max(1, int(round(n / (2.0 - overlap)))))
-                        k = int(round(overlap * n_s))
-                        s_idx, st_idx = idx[:n_s], idx[n_s - k:n_s - k + n_s]
-                        if len(st_idx) == 0:
-                            st_idx = s_idx
-                    yield BatchPair(collate(dataset, s_idx, "cpu"), collate(dataset, st_idx, "cpu"))
-
-        return DevicePrefetcher(gen(), device)
+                       world: int = 1, skip: int = 0, plan: Optional[GradInitPlan] = None) -> DevicePrefetcher:
+        """:func:`~.phase.gradinit_pairs` of this task: endless (S, S~) pairs on ``device``."""
+        return gradinit_pairs(self, model, max_tokens, overlap, device, rank, world, skip=skip, plan=plan)

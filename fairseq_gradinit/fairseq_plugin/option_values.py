@@ -1,11 +1,10 @@
 """The ``--gradinit-*`` options as a core :class:`GradInitConfig`, and their errors worded as argparse
 words its own ('argument --flag: ...'), checked when the command line is parsed."""
-import math
 import re
 from typing import Optional
 
 from ..core import GradInitConfig
-from ..core.config import is_positive
+from ..core.config import default_gamma, is_positive
 from ..core.options import parse_scale_bounds, values_from
 from .cfg import cfg_value
 from .init_file import (  # noqa: F401  (read_init_file: re-exported)
@@ -13,13 +12,16 @@ from .init_file import (  # noqa: F401  (read_init_file: re-exported)
 )
 from .monitor import monitor_option_error
 from .options import ENGINE_OPTIONS, ETA_PER_LR, LOSS_CHANGE_BOUND, GradInitOptions
-from .wskip import wskip_argument_error
 
 
-def gradinit_config_from_task(cfg) -> GradInitConfig:
+def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig:
     """Translate the task's ``--gradinit-*`` options into a core :class:`GradInitConfig`, deriving
-    what the plugin derives from the training command (see :data:`~.options.FAIRSEQ_DEFAULTS`)."""
+    what the plugin derives from the training command (see :data:`~.options.FAIRSEQ_DEFAULTS`).
+    ``lr_matters=False``: an eta not given is the engine's default instead of one derived from ``--lr``
+    (to check the other options where GradInit does not compute)."""
     values = values_from(cfg, ENGINE_OPTIONS, prefix="gradinit_")
+    if values["eta"] is None and not lr_matters:
+        values["eta"] = GradInitConfig.eta
     if values["optimizer"] is None:
         values["optimizer"] = "sgd" if training_optimizer(cfg) in ("sgd", "nag") else "adam"
     opt = str(values["optimizer"])
@@ -30,8 +32,7 @@ def gradinit_config_from_task(cfg) -> GradInitConfig:
         lr = float(lr[0] if isinstance(lr, (list, tuple)) or hasattr(lr, "__getitem__") else lr)
         values["eta"] = ETA_PER_LR[opt] * lr
     if values["gamma"] is None and is_positive(values["eta"]):
-        bound = LOSS_CHANGE_BOUND[opt]
-        values["gamma"] = bound / values["eta"] if opt == "adam" else math.sqrt(bound / values["eta"])
+        values["gamma"] = default_gamma(opt, values["eta"], LOSS_CHANGE_BOUND[opt])
     return GradInitConfig(**values)
 
 
@@ -82,18 +83,6 @@ class GradInitStop(SystemExit):
         super().__init__(f"gradinit: error: {message}")
 
 
-class _View:
-    """``base`` with some attributes replaced (a parsed namespace seen as the task config)."""
-
-    def __init__(self, base, **overrides):
-        self._base, self._overrides = base, overrides
-
-    def __getattr__(self, key):
-        if key in self._overrides:
-            return self._overrides[key]
-        return getattr(self._base, key)
-
-
 _CONFIG_ERROR = re.compile(r"^GradInitConfig\.(\w+)=(.*?) is invalid: (.*)$", re.S)
 
 
@@ -121,7 +110,7 @@ def _as_argument_error(message: str, eta_from_lr: bool) -> str:
 def gradinit_option_error(cfg) -> Optional[str]:
     """The first invalid ``--gradinit-*`` value of ``cfg`` as 'argument --flag: ...', or None.
 
-    ``cfg`` is the task config (or a parsed namespace seen as one). The ranges are those of
+    ``cfg`` is the task config (or a :class:`~.plan.GradInitPlan`). The ranges are those of
     :class:`GradInitConfig`; ``--lr`` is checked as GradInit's eta only when GradInit computes
     (``--gradinit-iters`` > 0).
     """
@@ -139,14 +128,13 @@ def gradinit_option_error(cfg) -> Optional[str]:
         return (f"argument --gradinit-checkpoint-interval: invalid value {interval!r}: expected an integer >= 0 "
                 "(0 = never)")
     eta_from_lr = cfg.gradinit_eta is None
-    # --lr matters only when GradInit computes (an init file or GradInit off never uses eta).
-    view = cfg if iters > 0 or not eta_from_lr else _View(cfg, gradinit_eta=GradInitConfig.eta)
     clamp = getattr(cfg, "gradinit_init_clamp", None)
     if clamp and not cfg.gradinit_init_file:
         return ("argument --gradinit-init-clamp: clamps the scales of --gradinit-init-file, and none is given: add "
                 "--gradinit-init-file PATH, or bound scales that GradInit computes with --gradinit-scale-bounds")
     try:
-        gradinit_config_from_task(view)
+        # --lr matters only when GradInit computes (an init file or GradInit off never uses eta).
+        gradinit_config_from_task(cfg, lr_matters=iters > 0)
         if cfg.gradinit_init_file:
             read_usable_init_file(cfg.gradinit_init_file)
         if clamp:
@@ -172,26 +160,6 @@ def unsupported_setup_error(cfg) -> Optional[str]:
                 "each rank. Train data parallel (drop --pipeline-model-parallel), or drop "
                 "--gradinit-iters/--gradinit-init-file")
     return None
-
-
-def namespace_error(ns) -> Optional[str]:
-    """:func:`gradinit_option_error` and :func:`unsupported_setup_error` of a parsed
-    ``fairseq-train`` namespace (what the parser refuses)."""
-    if not hasattr(ns, "gradinit_iters"):
-        return None
-    wskip_error = wskip_argument_error(ns)
-    if wskip_error:
-        return wskip_error
-    view = _View(ns, gradinit_train_lr=getattr(ns, "lr", None), gradinit_train_optimizer=getattr(ns, "optimizer", None),
-                 gradinit_train_max_tokens=getattr(ns, "max_tokens", None),
-                 gradinit_train_batch_size=getattr(ns, "batch_size", None),
-                 gradinit_ddp_backend=getattr(ns, "ddp_backend", None),
-                 gradinit_model_parallel_size=getattr(ns, "model_parallel_size", 1),
-                 gradinit_pipeline_model_parallel=getattr(ns, "pipeline_model_parallel", False))
-    error = gradinit_option_error(view)
-    if error is None and gradinit_enabled(view):
-        error = unsupported_setup_error(view) or batch_setting_error(view)
-    return error
 
 
 def batch_setting_error(cfg) -> Optional[str]:
@@ -229,11 +197,3 @@ def check_when_parsed(parser, check) -> None:
         parser.parse_known_args = checked
     if check not in checks:
         checks.append(check)
-
-
-def refuse_bad_values_when_parsed(parser) -> None:
-    """Make ``parser`` refuse bad ``--gradinit-*`` values the way it refuses its own (the ranges
-    depend on each other and on --lr, so they are checked after the parse)."""
-    check_when_parsed(parser, namespace_error)
-
-

@@ -6,21 +6,20 @@ defaults in :data:`FAIRSEQ_DEFAULTS`. Declared here are only the options that ex
 alone (batches in tokens, init files) and the global settings the task reads.
 """
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from ..core.config import option
+from ..core.config import LOSS_CHANGE_BOUNDS, option
 from ..core.options import Default, OptionSpec, options_of
 
 #: The authors' IWSLT setting of the per-group bounds: biases may reach 0, LayerNorm weights capped at 100.
 AUTHORS_SCALE_BOUNDS = (("bias", 0, None), ("norm", None, 100))
-#: Bound on the first step's first-order loss decrease that derives gamma when it is not given:
-#: eta*gamma for Adam (the authors' IWSLT launch script: eta 1e-3, gamma 1e3), eta*gamma^2 for SGD
-#: (the paper's IWSLT SGD setting: eta 0.15, gamma 1).
-LOSS_CHANGE_BOUND = {"adam": 1.0, "sgd": 0.15}
+#: The plugin's bound on the first step's loss decrease that derives gamma (declared with the engine's).
+LOSS_CHANGE_BOUND = LOSS_CHANGE_BOUNDS["fairseq"]
 #: eta / --lr when --gradinit-eta is not given: the authors' launch script optimizes Adam's first
 #: step for eta 1e-3 at lr 5e-4; the paper's SGD runs use eta = lr.
 ETA_PER_LR = {"adam": 2.0, "sgd": 1.0}
@@ -114,6 +113,20 @@ class PluginOptions(FairseqDataclass):
     gradinit_ddp_backend: Any = II("distributed_training.ddp_backend")
     gradinit_pipeline_model_parallel: Any = II("distributed_training.pipeline_model_parallel")
     gradinit_model_parallel_size: Any = II("common.model_parallel_size")
+
+
+def _namespace_attribute(interpolation: str) -> str:
+    """The ``fairseq-train`` namespace attribute of a global setting: the last name of its config
+    path (``${optimization.lr}``: ``lr``), or the group of a ``_name`` (``optimizer._name``: ``optimizer``)."""
+    path = re.sub(r"^\$\{(oc\.select:)?", "", interpolation).split(",")[0].rstrip("}").split(".")
+    return path[-2] if path[-1] == "_name" else path[-1]
+
+
+#: The global settings the plugin reads: ``gradinit_*`` field -> the attribute of a parsed
+#: ``fairseq-train`` namespace that holds it (read off the interpolations above, so that a task
+#: config and a namespace give one plan, :mod:`.plan`).
+GLOBAL_SETTINGS = {f.name: _namespace_attribute(f.default) for f in dataclasses.fields(PluginOptions)
+                   if isinstance(f.default, str) and f.default.startswith("${")}
 
 
 def options_dataclass(specs=ENGINE_OPTIONS, name: str = "GradInitOptions"):

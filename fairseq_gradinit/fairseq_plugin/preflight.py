@@ -78,13 +78,13 @@ def training_setup_error(ns) -> Optional[str]:
     return None
 
 
-def valid_split_error(task, model) -> Optional[str]:
+def valid_split_error(task, model, cfg=None) -> Optional[str]:
     """fairseq's refusal of a validation sample longer than the model and task allow (e.g. a long
     document with ``--sample-break-mode complete_doc``), which fairseq-train meets at its first
     validation, after the GradInit phase (and a validation split it cannot load). The splits are
     loaded here as fairseq-train loads them next. None with ``--skip-invalid-size-inputs-valid-test``
-    or ``--disable-validation``."""
-    cfg = task.gradinit_cfg
+    or ``--disable-validation`` (read from ``cfg``: the run's plan, or the task's config)."""
+    cfg = cfg if cfg is not None else task.gradinit_cfg
     if True in (cfg_value(cfg, "gradinit_skip_invalid_valid", False), cfg_value(cfg, "gradinit_disable_validation",
                                                                                 False)):
         return None

@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ..version import __version__
 from .cfg import cfg_value
 from ..core.options import result_options
-from .option_values import gradinit_batch_tokens, gradinit_config_from_task
 from .options import plugin_result_options
+from .plan import GradInitPlan, build_plan
 
 #: Fingerprint keys that must agree for a saved result to be reused as if computed now.
 COMPARED_KEYS = ("model", "criterion", "seed", "data", "world_size", "gradinit")
@@ -77,11 +77,12 @@ def fingerprint_from_args(argv: Sequence[str]) -> Dict[str, Any]:
 
 
 def fingerprint(*, task_cfg, model_cfg, criterion_cfg, seed, world_size,
-                model_args: Optional[Mapping] = None) -> Dict[str, Any]:
+                model_args: Optional[Mapping] = None, plan: Optional[GradInitPlan] = None) -> Dict[str, Any]:
     """The fingerprint from its parts (what the task calls with its own config nodes).
 
     ``model_args``: :func:`model_arguments` taken earlier, in place of ``model_cfg`` (fairseq
-    fills in derived model arguments while it builds the model).
+    fills in derived model arguments while it builds the model). ``plan``: the run's resolved
+    GradInit settings (default: resolved from ``task_cfg``).
     """
     return {
         "version": __version__,
@@ -90,7 +91,7 @@ def fingerprint(*, task_cfg, model_cfg, criterion_cfg, seed, world_size,
         "seed": int(seed) if seed is not None else None,
         "world_size": int(world_size),
         "data": data_fingerprint(task_cfg),
-        "gradinit": gradinit_settings(task_cfg),
+        "gradinit": gradinit_settings(plan if plan is not None else task_cfg),
     }
 
 
@@ -179,20 +180,23 @@ def _added_later_at_default(path: str, value: Any) -> bool:
     return field is not None and field.default is not dataclasses.MISSING and _plain(field.default) == value
 
 
-def gradinit_settings(task_cfg) -> Dict[str, Any]:
+def gradinit_settings(plan) -> Dict[str, Any]:
     """What of the ``--gradinit-*`` options changes the result, resolved (``eta`` from ``--lr``,
     ``optimizer`` from ``--optimizer``, ``gamma`` from eta, tokens per iteration from
     ``--max-tokens``), so that a default and the same value given explicitly agree. Which options
-    change the result is declared with them (``result`` of :func:`~fairseq_gradinit.core.config.option`)."""
-    try:
-        config = gradinit_config_from_task(task_cfg).to_dict()
+    change the result is declared with them (``result`` of :func:`~fairseq_gradinit.core.config.option`).
+    ``plan``: a :class:`~.plan.GradInitPlan`, or a task config to build it from."""
+    if not isinstance(plan, GradInitPlan):
+        plan = build_plan(plan)
+    if plan.config is not None:
+        config = plan.config.to_dict()
         resolved = {k: config[k] for k in result_options()}
         resolved["resolved_gamma"] = config["resolved_gamma"]
-    except ValueError as e:  # e.g. GradInit off and --lr 0: nothing to resolve
-        resolved = {"invalid": str(e)}
-    plugin = {name: _plain(cfg_value(task_cfg, name)) for name in plugin_result_options()
+    else:  # e.g. GradInit off and --lr 0: nothing to resolve
+        resolved = {"invalid": plan.config_error}
+    plugin = {name: _plain(cfg_value(plan, name)) for name in plugin_result_options()
               if name != "gradinit_max_tokens"}
-    return {"resolved": _plain(resolved), "plugin": plugin, "max_tokens": _plain(gradinit_batch_tokens(task_cfg))}
+    return {"resolved": _plain(resolved), "plugin": plugin, "max_tokens": _plain(plan.max_tokens)}
 
 
 # -- helpers ------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The ``translation_gradinit`` task, and GradInit for every fairseq task at plugin load.
 
 The pieces live in their own modules: the option fields (:mod:`.options`), their translation
-into a ``GradInitConfig`` and argument errors (:mod:`.option_values`), the checkpoint-restore rule
+into a ``GradInitConfig`` and argument errors (:mod:`.option_values`), a run's settings resolved
+once (:mod:`.plan`), the checkpoint-restore rule
 (:mod:`.restore`), the task hook (:mod:`.hook`) and the registry replacement (:mod:`.registry`).
 The names below stay importable from here.
 """
@@ -13,18 +14,19 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from .hook import GRADINIT_JSON, GradInitTaskMixin, mean_loss_fn
 from .option_values import (
-    GradInitStop, gradinit_config_from_task, gradinit_option_error, namespace_error, parse_scale_bounds,
-    read_init_file, unsupported_setup_error,
+    GradInitStop, gradinit_config_from_task, gradinit_option_error, parse_scale_bounds, read_init_file,
+    unsupported_setup_error,
 )
 from .options import GradInitOptions
+from .plan import GradInitPlan, build_plan, namespace_error
 from .registry import serve_all_tasks
 from .restore import restore_source, will_restore_checkpoint
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "GRADINIT_JSON", "GradInitOptions", "GradInitStop", "GradInitTaskMixin", "TranslationGradInitConfig",
-    "TranslationGradInitTask", "gradinit_config_from_task", "gradinit_option_error", "mean_loss_fn",
+    "GRADINIT_JSON", "GradInitOptions", "GradInitPlan", "GradInitStop", "GradInitTaskMixin", "TranslationGradInitConfig",
+    "TranslationGradInitTask", "build_plan", "gradinit_config_from_task", "gradinit_option_error", "mean_loss_fn",
     "namespace_error", "parse_scale_bounds", "read_init_file", "restore_source", "unsupported_setup_error",
     "will_restore_checkpoint",
 ]

@@ -62,12 +62,17 @@ WSKIP_INITS = ("ones", "admin", "admin-closed-form")
 ADMIN_JSON = "wskip_admin.json"
 
 
-def _require_post_ln(normalize_before: bool, side: str) -> None:
-    if normalize_before:
-        raise ValueError(
-            f"transformer_wskip is Admin's w_skip variant of the Post-LN Transformer; "
-            f"--{side}-normalize-before (Pre-LN) is not supported: drop the flag, or use a "
-            f"transformer_* architecture for Pre-LN")
+def pre_ln_refusal(args) -> Optional[tuple]:
+    """(flag, why) when ``args`` (a parsed namespace or the model's arguments) asks for a Pre-LN
+    side, which w_skip does not define; None for Post-LN. The one refusal of Pre-LN: the parser
+    reports it (:func:`wskip_argument_error`), and :meth:`WSkipTransformerModel.build_model` raises
+    it for models configured otherwise."""
+    for side in ("encoder", "decoder"):
+        if getattr(args, f"{side}_normalize_before", False):
+            flag = f"--{side}-normalize-before"
+            return flag, (f"transformer_wskip is Admin's w_skip variant of the Post-LN Transformer ({flag}, Pre-LN, "
+                          "is not supported); drop the flag, or use a transformer_* architecture for Pre-LN")
+    return None
 
 
 def nonnegative_int(text: str) -> int:
@@ -93,11 +98,10 @@ def wskip_argument_error(ns) -> Optional[str]:
     if seed is not None and getattr(ns, "wskip_init", "ones") != "admin":
         return (f"argument --wskip-profile-seed: not allowed with --wskip-init {getattr(ns, 'wskip_init', 'ones')}: "
                 "it picks the model that Admin's profiling runs on; add --wskip-init admin or drop it")
-    for side in ("encoder", "decoder"):
-        if getattr(ns, f"{side}_normalize_before", False) is True:
-            return (f"argument --{side}-normalize-before: not allowed with --arch {arch}: transformer_wskip is "
-                    "Admin's w_skip variant of the Post-LN Transformer (Pre-LN is not supported); drop the flag, "
-                    "or use a transformer_* architecture for Pre-LN")
+    refusal = pre_ln_refusal(ns)
+    if refusal is not None:
+        flag, why = refusal
+        return f"argument {flag}: not allowed with --arch {arch}: {why}"
     return None
 
 
@@ -131,7 +135,6 @@ class WSkipEncoderLayer(_OmegaResidual, TransformerEncoderLayerBase):
 
     def __init__(self, cfg, return_fc=False):
         super().__init__(cfg, return_fc=return_fc)
-        _require_post_ln(self.normalize_before, "encoder")
         self._add_omegas(("omega_self_attn", "omega_ffn"), self.embed_dim)
 
     def forward(self, x, encoder_padding_mask, attn_mask=None):
@@ -145,7 +148,6 @@ class WSkipDecoderLayer(_OmegaResidual, TransformerDecoderLayerBase):
     def __init__(self, cfg, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
         super().__init__(cfg, no_encoder_attn=no_encoder_attn, add_bias_kv=add_bias_kv,
                          add_zero_attn=add_zero_attn)
-        _require_post_ln(self.normalize_before, "decoder")
         names = ("omega_self_attn", "omega_ffn") if self.encoder_attn is None else \
             ("omega_self_attn", "omega_encoder_attn", "omega_ffn")
         self._add_omegas(names, self.embed_dim)
@@ -215,8 +217,9 @@ class WSkipTransformerModel(TransformerModel):
 
     @classmethod
     def build_model(cls, args, task):
-        _require_post_ln(getattr(args, "encoder_normalize_before", False), "encoder")
-        _require_post_ln(getattr(args, "decoder_normalize_before", False), "decoder")
+        refusal = pre_ln_refusal(args)  # the layers are built only here, from these arguments
+        if refusal is not None:
+            raise ValueError(refusal[1])
         init = getattr(args, "wskip_init", None) or "ones"
         if init not in WSKIP_INITS:
             raise ValueError(f"--wskip-init {init!r} is not one of {', '.join(WSKIP_INITS)}")

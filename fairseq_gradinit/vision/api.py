@@ -16,13 +16,13 @@ from torch import nn
 
 from ..core import GradInitConfig, GradInitResult, MetaInitConfig, MetaInitResult, unwrap_model
 from ..core.options import Default, options_of
+from ..core.runtime import LossFn
 from ..core import gradinit as core_gradinit
 from ..core import metainit as core_metainit
 from ..core.health import scale_health, snapshot_weights
 
 logger = logging.getLogger(__name__)
 
-LossFn = Callable[[nn.Module, Any], torch.Tensor]
 Device = Union[str, torch.device, None]
 
 

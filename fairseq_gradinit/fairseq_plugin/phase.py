@@ -1,0 +1,382 @@
+"""The GradInit phase of a fairseq run: what :meth:`~.hook.GradInitTaskMixin.run` does with a
+:class:`~.plan.GradInitPlan`, a freshly built fp32 model and the user's criterion.
+
+Batches come from the task's own training iterator and the loss from the criterion, so the same
+code serves translation, language modeling and the other tasks. An existing ``gradinit.json`` is
+never overwritten, the phase's state is checkpointed into the save dir and resumed, and a stop
+(SIGINT/SIGTERM) says what was kept.
+"""
+import dataclasses
+import json
+import logging
+import os
+import signal
+import time
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..core import BatchPair, DevicePrefetcher, apply_scales, gradinit, summarize_scales
+from ..core.batching import split_draw
+from ..core.health import snapshot_weights
+from .cfg import cfg_value
+from .files import atomic_write_json, remove_stale_temp_files, write_result
+from .groups import transformer_group
+from .health_report import measure_health
+from .init_file import clamped_init_file, unscaled_tensors
+from .option_values import GradInitStop, read_init_file, read_usable_init_file
+from .phase_state import load_phase_state, save_phase_state, state_path
+from .plan import GradInitPlan, build_plan
+from .preflight import precision_error, valid_split_error
+from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint_diff
+from .signals import sigterm_raises_interrupt
+from .tied import (
+    apply_multiplier_scales, effective_use_scales, is_multiplier, multiplier_names, multipliers_as_parameters,
+)
+from .training import collate, training_batch_indices, training_dataset
+
+logger = logging.getLogger("fairseq_gradinit.fairseq_plugin.hook")  # one logger for the task's GradInit lines
+
+GRADINIT_JSON = "gradinit.json"
+
+
+def mean_loss_fn(criterion):
+    """The loss the optimizer differentiates: fairseq's summed loss divided by the sample size."""
+
+    def loss_fn(model, sample):
+        loss, sample_size, _ = criterion(model, sample)
+        return loss / max(float(sample_size), 1.0)
+
+    return loss_fn
+
+
+def rank_world():
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def saved_result_decision(path: str, current: dict) -> tuple:
+    """('run', None), ('reuse', None) or ('stop', message) for an existing ``gradinit.json``."""
+    if not os.path.exists(path):
+        return ("run", None)
+    advice = (f"GradInit never overwrites it: use another --save-dir, delete {path} to compute it again, or "
+              f"pass --gradinit-init-file {path} to apply its scales")
+    try:
+        saved = read_init_file(path)
+    except ValueError as e:
+        return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). {advice}")
+    diff = fingerprint_diff(saved.get("fingerprint"), current, keys=COMPARED_KEYS)
+    if diff:
+        return ("stop", f"{path} exists and was written by a different run ({'; '.join(diff)}). {advice}")
+    if saved["fingerprint"].get("version") != current.get("version"):
+        logger.info("gradinit: %s was written by fairseq_gradinit %s (this is %s)", path,
+                    saved["fingerprint"].get("version"), current.get("version"))
+    return ("reuse", None)
+
+
+def run_locked(task, plan: GradInitPlan, model, criterion):
+    """The phase, the save dir's lock held: apply the init file, reuse this run's ``gradinit.json``
+    or compute the scales (:func:`compute`)."""
+    rank, world = rank_world()
+    save_dir = plan.save_dir
+    path = os.path.join(save_dir, GRADINIT_JSON)
+    current = task.gradinit_fingerprint(world, plan) if rank == 0 else None
+    if plan.init_file:
+        return apply_saved(plan, model, plan.init_file, current, INIT_FILE_KEYS, "--gradinit-init-file")
+
+    # An existing gradinit.json is never overwritten: the same run reuses it, another stops.
+    # Rank 0 decides for all ranks, so they cannot split between computing and reusing.
+    decision = saved_result_decision(path, current) if rank == 0 else None
+    if world > 1:
+        box = [decision]
+        dist.broadcast_object_list(box, src=0)
+        decision = box[0]
+    if decision[0] == "stop":
+        raise GradInitStop(decision[1])
+    if decision[0] == "reuse":
+        logger.info("gradinit: %s exists and its fingerprint matches this run (model, criterion, seed, data, "
+                    "world size, GradInit settings); applying its scales instead of running GradInit", path)
+        return apply_saved(plan, model, path, None, (), "reused")
+    return compute(task, plan, model, criterion, current=current, path=path)
+
+
+def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
+    gcfg = plan.config
+    logger.info(
+        "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%g tau=%g, %d tokens per "
+        "iteration (S and S~ share %.0f%%), rank %d/%d", gcfg.iters, device, gcfg.optimizer,
+        gcfg.eta, gcfg.resolved_gamma, gcfg.lr, plan.max_tokens, 100 * gcfg.overlap, rank, world)
+    settings = {k: v for k, v in gcfg.to_dict().items() if k != "param_filter"}
+    logger.info("gradinit: settings (%s derived from the training command): %s",
+                ", ".join(plan.derived) or "none", json.dumps(settings, default=str))
+
+
+def _write(path: str, out: dict, resume_path: str) -> None:
+    lost = write_result(path, out)
+    if lost:  # disk full, permissions: say where the result is instead of a traceback
+        raise GradInitStop(lost)
+    logger.info("gradinit: wrote %s", path)
+    if os.path.exists(resume_path):
+        os.unlink(resume_path)
+
+
+def _stopped(e: KeyboardInterrupt, done: str, path: str, resume_path: str, saved_at: int) -> SystemExit:
+    """Log what a SIGINT/SIGTERM during the phase left, and the exit to raise (128 + signal)."""
+    signum = getattr(e, "signum", signal.SIGINT)
+    again = (f"Run the same command again to resume GradInit after iteration {saved_at} (saved in "
+             f"{resume_path})." if saved_at else "Run the same command again to start GradInit from the beginning.")
+    logger.error("gradinit: stopped by %s during %s; %s was not written and training did not start. %s",
+                 signal.Signals(signum).name, done, path, again)
+    return SystemExit(128 + signum)
+
+
+def _scales(model, pairs, criterion, gcfg, *, resume, resume_path: str, checkpoint, interval: int, last: list,
+            initial, measure: bool) -> tuple:
+    """(GradInit's result, the health of its scales or None unless ``measure``), with per-use
+    multipliers of tied embeddings scaled as parameters that training does not update."""
+    multipliers = multiplier_names(model)
+    if multipliers:
+        gcfg = dataclasses.replace(gcfg, fixed_params=is_multiplier)
+    with multipliers_as_parameters(model, multipliers):
+        try:
+            result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg, state=resume, checkpoint=checkpoint,
+                              checkpoint_interval=interval)
+        except ValueError as e:
+            if resume is None:
+                raise
+            raise GradInitStop(f"{resume_path}: {e}; delete it to start GradInit anew") from None
+        health = measure_health(model, result.scales, criterion, getattr(last[0], "s", None),
+                                initial=initial, config=gcfg) if measure else None
+        last[0] = None
+    return result, health
+
+
+def _computable(plan: GradInitPlan, model):
+    """The plan's GradInitConfig, after checking that it can compute on ``model``."""
+    if plan.config is None:  # a plan built by hand: build_plan sets its error
+        raise GradInitStop(plan.config_error)
+    dtype = next(model.parameters()).dtype
+    if dtype != torch.float32:
+        raise ValueError(f"GradInit expects the freshly built fp32 model, got {dtype}")
+    if not plan.max_tokens:
+        raise ValueError("set --gradinit-max-tokens (or --max-tokens) for GradInit's batches")
+    return plan.config
+
+
+def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dict], path: str):
+    """Compute the scales on this rank's batches, apply them, write ``path`` (rank 0) and return
+    the :class:`~fairseq_gradinit.core.GradInitResult`."""
+    rank, world = rank_world()
+    save_dir, gcfg, max_tokens = plan.save_dir, _computable(plan, model), plan.max_tokens
+    device = plan.device()
+    use_cuda = device.type == "cuda"
+    orig_device = next(model.parameters()).device
+    _log_plan(plan, device, rank, world)
+
+    if rank == 0:
+        for tmp in remove_stale_temp_files(save_dir, GRADINIT_JSON):
+            logger.info("gradinit: removed %s, left by an interrupted run", tmp)
+    # The health check compares the weights before the scales with those after, on the last pair.
+    initial = snapshot_weights(model) if rank == 0 else None
+    model.to(device)
+    drawn, last = [0], [None]
+
+    def counted(it):
+        for pair in it:
+            drawn[0] += 1
+            last[0] = pair
+            yield pair
+
+    resume, resume_path = _phase_state(save_dir, current, rank, world)
+    done_before = 0 if resume is None else len(resume["history"])
+    drawn[0] = done_before
+    try:
+        source = gradinit_pairs(task, model, max_tokens, gcfg.overlap, device, rank, world, skip=done_before,
+                                plan=plan)
+        pairs = counted(source)
+    except ValueError as e:
+        model.to(orig_device)
+        raise GradInitStop(f"GradInit's batches: {e}") from None
+    # fairseq would refuse them after the phase
+    error = precision_error(plan) or valid_split_error(task, model, plan)
+    if error is not None:
+        source.close()
+        model.to(orig_device)
+        raise GradInitStop(error)
+    interval = plan.checkpoint_interval
+    saved_at = [done_before]
+
+    def checkpoint(state):
+        saved_at[0] = len(state["history"])
+        if rank == 0:
+            save_phase_state(resume_path, state, current)
+
+    start = time.time()
+    with sigterm_raises_interrupt():
+        try:
+            try:
+                result, health = _scales(model, pairs, criterion, gcfg, resume=resume, resume_path=resume_path,
+                                         checkpoint=checkpoint if interval else None, interval=interval,
+                                         last=last, initial=initial, measure=rank == 0)
+                initial = None  # free the copy before training
+            except FloatingPointError as e:  # non-finite losses: the model is left as built
+                raise GradInitStop(f"{e} {path} was not written and training did not start.") from None
+            finally:
+                source.close()
+                model.to(orig_device)
+                if use_cuda:
+                    torch.cuda.empty_cache()
+            task.gradinit_result = result
+            summary = log_summary(result.scales)
+            if rank == 0:
+                out = result.to_dict()
+                out.update(summary=summary, uses=effective_use_scales(model, result.scales),
+                           max_tokens=max_tokens, derived=list(plan.derived), device=str(device),
+                           wall_time=time.time() - start, fingerprint=current, health=health)
+                _write(path, out, resume_path)
+        except KeyboardInterrupt as e:
+            done = "the GradInit result" if task.gradinit_result is not None else \
+                f"iteration {drawn[0]} of {gcfg.iters}"
+            raise _stopped(e, done, path, resume_path, saved_at[0]) from None
+    return result
+
+
+def _phase_state(save_dir: str, current: Optional[dict], rank: int, world: int):
+    """(the saved phase state to resume or None, its path); rank 0 reads it for all ranks."""
+    path = state_path(save_dir)
+    box = [None]
+    if rank == 0:
+        try:
+            box = [("ok", load_phase_state(path, current, lambda a, b: fingerprint_diff(a, b, keys=COMPARED_KEYS)))]
+        except ValueError as e:
+            box = [("stop", str(e))]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    kind, value = box[0]
+    if kind == "stop":
+        raise GradInitStop(value)
+    if value is not None:
+        logger.info("gradinit: resuming the GradInit phase from %s after iteration %d", path, len(value["history"]))
+    return value, path
+
+def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], keys, source: str):
+    """Apply the scales saved at ``path`` after checking they name this model's tensors."""
+    try:
+        saved = read_usable_init_file(path) if source == "--gradinit-init-file" else read_init_file(path)
+    except ValueError as e:
+        raise GradInitStop(str(e)) from None
+    scales = saved["scales"]
+    multipliers = [n for n in scales if is_multiplier(n)]
+    if multipliers and not multiplier_names(model):
+        raise GradInitStop(f"{source} {path}: it holds per-use scales of tied embeddings ({', '.join(multipliers)}); "
+                           "pass --gradinit-tied-embeddings per-use to apply it")
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    known = set(names) | set(multiplier_names(model))
+    missing = [n for n in scales if n not in known]
+    if missing:
+        raise GradInitStop(
+            f"{source} {path}: {len(missing)} of its {len(scales)} scales name tensors this model does not "
+            f"have, e.g. {missing[:5]} (the model has e.g. {names[:3]}); it was computed for another "
+            "architecture")
+    unscaled = unscaled_tensors(model, scales, saved.get("config"))
+    if unscaled:
+        raise GradInitStop(
+            f"{source} {path}: no scale for {len(unscaled)} of this model's tensors, e.g. {unscaled[:5]}: they "
+            "would start unscaled while the others are scaled (was the file edited?); recompute it, or restore "
+            "the missing scales")
+    if current is not None and keys:
+        diff = fingerprint_diff(saved.get("fingerprint"), current, keys=keys)
+        if diff:
+            logger.warning(
+                "gradinit: WARNING: %s %s was computed for a different model, seed or data than this run (%s). "
+                "Its scales fit the initial weights of that run; applying them anyway.", source, path,
+                "; ".join(diff))
+    clamp = plan.init_clamp if source == "--gradinit-init-file" else None
+    record = _clamp_saved(model, path, saved, clamp) if clamp else None
+    if record is not None:
+        scales = record["scales"]
+    apply_scales(model, apply_multiplier_scales(model, scales))
+    logger.info("gradinit: applied %d scales from %s%s", len(scales), path, " (clamped)" if clamp else "")
+    health = measure_health(model, scales, None, None, initial=None, config=saved.get("config"))
+    if record is not None:
+        record["health"] = health
+        _write_clamped(plan, record)
+    log_summary(scales)
+    return None
+
+def _clamp_saved(model, path: str, saved: dict, clamp: str) -> dict:
+    """The init file as a record of its own with the scales clamped by ``--gradinit-init-clamp``
+    (logged); :meth:`_write_clamped` stores it in ``--save-dir``'s gradinit.json (never
+    overwritten: an existing one is left as it is)."""
+    try:
+        record = clamped_init_file(model, path, saved, clamp)
+    except ValueError as e:
+        raise GradInitStop(str(e)) from None
+    changed = record["clamped_from"]["changed"]
+    logger.info("gradinit: --gradinit-init-clamp changed %d of %d scales%s", len(changed), len(record["scales"]),
+                "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
+    return record
+
+def _write_clamped(plan: GradInitPlan, record: dict) -> None:
+    rank, _ = rank_world()
+    out = os.path.join(plan.save_dir, GRADINIT_JSON)
+    if rank == 0:
+        if os.path.exists(out):
+            logger.info("gradinit: %s exists; the clamped scales are not written there", out)
+        else:
+            atomic_write_json(out, record)
+            logger.info("gradinit: wrote the clamped scales to %s", out)
+
+def log_summary(scales):
+    summary = summarize_scales(scales, transformer_group)
+    logger.info("gradinit: scales by group (count min/mean/max)")
+    for group, s in summary.items():
+        logger.info("gradinit:   %-32s %3d  %.4f / %.4f / %.4f", group, s["count"], s["min"], s["mean"], s["max"])
+    return summary
+
+
+def gradinit_pairs(task, model, max_tokens: int, overlap: float, device, rank: int = 0,
+                   world: int = 1, skip: int = 0, plan: Optional[GradInitPlan] = None) -> DevicePrefetcher:
+    """Endless (S, S~) pairs on ``device`` from this rank's shard of ``task``'s training data.
+
+    Each pair is one batch of the task's own training iterator with ``max_tokens`` tokens (and
+    the run's ``--batch-size``; over-long samples skipped as fairseq-train skips them); its
+    samples are shuffled and split so S and S~ each hold 1/(2-overlap) of it and share
+    ``overlap`` of S (thirds for overlap 0.5, as the authors' fairseq code does). Each half is
+    collated by the dataset, so every field of the sample (``net_input``, ``target``,
+    ``ntokens``, ``nsentences``, ...) describes exactly its samples, whatever the task. Pairs are
+    collated on the host ahead of the iteration that uses them (:class:`DevicePrefetcher`; close
+    it when done) and, on CUDA, copied from pinned memory without waiting for the GPU. The first
+    ``skip`` pairs are passed over without collating them (a resumed phase). ``plan``: the run's
+    settings (default: resolved from this task's config).
+    """
+    plan = plan if plan is not None else build_plan(task.gradinit_cfg)
+    dataset = training_dataset(task, plan.train_subset or cfg_value(task.gradinit_cfg, "train_subset"))
+    seed = plan.seed
+    batches = training_batch_indices(task, model, dataset, max_tokens=max_tokens,
+                                     batch_size=plan.train_batch_size, seed=seed)
+    if len(batches) < world:
+        raise ValueError(f"the training set has {len(batches)} batches of {max_tokens} tokens, fewer than "
+                         f"there are ranks ({world}): each rank needs its own; lower --gradinit-max-tokens")
+
+    skipped = [0]
+
+    def gen():
+        epoch = 0
+        while True:
+            epoch += 1
+            rng = np.random.RandomState((seed + 7919 * epoch) % (2 ** 32))
+            shard = [batches[i] for i in rng.permutation(len(batches))][rank::world]
+            for idx in shard:
+                idx = idx[rng.permutation(len(idx))]
+                if skipped[0] < skip:
+                    skipped[0] += 1
+                    continue
+                (a, b), (c, d) = split_draw(len(idx), overlap)
+                s_idx, st_idx = idx[a:b], idx[c:d]
+                yield BatchPair(collate(dataset, s_idx, "cpu"), collate(dataset, st_idx, "cpu"))
+
+    return DevicePrefetcher(gen(), device)

@@ -1,0 +1,154 @@
+"""A run's GradInit settings, resolved once: :class:`GradInitPlan`.
+
+Every ``--gradinit-*`` option and every global setting the plugin reads (``--lr``, ``--max-tokens``,
+``--save-dir``, ``--seed``, ...) is resolved here, from the task config of ``fairseq-train`` (whose
+``${...}`` interpolations carry the globals, :class:`~.options.PluginOptions`) or from a parsed
+``fairseq-train`` namespace (whose attributes :data:`~.options.GLOBAL_SETTINGS` names, read off the
+same interpolations). Both go through :func:`build_plan`; the check when the command line is parsed,
+the task's checks before the phase, the fingerprint and the phase all read the plan.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import types
+from typing import Any, Mapping, Optional, Tuple
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from ..core import GradInitConfig
+from .option_values import (
+    batch_setting_error, check_when_parsed, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
+    gradinit_enabled, gradinit_option_error, training_optimizer, unsupported_setup_error,
+)
+from .options import GLOBAL_SETTINGS, GradInitOptions
+from .restore import restore_source
+from .wskip import wskip_argument_error
+
+#: Every field the plugin reads from a task config: the options and the global settings.
+SETTING_NAMES = tuple(f.name for f in dataclasses.fields(GradInitOptions) if f.name.startswith("gradinit_"))
+
+
+@dataclasses.dataclass(frozen=True)
+class GradInitPlan:
+    """What one run of the plugin does, resolved once.
+
+    ``settings`` holds every ``gradinit_*`` field (fairseq's globals included, unresolvable ones as
+    None) and is read like the task config: ``plan.gradinit_iters``. ``config`` is the resolved
+    engine configuration (eta from ``--lr``, gamma from eta, ...), None when it does not resolve;
+    ``error`` the first setting the run refuses, worded as argparse words its errors, or None.
+    """
+
+    settings: Mapping[str, Any]
+    config: Optional[GradInitConfig]
+    #: Why ``config`` is None (e.g. GradInit off and ``--lr 0``: nothing to resolve).
+    config_error: Optional[str]
+    #: Tokens drawn per GradInit iteration (None: neither ``--gradinit-max-tokens`` nor ``--max-tokens``).
+    max_tokens: Optional[int]
+    #: The options derived from the training command because they were not given.
+    derived: Tuple[str, ...]
+    error: Optional[str]
+    #: The checkpoint ``fairseq-train`` will restore (GradInit then does not run), when decided.
+    restore: Optional[str] = None
+
+    def __getattr__(self, name: str):
+        if name.startswith("gradinit_") and name in SETTING_NAMES:
+            return self.__dict__["settings"][name]
+        raise AttributeError(name)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether GradInit runs or applies saved scales (``--gradinit-iters`` > 0 or an init file)."""
+        return gradinit_enabled(self)
+
+    @property
+    def init_file(self) -> Optional[str]:
+        return self.settings["gradinit_init_file"] or None
+
+    @property
+    def init_clamp(self) -> Optional[str]:
+        return self.settings["gradinit_init_clamp"] or None
+
+    @property
+    def save_dir(self) -> str:
+        return self.settings["gradinit_save_dir"] or "checkpoints"
+
+    @property
+    def seed(self) -> int:
+        return int(self.settings["gradinit_seed"] or 1)
+
+    @property
+    def tied_embeddings(self) -> str:
+        return str(self.settings["gradinit_tied_embeddings"] or "shared")
+
+    @property
+    def checkpoint_interval(self) -> int:
+        return int(self.settings["gradinit_checkpoint_interval"] or 0)
+
+    @property
+    def train_subset(self) -> Optional[str]:
+        return self.settings["gradinit_train_subset"]
+
+    @property
+    def train_batch_size(self) -> Optional[int]:
+        return self.settings["gradinit_train_batch_size"]
+
+    def device(self):
+        """Where the phase runs: this machine's current GPU unless there is none or ``--cpu``."""
+        import torch
+
+        if torch.cuda.is_available() and not self.settings["gradinit_cpu"]:
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+
+def plugin_settings(source) -> Mapping[str, Any]:
+    """Every ``gradinit_*`` field of a task config, or of a parsed ``fairseq-train`` namespace (its
+    global settings from the attributes :data:`~.options.GLOBAL_SETTINGS` names), read-only."""
+    namespace = isinstance(source, argparse.Namespace)
+    out = {}
+    for name in SETTING_NAMES:
+        try:
+            value = getattr(source, GLOBAL_SETTINGS[name] if namespace and name in GLOBAL_SETTINGS else name)
+        except Exception:  # absent, or an interpolation omegaconf cannot resolve (a config built outside fairseq)
+            value = None
+        if isinstance(value, (DictConfig, ListConfig)):  # plain values: the plan holds no live config node
+            value = OmegaConf.to_container(value, resolve=True)
+        out[name] = None if isinstance(value, str) and value.startswith("${") else value
+    if not namespace and out["gradinit_train_optimizer"] is None:
+        out["gradinit_train_optimizer"] = training_optimizer(source)
+    return types.MappingProxyType(out)
+
+
+def build_plan(source, *, restore: bool = False) -> GradInitPlan:
+    """The plan of the run a task config or a parsed namespace describes (never raises for bad
+    settings: ``plan.error`` says what is wrong). ``restore``: also decide which checkpoint
+    ``fairseq-train`` will restore (on the machine that runs it; fairseq's own refusals of
+    ``--finetune-from-model`` combinations raise ``ValueError`` here)."""
+    view = types.SimpleNamespace(**plugin_settings(source))
+    try:
+        config, config_error = gradinit_config_from_task(view), None
+    except ValueError as e:
+        config, config_error = None, str(e)
+    error = gradinit_option_error(view)
+    if error is None and gradinit_enabled(view):
+        error = unsupported_setup_error(view) or batch_setting_error(view)
+    plan = GradInitPlan(settings=types.MappingProxyType(vars(view)), config=config, config_error=config_error,
+                        max_tokens=gradinit_batch_tokens(view), derived=tuple(derived_options(view)), error=error)
+    if restore:
+        plan = dataclasses.replace(plan, restore=restore_source(plan))
+    return plan
+
+
+def namespace_error(ns) -> Optional[str]:
+    """What the parser refuses in a parsed ``fairseq-train`` namespace: the ``--gradinit-*``
+    options and the settings GradInit cannot run with (:attr:`GradInitPlan.error`), or None."""
+    if not hasattr(ns, "gradinit_iters"):
+        return None
+    return wskip_argument_error(ns) or build_plan(ns).error
+
+
+def refuse_bad_values_when_parsed(parser) -> None:
+    """Make ``parser`` refuse bad ``--gradinit-*`` values the way it refuses its own (the ranges
+    depend on each other and on --lr, so they are checked after the parse)."""
+    check_when_parsed(parser, namespace_error)
