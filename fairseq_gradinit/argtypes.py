@@ -1,10 +1,12 @@
 """argparse types for the numbers of our command-line tools: a bad value is argparse's own one-line
-error ('argument --flag: invalid value ...: expected ...', exit status 2) before anything runs."""
+error ('argument --flag: invalid value ...: expected ...', exit status 2) before anything runs. Also
+:func:`parse_betas`, fairseq's ``--adam-betas`` format, read by the RAdam optimizer and the plugin's checks."""
 from __future__ import annotations
 
 import argparse
+import ast
 import math
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
@@ -44,3 +46,19 @@ def float_in(low: float, high: Optional[float] = None, *, low_open: bool = False
 
 
 positive_int = int_at_least(1)
+
+
+def parse_betas(value: Any) -> tuple:
+    """``"(0.9, 0.98)"`` or a sequence -> a pair of floats; a ValueError says what is expected."""
+    if isinstance(value, str):
+        try:
+            value = ast.literal_eval(value)  # fairseq's own format for --adam-betas
+        except (ValueError, SyntaxError) as e:
+            raise ValueError(f"--adam-betas {value!r}: expected a pair like '(0.9, 0.98)'") from e
+    try:
+        betas = tuple(float(b) for b in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"--adam-betas {value!r}: expected a pair like '(0.9, 0.98)'") from None
+    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
+        raise ValueError(f"--adam-betas {value!r}: expected two numbers in [0, 1), like '(0.9, 0.98)'")
+    return betas

@@ -255,7 +255,7 @@ def test_tasks_registered_later_are_served():
 def test_admin_profiling_on_a_tiny_batch_warns(mt_data, tmp_path, caplog):
     from fairseq import tasks, utils
 
-    from fairseq_gradinit.fairseq_plugin.wskip import admin_profile_if_requested
+    from fairseq_gradinit.fairseq_plugin.models.wskip import admin_profile_if_requested
 
     argv = [str(mt_data), "--task", "translation",
             *["transformer_wskip_iwslt_de_en" if a == "transformer_iwslt_de_en" else a for a in TINY_MT],

@@ -17,7 +17,7 @@ from fairseq.distributed import utils as distributed_utils  # noqa: E402
 import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (registers the task)
 from fairseq_gradinit.core import apply_scales  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.cfg import cfg_value  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.groups import transformer_group  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.analysis.groups import transformer_group  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.task import (  # noqa: E402
     TranslationGradInitConfig,
     TranslationGradInitTask,

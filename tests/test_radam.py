@@ -8,7 +8,8 @@ from omegaconf import OmegaConf
 
 from test_fairseq_plugin import tiny_data  # noqa: F401  (fixture)
 
-from fairseq_gradinit.fairseq_plugin.radam import FairseqRAdam, FairseqRAdamConfig, parse_betas
+from fairseq_gradinit.argtypes import parse_betas
+from fairseq_gradinit.fairseq_plugin.optim.radam import FairseqRAdam, FairseqRAdamConfig
 
 
 def _cfg(**kw):

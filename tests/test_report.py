@@ -188,7 +188,7 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
     assert check["step_params"] == saved["config"]["step_params"] == "all"
     assert check["rel_diff_grad_norm"] == pytest.approx(abs(check["grad_norm_all_tensors"] - rec) / rec)
     assert abs(check["grad_norm_scaled_tensors"] - rec) / rec > 1e-3
-    from fairseq_gradinit.fairseq_plugin import report as rep
+    from fairseq_gradinit.fairseq_plugin.analysis import report as rep
 
     wrong = {**saved, "config": {**saved["config"], "step_params": "scaled"}}
     other = rep.check_first_iteration(rep.build_training_model([str(data), *TINY]), wrong)
@@ -235,7 +235,7 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
 
 def test_transformer_place():
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.fairseq_plugin.groups import TensorPlace, transformer_place
+    from fairseq_gradinit.fairseq_plugin.analysis.groups import TensorPlace, transformer_place
 
     assert transformer_place("decoder.layers.3.encoder_attn.v_proj.weight") == TensorPlace("decoder", 3, "encoder_attn.v", "weight")
     assert transformer_place("encoder.layers.0.fc1.bias") == TensorPlace("encoder", 0, "fc1", "bias")

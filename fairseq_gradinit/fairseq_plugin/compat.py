@@ -7,17 +7,15 @@ import types
 
 import torch
 
+from ..checkpoints import load_trusted_checkpoint
+
 logger = logging.getLogger(__name__)
 
 
 class _TorchWithPickleLoad(types.ModuleType):
-    """``torch`` as seen by fairseq's checkpoint code: ``torch.load`` defaults to weights_only=False.
-
-    fairseq checkpoints pickle an ``argparse.Namespace``/omegaconf config, which torch >= 2.6
-    refuses with its default ``weights_only=True``. Upstream fairseq later passed
-    ``weights_only=False`` explicitly; we do the same for fairseq's own modules only, leaving
-    ``torch.load`` unchanged for everybody else.
-    """
+    """``torch`` as seen by fairseq's checkpoint code: ``torch.load`` is
+    :func:`~fairseq_gradinit.checkpoints.load_trusted_checkpoint` (weights_only=False by default), for
+    fairseq's own modules only, leaving ``torch.load`` unchanged for everybody else."""
 
     def __init__(self):
         super().__init__("torch")
@@ -25,10 +23,7 @@ class _TorchWithPickleLoad(types.ModuleType):
     def __getattr__(self, name):
         return getattr(torch, name)
 
-    @staticmethod
-    def load(*args, **kwargs):
-        kwargs.setdefault("weights_only", False)
-        return torch.load(*args, **kwargs)
+    load = staticmethod(load_trusted_checkpoint)
 
 
 def patch_fairseq_checkpoint_loading() -> None:

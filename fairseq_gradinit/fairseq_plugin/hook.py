@@ -23,7 +23,6 @@ from .preflight import training_setup_error
 from .provenance import fingerprint, model_arguments
 from .resume_checks import resume_error
 from .tied import install_multipliers, install_multipliers_on_load, uncovered_ties
-from .wskip import admin_profile_if_requested
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +130,10 @@ class GradInitTaskMixin:
         if error is not None:
             raise GradInitStop(error)
         if source is None:
-            admin_profile_if_requested(model, self)  # transformer_wskip --wskip-init admin; before GradInit
+            # A model's own preparation before GradInit (transformer_wskip: Admin's profiling).
+            prepare = getattr(model, "before_first_update", None)
+            if callable(prepare):
+                prepare(self)
         if plan.enabled:
             if source is not None:
                 logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)", source)

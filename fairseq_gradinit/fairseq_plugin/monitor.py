@@ -30,7 +30,7 @@ from torch.nn.modules.batchnorm import _NormBase
 from ..core.norm_stats import norm_input_stats
 from ..version import __version__
 from .cfg import cfg_value
-from .groups import transformer_place
+from .analysis.groups import transformer_place
 
 logger = logging.getLogger(__name__)
 

@@ -197,3 +197,16 @@ def check_when_parsed(parser, check) -> None:
         parser.parse_known_args = checked
     if check not in checks:
         checks.append(check)
+
+
+#: Checks registered with :func:`check_every_parse`, in the order they were registered.
+PARSE_CHECKS: list = []
+
+
+def check_every_parse(check) -> None:
+    """Make every ``fairseq-train`` parser of a task the plugin serves refuse what
+    ``check(namespace) -> message or None`` finds (see :func:`check_when_parsed`), before the
+    ``--gradinit-*`` checks. For the models and optimizers the plugin registers: fairseq hands their
+    ``add_args`` an argument group, not the parser. Registering the same check twice has no effect."""
+    if check not in PARSE_CHECKS:
+        PARSE_CHECKS.append(check)

@@ -23,8 +23,8 @@ from ..core.batching import split_draw
 from ..core.health import snapshot_weights
 from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files, write_result
-from .groups import transformer_group
-from .health_report import measure_health
+from .analysis.groups import transformer_group
+from .analysis.health_report import measure_health
 from .init_file import clamped_init_file, unscaled_tensors
 from .option_values import GradInitStop, read_init_file, read_usable_init_file
 from .phase_state import load_phase_state, save_phase_state, state_path

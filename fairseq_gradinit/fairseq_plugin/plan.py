@@ -18,12 +18,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..core import GradInitConfig
 from .option_values import (
-    batch_setting_error, check_when_parsed, derived_options, gradinit_batch_tokens, gradinit_config_from_task,
-    gradinit_enabled, gradinit_option_error, training_optimizer, unsupported_setup_error,
+    PARSE_CHECKS, batch_setting_error, check_when_parsed, derived_options, gradinit_batch_tokens,
+    gradinit_config_from_task, gradinit_enabled, gradinit_option_error, training_optimizer, unsupported_setup_error,
 )
 from .options import GLOBAL_SETTINGS, GradInitOptions
 from .restore import restore_source
-from .wskip import wskip_argument_error
 
 #: Every field the plugin reads from a task config: the options and the global settings.
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(GradInitOptions) if f.name.startswith("gradinit_"))
@@ -145,10 +144,13 @@ def namespace_error(ns) -> Optional[str]:
     options and the settings GradInit cannot run with (:attr:`GradInitPlan.error`), or None."""
     if not hasattr(ns, "gradinit_iters"):
         return None
-    return wskip_argument_error(ns) or build_plan(ns).error
+    return build_plan(ns).error
 
 
 def refuse_bad_values_when_parsed(parser) -> None:
     """Make ``parser`` refuse bad ``--gradinit-*`` values the way it refuses its own (the ranges
-    depend on each other and on --lr, so they are checked after the parse)."""
+    depend on each other and on --lr, so they are checked after the parse), after the checks the
+    plugin's models and optimizers registered (:func:`~.option_values.check_every_parse`)."""
+    for check in PARSE_CHECKS:
+        check_when_parsed(parser, check)
     check_when_parsed(parser, namespace_error)

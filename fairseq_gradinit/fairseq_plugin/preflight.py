@@ -12,9 +12,9 @@ import glob
 import os
 from typing import Optional
 
+from ..argtypes import parse_betas
 from .cfg import cfg_value
 from .files import unwritable_folder_reason
-from .radam import parse_betas
 
 #: Optimizers whose --adam-betas/--adam-eps fairseq or torch check only when the optimizer is built.
 ADAM_LIKE = ("adam", "radam")

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from ..argtypes import positive_int
+from ..checkpoints import load_trusted_checkpoint, trusted_loading_env
 
 #: The installed package, fairseq's ``--user-dir`` for this plugin.
 GRADINIT_USER_DIR = Path(__file__).resolve().parents[1]
@@ -307,10 +308,8 @@ PLUGIN_ARCHS = ("transformer_wskip", "transformer_lm_postln")
 def plugin_need(path: Path) -> Optional[str]:
     """What in the checkpoint ``path`` only loads with the fairseq_gradinit plugin (its task, its
     per-use multipliers, one of its architectures), or None. The tensors are memory-mapped, not read."""
-    import torch
-
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        state = load_trusted_checkpoint(path, map_location="cpu", mmap=True)
     except Exception:  # an old format, or a pickle fairseq cannot read: fairseq-generate will say
         return None
     def get(obj, key):  # fairseq saves its config as a dict (or an omegaconf/argparse object)
@@ -396,10 +395,8 @@ def generate_env() -> Dict[str, str]:
     so the subprocess gets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` unless the caller set either
     torch variable already.
     """
-    env = dict(os.environ)
+    env = trusted_loading_env(os.environ)
     env["PYTHONUNBUFFERED"] = "1"  # hypotheses arrive per batch, so the decode rate is measured as it goes
-    if "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in env:
-        env.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     return env
 
 

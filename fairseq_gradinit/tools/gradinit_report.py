@@ -71,7 +71,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.batches < 2:
         logger.error("--batches must be at least 2 (a standard deviation needs two minibatches)")
         return 1
-    from fairseq_gradinit.fairseq_plugin import report as rep
+    from fairseq_gradinit.fairseq_plugin.analysis import report as rep
 
     try:
         result = rep.run_report(train_argv, args.gradinit_json, num_batches=args.batches, mode=args.mode,

@@ -52,9 +52,10 @@ from fairseq.models.transformer.transformer_encoder import TransformerEncoderBas
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
-from ..core.admin import AdminProfile, closed_form_omega
-from .files import atomic_write_json
-from .training import training_dataset, training_iterator
+from ...core.admin import AdminProfile, closed_form_omega
+from ..files import atomic_write_json
+from ..option_values import check_every_parse
+from ..training import training_dataset, training_iterator
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ def wskip_argument_error(ns) -> Optional[str]:
         flag, why = refusal
         return f"argument {flag}: not allowed with --arch {arch}: {why}"
     return None
+
+
+check_every_parse(wskip_argument_error)
 
 
 class _OmegaResidual:
@@ -248,6 +252,11 @@ class WSkipTransformerModel(TransformerModel):
         cfg = TransformerConfig.from_namespace(args)
         return WSkipTransformerDecoder(cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention)
 
+    def before_first_update(self, task) -> None:
+        """Called by the plugin's task on a freshly built training model, before GradInit and the
+        first update: Admin's profiling with ``--wskip-init admin`` (:func:`admin_profile_if_requested`)."""
+        admin_profile_if_requested(self, task)
+
     def load_state_dict(self, *args, **kwargs):
         self.admin_pending = False
         return super().load_state_dict(*args, **kwargs)
@@ -258,7 +267,7 @@ class WSkipTransformerModel(TransformerModel):
                 "transformer_wskip with --wskip-init admin: omega has not been profiled yet. Train with "
                 "--user-dir fairseq_gradinit and --task translation_gradinit (or translation), which runs "
                 "the profile before the first update, or call "
-                "fairseq_gradinit.fairseq_plugin.wskip.admin_profile(model, sample) yourself")
+                "fairseq_gradinit.fairseq_plugin.models.wskip.admin_profile(model, sample) yourself")
         return super().forward(*args, **kwargs)
 
 

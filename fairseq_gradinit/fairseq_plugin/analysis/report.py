@@ -23,15 +23,16 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 import torch
 
-from ..core import apply_scales
-from ..core.health import scale_health, snapshot_weights, swapped_weights
-from ..core.modes import gradinit_mode
-from ..core.report import ReportConfig, init_report, unique_trainable
+from ...core import apply_scales
+from ...core.health import scale_health, snapshot_weights, swapped_weights
+from ...core.modes import gradinit_mode
+from ...core.report import ReportConfig, init_report, unique_trainable
 from .groups import transformer_place
 from .health_report import batch_size, log_health
-from .tied import apply_multiplier_scales
-from .hook import GradInitTaskMixin, mean_loss_fn
-from .training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
+from ..tied import apply_multiplier_scales
+from ..hook import GradInitTaskMixin
+from ..phase import mean_loss_fn
+from ..training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
 logger = logging.getLogger(__name__)
 

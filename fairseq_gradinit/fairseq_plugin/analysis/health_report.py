@@ -12,7 +12,7 @@ from typing import Any, Mapping, Optional
 
 import torch
 
-from ..core.health import ScaleHealth, scale_health, scale_verdict
+from ...core.health import ScaleHealth, scale_health, scale_verdict
 
 logger = logging.getLogger(__name__)
 

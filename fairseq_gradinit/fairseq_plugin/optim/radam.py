@@ -6,7 +6,6 @@ which makes no update while the rectification term is undefined (rho_t <= 4), to
 unrectified momentum step in those first updates; this wrapper keeps torch's behaviour.
 """
 
-import ast
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, List
@@ -15,6 +14,8 @@ import torch
 from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II
+
+from ...argtypes import parse_betas
 
 
 @dataclass
@@ -26,22 +27,6 @@ class FairseqRAdamConfig(FairseqDataclass):
         default=False, metadata={"help": "decay the weights directly (AdamW-style) instead of an L2 term in the gradient"}
     )
     lr: List[float] = II("optimization.lr")
-
-
-def parse_betas(value: Any) -> tuple:
-    """``"(0.9, 0.98)"`` or a sequence -> a pair of floats; a ValueError says what is expected."""
-    if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value)  # fairseq's own format for --adam-betas
-        except (ValueError, SyntaxError) as e:
-            raise ValueError(f"--adam-betas {value!r}: expected a pair like '(0.9, 0.98)'") from e
-    try:
-        betas = tuple(float(b) for b in value)
-    except (TypeError, ValueError):
-        raise ValueError(f"--adam-betas {value!r}: expected a pair like '(0.9, 0.98)'") from None
-    if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"--adam-betas {value!r}: expected two numbers in [0, 1), like '(0.9, 0.98)'")
-    return betas
 
 
 @register_optimizer("radam", dataclass=FairseqRAdamConfig)
