@@ -182,3 +182,16 @@ def test_a_fingerprint_from_before_an_engine_setting_existed_matches_its_default
     # a setting the newer run lacks is a difference, as is an unknown one
     assert fingerprint_diff(current, old, keys=("gradinit",))
     assert fingerprint_diff(old, {"gradinit": {"resolved": {"eta": 1e-3, "new_thing": None}}}, keys=("gradinit",))
+
+
+def test_study_cache_keys_ignore_later_settings_at_their_default():
+    from fairseq_gradinit.study.plan import group_key
+
+    base = {"model": {"arch": "x"}, "seed": 1, "gradinit": {"resolved": {"eta": 1e-3}}}
+    with_defaults = {**base, "gradinit": {"resolved": {"eta": 1e-3, "max_step_ratio": None, "dropout": False,
+                                                       "unstepped_uses": None, "precision": "fp32"}}}
+    assert group_key(with_defaults) == group_key(base)
+    changed = {**base, "gradinit": {"resolved": {"eta": 1e-3, "dropout": True}}}
+    assert group_key(changed) != group_key(base)
+    # a setting that existed before keeps counting at its default
+    assert group_key({**base, "gradinit": {"resolved": {"eta": 1e-3, "overlap": 0.5}}}) != group_key(base)

@@ -162,14 +162,16 @@ def config_to_dict(cfg) -> dict:
 
 
 def option(default=dataclasses.MISSING, *, help: str, default_text: str = "", result: bool = True,
-           choices: Optional[tuple] = None, python_only: bool = False, **kwargs):
+           choices: Optional[tuple] = None, python_only: bool = False, since: str = "", **kwargs):
     """A field of a config dataclass that is also a user-facing option: ``help`` is its one
     description (command-line help, fairseq fields and the vision API are derived from it),
     ``result`` says whether it changes the learned scales (the fingerprint compares those),
-    ``choices`` lists its allowed strings, ``python_only`` keeps it off the command line, and
-    ``default_text`` describes a default that is derived (e.g. from another option)."""
+    ``choices`` lists its allowed strings, ``python_only`` keeps it off the command line,
+    ``default_text`` describes a default that is derived (e.g. from another option), and ``since``
+    names the version that added a setting whose default reproduces what earlier versions computed
+    (results saved before it match at that default)."""
     metadata = {"help": help, "default_text": default_text, "result": result, "choices": choices,
-                "python_only": python_only}
+                "python_only": python_only, "since": since}
     return field(default=default, metadata=metadata, **kwargs)
 
 
@@ -227,17 +229,17 @@ class GradInitConfig:
     step_params: str = option("all", choices=STEP_PARAMS, help=(
         "which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: all trainable tensors (as the "
         "real first step and the authors' code; tensors without a scale keep W_i) or only the scaled ones"))
-    max_step_ratio: Optional[float] = option(None, help=(
+    max_step_ratio: Optional[float] = option(None, since="0.4.0", help=(
         "Adam only: raise each scale's lower bound so that the sign step eta*A[g] is at most this fraction of "
         "the scaled tensor's root-mean-square, alpha_i >= eta / (ratio * rms(W_i)) (never above 1, nor above the "
         "tensor's upper bound; groups whose lower bound is 0, e.g. the authors' biases, are left alone): a "
         "tensor scaled far below eta is overwritten by the first updates of training, as without warmup; "
         "None: no such bound"))
-    dropout: bool = option(False, help=(
+    dropout: bool = option(False, since="0.4.0", help=(
         "run GradInit's passes in train mode, dropout on, so that the scales are chosen for the loss training "
         "will see (the paper and the authors' code use eval mode, no dropout; normalization layers use batch "
         "statistics either way)"))
-    unstepped_uses: Optional[str] = option(None, help=(
+    unstepped_uses: Optional[str] = option(None, since="0.4.0", help=(
         "regular expression (re.search) on parameter names, aliases of tied tensors included: the uses it "
         "matches keep alpha*W in the simulated step theta - eta*A[g] while the tensor's other uses take the "
         "step, e.g. 'decoder\\.output_projection\\.' leaves a tied output projection un-stepped as the "
@@ -247,7 +249,7 @@ class GradInitConfig:
         "selects tensors that get a scale but that training does not update (e.g. a multiplier that is a "
         "buffer during training): fn(name, param) -> bool; their gradient stays out of g, ||g|| and the "
         "simulated step, as in the real first step; None: none"))
-    precision: str = option("fp32", choices=PRECISIONS, help=(
+    precision: str = option("fp32", since="0.4.0", choices=PRECISIONS, help=(
         "arithmetic of the forward/backward passes: fp32; tf32 (CUDA matmuls and cuDNN convolutions of fp32 "
         "tensors use TF32 tensor cores during GradInit, the previous settings restored after; no effect on a "
         "CPU); bf16 (forward passes under torch.autocast with bfloat16, their backward and double backward in "

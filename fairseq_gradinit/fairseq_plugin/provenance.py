@@ -167,8 +167,9 @@ def data_fingerprint(task_cfg) -> Dict[str, Any]:
 
 
 def _added_later_at_default(path: str, value: Any) -> bool:
-    """Whether ``path`` names an engine setting (``gradinit.resolved.NAME``) and ``value`` is its
-    default: a fingerprint written before the setting existed was computed with that default."""
+    """Whether ``path`` names an engine setting (``gradinit.resolved.NAME``) added by a later version
+    (``since``) and ``value`` is its default: a fingerprint written before the setting existed was
+    computed with that default."""
     import dataclasses
 
     from ..core import GradInitConfig
@@ -177,7 +178,19 @@ def _added_later_at_default(path: str, value: Any) -> bool:
     if not path.startswith(prefix):
         return False
     field = GradInitConfig.__dataclass_fields__.get(path[len(prefix):])
-    return field is not None and field.default is not dataclasses.MISSING and _plain(field.default) == value
+    return (field is not None and bool(field.metadata.get("since")) and field.default is not dataclasses.MISSING
+            and _plain(field.default) == value)
+
+
+def stable_fingerprint(fp: Mapping) -> Dict[str, Any]:
+    """``fp`` without the engine settings that later versions added and that sit at their default,
+    so that a key derived from it (a study's GradInit cache) stays what earlier versions computed."""
+    gradinit = fp.get("gradinit")
+    if not isinstance(gradinit, Mapping) or not isinstance(gradinit.get("resolved"), Mapping):
+        return dict(fp)
+    resolved = {k: v for k, v in gradinit["resolved"].items()
+                if not _added_later_at_default("gradinit.resolved." + k, v)}
+    return {**fp, "gradinit": {**gradinit, "resolved": resolved}}
 
 
 def gradinit_settings(plan) -> Dict[str, Any]:

@@ -138,8 +138,9 @@ def _parse_fairseq_args(argv: Sequence[str], *, arm: str):
 
 
 def group_key(fp: Mapping) -> str:
-    from ..fairseq_plugin.provenance import COMPARED_KEYS
+    from ..fairseq_plugin.provenance import COMPARED_KEYS, stable_fingerprint
 
+    fp = stable_fingerprint(fp)
     compared = {k: fp.get(k) for k in COMPARED_KEYS}
     return hashlib.sha256(json.dumps(compared, sort_keys=True, default=str).encode()).hexdigest()[:12]
 
