@@ -188,3 +188,31 @@ def test_the_plan_holds_the_restore_decision(tmp_path):
     (tmp_path / "checkpoint_last.pt").write_bytes(b"x")
     assert build_plan(GradInitOptions(**settings), restore=True).restore == str(tmp_path / "checkpoint_last.pt")
     assert build_plan(GradInitOptions(**settings)).restore is None
+
+
+def test_applying_an_init_file_measures_its_health_and_leaves_the_random_state(tiny_data, tmp_path):
+    """An init file's health is measured on a GradInit batch, without touching torch's or numpy's random
+    state: training from the file stays the training of the run that computed it."""
+    ns = _parsed([str(tiny_data), "--task", "translation", *TINY])
+    cfg = convert_namespace_to_omegaconf(ns)
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    criterion = task.build_criterion(cfg.criterion)
+    scales = {n: 0.5 for n, p in model.named_parameters() if bool(p.detach().count_nonzero())}
+    init = tmp_path / "scales.json"
+    init.write_text(json.dumps({"scales": scales}))
+    out = tmp_path / "out"
+    out.mkdir()
+    plan = build_plan(GradInitOptions(
+        gradinit_init_file=str(init), gradinit_init_clamp="[('norm', 0.6, None)]", gradinit_train_lr=[5e-4],
+        gradinit_train_max_tokens=300, gradinit_seed=3, gradinit_cpu=True, gradinit_save_dir=str(out),
+        gradinit_train_subset="train", gradinit_valid_subset="valid", gradinit_checkpoint_interval=0))
+    assert plan.error is None, plan.error
+    torch_state, np_state = torch.get_rng_state(), np.random.get_state()
+    task.run(plan, model, criterion)
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert all(np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b
+               for a, b in zip(np.random.get_state(), np_state))
+    health = json.loads((out / "gradinit.json").read_text())["health"]
+    assert health["batch"]["sentences"] > 0 and health["norms"]
+    assert all(n["gain_after"] > 0 for n in health["norms"])

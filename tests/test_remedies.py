@@ -86,6 +86,9 @@ def test_init_clamp_applies_clamped_scales_and_records_them(tmp_path):
     from fairseq_gradinit.fairseq_plugin.analysis.health_report import measure_health
 
     assert record["health"]["verdict"] == "ok", record["health"]
+    # measured on a GradInit batch of this run: LayerNorm gains before and after the clamped scales
+    assert record["health"]["batch"]["sentences"] > 0 and record["health"]["norms"]
+    assert all(n["gain_before"] > 0 and n["gain_after"] > 0 for n in record["health"]["norms"])
     assert measure_health(model, scales, None, None, initial=None, config=None)["verdict"] == "degenerate"
     cf = record["clamped_from"]
     assert cf["path"] == str(src) and len(cf["sha256"]) == 64 and cf["bounds"] == [["norm", 0.3, None], ["re:.", 0.1, None]]

@@ -85,7 +85,8 @@ def run_locked(task, plan: GradInitPlan, model, criterion):
     path = os.path.join(save_dir, GRADINIT_JSON)
     current = task.gradinit_fingerprint(world, plan) if rank == 0 else None
     if plan.init_file:
-        return apply_saved(plan, model, plan.init_file, current, INIT_FILE_KEYS, "--gradinit-init-file")
+        return apply_saved(plan, model, plan.init_file, current, INIT_FILE_KEYS, "--gradinit-init-file",
+                           task=task, criterion=criterion)
 
     # An existing gradinit.json is never overwritten: the same run reuses it, another stops.
     # Rank 0 decides for all ranks, so they cannot split between computing and reusing.
@@ -262,8 +263,10 @@ def _phase_state(save_dir: str, current: Optional[dict], rank: int, world: int):
         logger.info("gradinit: resuming the GradInit phase from %s after iteration %d", path, len(value["history"]))
     return value, path
 
-def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], keys, source: str):
-    """Apply the scales saved at ``path`` after checking they name this model's tensors."""
+def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], keys, source: str, *,
+                task=None, criterion=None):
+    """Apply the scales saved at ``path`` after checking they name this model's tensors; with
+    ``task`` and ``criterion``, rank 0 measures their health on one GradInit batch."""
     try:
         saved = read_usable_init_file(path) if source == "--gradinit-init-file" else read_init_file(path)
     except ValueError as e:
@@ -298,14 +301,43 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
     record = _clamp_saved(model, path, saved, clamp) if clamp else None
     if record is not None:
         scales = record["scales"]
+    measured = task is not None and criterion is not None and rank_world()[0] == 0
+    initial = snapshot_weights(model) if measured else None
     apply_scales(model, apply_multiplier_scales(model, scales))
     logger.info("gradinit: applied %d scales from %s%s", len(scales), path, " (clamped)" if clamp else "")
-    health = measure_health(model, scales, None, None, initial=None, config=saved.get("config"))
+    # Drawing and measuring must leave the random state as it was: training from the file must be
+    # the training of the run that computed it.
+    np_state = np.random.get_state()
+    with torch.random.fork_rng(devices=[]):
+        sample = _health_batch(task, plan, model) if measured else None
+        health = measure_health(model, scales, criterion, sample, initial=initial if sample is not None else None,
+                                config=saved.get("config"))
+    np.random.set_state(np_state)
+    del initial, sample
     if record is not None:
         record["health"] = health
         _write_clamped(plan, record)
     log_summary(scales)
     return None
+
+def _health_batch(task, plan: GradInitPlan, model):
+    """The S batch of GradInit's first iteration for this run, on the model's device, or None (logged)
+    where it cannot be drawn: the health check then judges the scales alone."""
+    if not plan.max_tokens:
+        return None
+    device = next(model.parameters()).device
+    overlap = plan.config.overlap if plan.config is not None else 0.5
+    try:
+        pairs = gradinit_pairs(task, model, plan.max_tokens, overlap, device, plan=plan)
+        try:
+            return next(iter(pairs)).s
+        finally:
+            pairs.close()
+    except Exception as e:  # noqa: BLE001 - the check must never stop a run that applies a file
+        logger.info("gradinit: no batch for the health check (%s: %s); judging the scales alone",
+                    type(e).__name__, e)
+        return None
+
 
 def _clamp_saved(model, path: str, saved: dict, clamp: str) -> dict:
     """The init file as a record of its own with the scales clamped by ``--gradinit-init-clamp``
