@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from typing import Callable, Optional
 
 #: The warning filter fairseq's data iterators put into PYTHONWARNINGS for their worker processes.
 FAIRSEQ_WORKER_FILTER = "ignore:semaphore_tracker:UserWarning"
@@ -39,3 +40,15 @@ def hide_known_noise() -> bool:
     for message in KNOWN_NOISE:
         warnings.filterwarnings("ignore", message=message)
     return True
+
+
+def quiet_command(main: Callable[[], Optional[int]], name: str) -> Callable[[], int]:
+    """The console-script function ``name`` of a tool: ``main()`` with :data:`KNOWN_NOISE` hidden."""
+
+    def run() -> int:
+        hide_known_noise()
+        return main() or 0
+
+    run.__name__ = "run"
+    run.__doc__ = f"The ``{name}`` command: ``{main.__name__}()`` with known third-party warnings hidden."
+    return run

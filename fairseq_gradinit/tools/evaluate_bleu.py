@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from ..argtypes import positive_int
 from ..checkpoints import load_trusted_checkpoint, trusted_loading_env
+from ..quiet import quiet_command
 
 #: The installed package, fairseq's ``--user-dir`` for this plugin.
 GRADINIT_USER_DIR = Path(__file__).resolve().parents[1]
@@ -790,12 +791,7 @@ def evaluate(args, extra: Sequence[str]) -> int:
     return 0
 
 
-def run() -> int:
-    """The ``gradinit-evaluate-bleu`` command: :func:`main` with known third-party warnings hidden."""
-    from ..quiet import hide_known_noise
-
-    hide_known_noise()
-    return main()
+run = quiet_command(main, "gradinit-evaluate-bleu")
 
 
 if __name__ == "__main__":

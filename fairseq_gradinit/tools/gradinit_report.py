@@ -25,6 +25,7 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 from ..argtypes import int_at_least
+from ..quiet import quiet_command
 
 logger = logging.getLogger("gradinit_report")
 
@@ -103,12 +104,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def run() -> int:
-    """The ``gradinit-report`` command: :func:`main` with known third-party warnings hidden."""
-    from ..quiet import hide_known_noise
-
-    hide_known_noise()
-    return main()
+run = quiet_command(main, "gradinit-report")
 
 
 if __name__ == "__main__":

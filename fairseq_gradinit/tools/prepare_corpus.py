@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence
 from ..argtypes import float_in, int_at_least
+from ..quiet import quiet_command
 
 logger = logging.getLogger("prepare_corpus")
 
@@ -513,12 +514,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def run() -> int:
-    """The ``gradinit-prepare-corpus`` command: :func:`main` with known third-party warnings hidden."""
-    from ..quiet import hide_known_noise
-
-    hide_known_noise()
-    return main()
+run = quiet_command(main, "gradinit-prepare-corpus")
 
 
 if __name__ == "__main__":
