@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from host_syncs import HostSyncCounter  # this folder is sys.path[0] when the benchmark runs
+from bench_transformer import label_smoothed_loss  # this folder is sys.path[0] when the benchmark runs
+from host_syncs import HostSyncCounter
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -78,17 +79,6 @@ def get_args_parser():
 
 
 # -- the model and its batches ------------------------------------------------------------------
-def label_smoothed_loss(model, sample, eps=0.1):
-    """fairseq's label_smoothed_cross_entropy (fp32 log-softmax) divided by the tokens, as the plugin's loss."""
-    out = model(**sample["net_input"])
-    lprobs = model.get_normalized_probs(out, log_probs=True).view(-1, out[0].size(-1))
-    target = sample["target"].view(-1, 1)
-    nll = -lprobs.gather(dim=-1, index=target)
-    smooth = -lprobs.sum(dim=-1, keepdim=True)
-    loss = (1.0 - eps) * nll.sum() + eps / lprobs.size(-1) * smooth.sum()
-    return loss / sample["ntokens"]
-
-
 def build_synthetic(args, device):
     from fairseq.data import Dictionary
     from fairseq.models.transformer import TransformerModel, transformer_iwslt_de_en

@@ -147,27 +147,9 @@ def main(argv=None) -> int:
         for name, fn in BLOCKS.items():
             print(f"## {name}\n{fn()}\n")
         return 0
-    stale = []
-    try:
-        for rel in FILES:
-            path = REPO / rel
-            old = path.read_text(encoding="utf-8")
-            new = render(old)
-            if new != old:
-                stale.append(rel)
-                if args.write:
-                    path.write_text(new, encoding="utf-8")
-    except ValueError as e:
-        print(f"benchmark_tables: {e}", file=sys.stderr)
-        return 1
-    if args.check and stale:
-        print(f"benchmark_tables: out of date: {', '.join(stale)}; run python scripts/benchmark_tables.py --write",
-              file=sys.stderr)
-        return 1
-    if args.write:
-        print(f"updated: {', '.join(stale) or 'nothing (up to date)'}")
-    return 0
+    from fairseq_gradinit.tools.generated import update_generated
 
+    return update_generated(REPO, FILES, render, write=args.write, tool="benchmark_tables")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -59,23 +59,10 @@ def main(argv=None) -> int:
         for name, table in generated.items():
             print(f"## {name}\n\n{table}")
         return 0
-    stale = []
-    for rel in FILES:
-        path = REPO / rel
-        old = path.read_text(encoding="utf-8")
-        new = render(old, generated)
-        if new != old:
-            stale.append(rel)
-            if args.write:
-                path.write_text(new, encoding="utf-8")
-    if args.check and stale:
-        print(f"options_table: out of date: {', '.join(stale)}; run python scripts/options_table.py --write",
-              file=sys.stderr)
-        return 1
-    if args.write:
-        print(f"updated: {', '.join(stale) or 'nothing (up to date)'}")
-    return 0
+    from fairseq_gradinit.tools.generated import update_generated
 
+    return update_generated(REPO, FILES, lambda text: render(text, generated), write=args.write,
+                            tool="options_table")
 
 if __name__ == "__main__":
     sys.exit(main())
