@@ -4,27 +4,10 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch import nn
 
 from fairseq_gradinit.core import BatchPair, GradInit, GradInitConfig, gradinit, gradinit_mode
 from fairseq_gradinit.core.precision import loss_in_precision, phase_precision, tf32_matmuls
-
-
-class TinyTransformer(nn.Module):
-    def __init__(self, vocab=20, dim=16):
-        super().__init__()
-        self.emb = nn.Embedding(vocab, dim)
-        self.layer = nn.TransformerEncoderLayer(dim, 2, 32, dropout=0.1, batch_first=True)
-        self.out = nn.Linear(dim, vocab)
-
-    def forward(self, tokens):
-        return self.out(self.layer(self.emb(tokens)))
-
-
-def lm_loss(model, tokens):
-    logits = model(tokens[:, :-1])
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), tokens[:, 1:].reshape(-1))
+from test_core import TinyTransformer, lm_loss
 
 
 def token_batches(n, seed=1):
