@@ -318,3 +318,29 @@ def test_negative_monitor_interval_is_an_argument_error(capsys):
         parse(["--gradinit-monitor-interval", "-1"])
     assert e.value.code == 2
     assert "argument --gradinit-monitor-interval: invalid value -1" in capsys.readouterr().err
+
+
+def test_docs_schema_lists_exactly_the_keys_of_each_record_type(tmp_path):
+    """docs/monitor.md's three tables name every key of the start, overflow and interval records, and no other."""
+    import re
+    from pathlib import Path
+
+    torch.manual_seed(0)
+    model = Tiny()
+    task = make_task(tmp_path)
+    opt = fp16_optimizer(list(model.parameters()))
+    inject = {"on": False}
+    model.decoder.layers[0].fc2.weight.register_hook(lambda g: torch.full_like(g, math.inf) if inject["on"] else g)
+    update, steps = 0, 0
+    while update < 2:
+        inject["on"] = steps == 1
+        update = trainer_step(task, model, opt, sample_batch(steps), update)
+        steps += 1
+    seen = {}
+    for rec in records(tmp_path):
+        seen.setdefault(rec["type"], set()).update(k for k in rec if k != "type")
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "monitor.md").read_text(encoding="utf-8")
+    for kind in ("start", "overflow", "interval"):
+        section = doc.split(f"**`{kind}`**", 1)[1].split("**`", 1)[0]
+        documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.M))
+        assert documented == seen[kind], (kind, documented ^ seen[kind])
