@@ -6,7 +6,7 @@ HERE = Path(__file__).parent
 
 setup(
     name="fairseq-gradinit",
-    version="0.4.0",
+    version="0.5.0",
     description="GradInit: learning to initialize neural networks (fairseq plugin and PyTorch API)",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",

@@ -1,2 +1,2 @@
 """The package version (its own module so that submodules can read it without importing the package)."""
-__version__ = "0.4.0"
+__version__ = "0.5.0"
