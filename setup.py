@@ -10,6 +10,7 @@ setup(
     description="GradInit: learning to initialize neural networks (fairseq plugin and PyTorch API)",
     long_description=(HERE / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
+    license="MIT",
     python_requires=">=3.9",
     packages=find_packages(include=["fairseq_gradinit", "fairseq_gradinit.*"]),
     install_requires=[
