@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The benchmark numbers of README.md and benchmarks/README.md, generated from the stored results
+"""The benchmark numbers of docs/fairseq.md, benchmarks/README.md and docs/vision.md, generated from the stored results
 (``benchmarks/results/*.json``), so that the prose cannot drift from the measurements.
 
 A generated block sits between ``<!-- bench:NAME -->`` and ``<!-- /bench -->`` (a table, or a few words inside a
 sentence); NAME is one of :data:`BLOCKS`.
 
     python scripts/benchmark_tables.py           # print every block
-    python scripts/benchmark_tables.py --write   # update README.md, benchmarks/README.md, docs/vision.md
+    python scripts/benchmark_tables.py --write   # update docs/fairseq.md, benchmarks/README.md, docs/vision.md
     python scripts/benchmark_tables.py --check   # exit 1 if a file is out of date (the tests run this)
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable, Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-FILES = ("README.md", "benchmarks/README.md", "docs/vision.md")
+FILES = ("docs/fairseq.md", "benchmarks/README.md", "docs/vision.md")
 BLOCK = re.compile(r"<!-- bench:([\w.]+) -->(.*?)<!-- /bench -->", re.S)
 
 # (label, result key, ratio key of the time, ratio key of the memory, target key of the time, of the memory)

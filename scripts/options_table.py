@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""The option tables of the README and docs/options.md, generated from the one declaration of the
+"""The option tables of docs/options.md, generated from the one declaration of the
 options (``fairseq_gradinit.core.config.GradInitConfig`` and the plugin's own options).
 
     python scripts/options_table.py           # print them
-    python scripts/options_table.py --write   # update README.md and docs/options.md
+    python scripts/options_table.py --write   # update docs/options.md
     python scripts/options_table.py --check   # exit 1 if a file is out of date (the tests run this)
 """
 from __future__ import annotations
@@ -45,13 +45,13 @@ def render(text: str, generated: dict) -> str:
     return text
 
 
-FILES = ("README.md", "docs/options.md")
+FILES = ("docs/options.md",)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--write", action="store_true", help="update the generated blocks of README.md and docs/options.md")
+    mode.add_argument("--write", action="store_true", help="update the generated blocks of docs/options.md")
     mode.add_argument("--check", action="store_true", help="exit 1 if a generated block is out of date")
     args = p.parse_args(argv)
     generated = tables()

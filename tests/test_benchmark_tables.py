@@ -1,4 +1,4 @@
-"""The benchmark numbers in README.md, benchmarks/README.md and docs/vision.md are generated from
+"""The benchmark numbers in docs/fairseq.md, benchmarks/README.md and docs/vision.md are generated from
 benchmarks/results/*.json, and a changed result makes them stale."""
 from __future__ import annotations
 

@@ -35,3 +35,15 @@ def test_citation_file_names_the_paper_and_this_version():
     assert paper["title"].startswith("GradInit: Learning to Initialize Neural Networks")
     assert paper["year"] == 2021
     assert [a["family-names"] for a in paper["authors"]] == ["Zhu", "Ni", "Xu", "Kong", "Huang", "Goldstein"]
+
+
+def test_readme_bibtex_is_the_citation_file():
+    import re
+
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))["preferred-citation"]
+    bib = re.search(r"```bibtex\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S).group(1)
+    fields = dict(re.findall(r"^\s*(\w+)\s*=\s*\{(.*)\},?$", bib, flags=re.M))
+    assert fields["title"] == cff["title"]
+    assert fields["year"] == str(cff["year"]) and fields["volume"] == str(cff["volume"])
+    assert [a.split(",")[0].strip() for a in fields["author"].split(" and ")] == \
+        [a["family-names"] for a in cff["authors"]]

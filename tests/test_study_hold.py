@@ -181,7 +181,6 @@ def test_archive_holds_summaries_arm_files_and_groups_but_no_checkpoints(tmp_pat
 
 def test_docs_state_the_hold_command_and_its_estimate():
     doc = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8")
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
     assert "--preset hold --call A" in doc and "--archive RESULTS/hold-A.tar.gz" in doc
     for call in HOLD.calls:
         e = call_estimate(HOLD, call)
@@ -190,8 +189,6 @@ def test_docs_state_the_hold_command_and_its_estimate():
     a = HOLD.call("A")
     assert (f"`--call A` sets `--parallel {a.parallel} --time-budget {a.time_budget:g}\n"
             f"--bleu-budget {a.bleu_budget:g} --finish-margin {a.finish_margin:g}`") in doc
-    totals = [call_estimate(HOLD, c).total_s for c in HOLD.calls]
-    assert f"{len(HOLD.calls)} calls of ~{min(totals):.0f}–{max(totals):.0f} s on one H200" in readme.replace("five", "5")
     from fairseq_gradinit.tools import evaluate_bleu as bleu
 
     assert f"{bleu.GPU_MAX_TOKENS:,} tokens and\n{bleu.GPU_BATCH_SIZE:,} sentences" in doc

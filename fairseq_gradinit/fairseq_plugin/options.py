@@ -152,7 +152,7 @@ def plugin_result_options() -> tuple:
 
 
 def option_table() -> str:
-    """Every ``--gradinit-*`` option of the plugin as a Markdown table (the README's, generated)."""
+    """Every ``--gradinit-*`` option of the plugin as a Markdown table (docs/options.md's, generated)."""
     from ..core.options import markdown_table
 
     return markdown_table(ENGINE_OPTIONS + PLUGIN_OPTIONS)

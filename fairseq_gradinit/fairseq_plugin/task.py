@@ -45,7 +45,7 @@ class TranslationGradInitTask(GradInitTaskMixin, TranslationTask):
 
 
 def _log_changes_to_fairseq() -> None:
-    """Say once, at load, what the plugin changes in fairseq (the README lists both)."""
+    """Say once, at load, what the plugin changes in fairseq (docs/fairseq.md lists both)."""
     from .compat import checkpoint_loading_patched, numpy_compat_patched
 
     changes = []
