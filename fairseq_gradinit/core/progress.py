@@ -60,6 +60,6 @@ def no_objective_advice(branches: Sequence[str], grad_norms: Sequence[Optional[f
     n, skipped = branches.count("constraint"), branches.count("skipped")
     which = " that were not skipped" if skipped else ""
     return (f"gradinit: no objective iteration ran: all {n} iterations{which} were constraint iterations"
-            f"{trend}, so the scales only reduced the gradient norm and the loss after one step was never "
-            "optimized. Run more iterations (--gradinit-iters, iters=) or allow a larger gradient norm "
+            f"{trend}, so every step of the scales went against the gradient norm and the loss after one step "
+            "was never optimized. Run more iterations (--gradinit-iters, iters=) or allow a larger gradient norm "
             "(--gradinit-gamma, gamma=).")
