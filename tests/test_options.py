@@ -88,3 +88,19 @@ def test_generated_tables_are_current():
     out = subprocess.run([sys.executable, str(REPO / "scripts" / "options_table.py"), "--check"],
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_the_python_api_page_states_each_front_ends_default_gamma():
+    """docs/python-api.md's numbers are the engine's and the plugin's gamma rules."""
+    from pathlib import Path
+
+    from fairseq_gradinit.core.config import LOSS_CHANGE_BOUNDS, GradInitConfig, default_gamma
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "python-api.md").read_text(encoding="utf-8")
+    page = page.replace("\n", " ")
+    assert GradInitConfig(optimizer="adam", eta=1e-3).resolved_gamma == pytest.approx(100)
+    assert GradInitConfig(optimizer="sgd", eta=0.1).resolved_gamma == pytest.approx(1)
+    assert default_gamma("adam", 1e-3, LOSS_CHANGE_BOUNDS["fairseq"]["adam"]) == pytest.approx(1e3)
+    assert default_gamma("sgd", 0.15, LOSS_CHANGE_BOUNDS["fairseq"]["sgd"]) == pytest.approx(1)
+    assert "γ = 100 at η = 1e-3 with Adam, γ = 1 at η = 0.1 with SGD" in page
+    assert "γ = 1/η for Adam (1e3 at η = 1e-3), and the paper's γ = 1 at η = 0.15 for SGD" in page
