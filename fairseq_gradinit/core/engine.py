@@ -180,7 +180,9 @@ class GradInit:
         """v = d||gbar||_p / d gbar."""
         flat = getattr(gbar, "flat", None)
         if flat is not None:
-            return self.scaled.views(flat.sign() if self.cfg.norm_p == 1 else flat * (1.0 / gnorm.clamp(min=1e-12)).to(flat.dtype))
+            if self.cfg.norm_p == 1:
+                return self.scaled.views(flat.sign())
+            return self.scaled.views(flat * (1.0 / gnorm.clamp(min=1e-12)).to(flat.dtype))
         if self.cfg.norm_p == 1:
             return list(torch._foreach_sign(gbar))
         inv = 1.0 / gnorm.clamp(min=1e-12)
@@ -202,10 +204,12 @@ class GradInit:
             used = [(gi, vi) for gi, vi in zip(g_local, v) if gi is not None and gi.requires_grad]
             if not used:
                 return torch.zeros_like(self.alpha)
-            h = torch.autograd.grad([gi for gi, _ in used], params, grad_outputs=[vi for _, vi in used],
-                                    allow_unused=True)
+            hv = torch.autograd.grad([gi for gi, _ in used], params, grad_outputs=[vi for _, vi in used],
+                                     allow_unused=True)
         del g_local, used, v
-        return self.scaled.alpha_grad([torch.zeros_like(p) if hi is None else hi for p, hi in zip(params, h)])
+        h = self.scaled.gather([torch.zeros_like(p) if hi is None else hi for p, hi in zip(params, hv)])
+        del hv
+        return self.scaled.alpha_grad(h, consume=True)
 
     def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
                             g_all: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
@@ -222,17 +226,17 @@ class GradInit:
         self.scaled.write(self.alpha, direction=v, eta=-eps.to(params[0].dtype))
         del v
         loss = check_loss(self.loss_fn(self.model, s))
-        h = gradients(loss, params)
+        h = self.scaled.gather(gradients(loss, params))
         del loss
-        return ((self.scaled.alpha_grad(h, torch.float64) - base) / eps).to(self.alpha.dtype)
+        return ((self.scaled.alpha_grad(h, torch.float64, consume=True) - base) / eps).to(self.alpha.dtype)
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
         """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
         if self.unstepped is None:
             self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
             loss = check_loss(self.loss_fn(self.model, s_tilde))
-            h = gradients(loss, self.scaled.params)
-            return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
+            h = self.scaled.gather(gradients(loss, self.scaled.params))  # the autograd tensors go at once
+            return self.scaled.alpha_grad(h, consume=True) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
         self.unstepped.drop_steps(direction)
         self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
         unstepped_weights = {i: self.scaled.W[i] * self.alpha[i].to(self.scaled.W[i].dtype)

@@ -250,7 +250,8 @@ class ScaledParameters:
 
     def views(self, flat: torch.Tensor) -> "FlatViews":
         """The per-tensor views (shaped like the parameters) of a buffer laid out like the W_i."""
-        return FlatViews(flat, [flat[o:o + n].view(p.shape) for o, n, p in zip(self._offsets, self._sizes, self.params)])
+        return FlatViews(flat, [flat[o:o + n].view(p.shape)
+                                for o, n, p in zip(self._offsets, self._sizes, self.params)])
 
     def gather(self, tensors: Sequence[torch.Tensor]) -> "FlatViews":
         """A new zero-padded buffer laid out like the W_i holding ``tensors`` (one per parameter),
@@ -265,13 +266,16 @@ class ScaledParameters:
         """The buffer of :meth:`gather` (without a copy where ``tensors`` are its views already)."""
         return self.gather(tensors).flat
 
-    def alpha_grad(self, grads: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    def alpha_grad(self, grads: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None, *,
+                   consume: bool = False) -> torch.Tensor:
         """dL/dalpha_i = <dL/dtheta_i, W_i> for the gradients ``grads`` w.r.t. the parameters,
-        accumulated in ``dtype`` (default: that of the scales; 0 for tensors without a learned scale)."""
+        accumulated in ``dtype`` (default: that of the scales; 0 for tensors without a learned scale).
+        With ``consume``, :class:`FlatViews` ``grads`` are overwritten (no temporary of the model's size)."""
         dev = self.alpha.device
         dtype = dtype or self.alpha.dtype
         if self._flat is not None:
-            out = self._flat_dots(self.flatten(grads), dtype)
+            owned = consume or not isinstance(grads, FlatViews)
+            out = self._flat_dots(self.flatten(grads), dtype, owned)
             return out if self._all_scaled else out * self.scaled
         out = []
         for g, w in zip(grads, self._rows):
@@ -282,13 +286,13 @@ class ScaledParameters:
         out = torch.stack(out)
         return out if self._all_scaled else out * self.scaled
 
-    def _flat_dots(self, flat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    def _flat_dots(self, flat: torch.Tensor, dtype: torch.dtype, owned: bool) -> torch.Tensor:
         """<flat_i, W_i> for every tensor i of a buffer laid out like the W_i: the products summed in
         CHUNK-element rows (in ``dtype``, at least float32), the rows of each tensor in float64. The
         sums are deterministic (no atomics) and at least as accurate as one float32 dot per tensor."""
         acc = torch.promote_types(dtype, torch.float32)
         if flat.dtype == acc and self._flat.dtype == acc:
-            prod = flat * self._flat
+            prod = flat.mul_(self._flat) if owned else flat * self._flat
         else:  # products in the accumulation dtype (float64 for a finite difference of two of them)
             prod = flat.to(acc).mul_(self._flat.to(acc))
         rows = prod.view(-1, CHUNK).sum(1, dtype=torch.float64)
