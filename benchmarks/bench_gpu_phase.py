@@ -22,6 +22,7 @@ dtype. ``--cudnn-sdpa`` sets the attention backend of the training update as in 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -51,7 +52,7 @@ PEAK_TFLOPS = {
     "A100": {"fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0},
 }
 TINY = dict(layers=1, embed_dim=16, ffn_dim=32, heads=2, vocab_src=60, vocab_tgt=50, max_tokens=96, seq_len=8,
-            iters=3, warmup=1, profile_iters=1)
+            iters=3, warmup=1)
 #: Host-side calls that launch work on a CUDA device (runtime and driver API), as the profiler names them.
 LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 
@@ -65,7 +66,7 @@ def get_args_parser():
                                                                       "(fp32 always runs: the reference)")
     p.add_argument("--iters", type=int, default=40, help="timed iterations per branch and precision")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations before them")
-    p.add_argument("--profile-iters", type=int, default=3, help="iterations profiled after the timed ones")
+    p.add_argument("--profile-iters", type=int, default=2, help="iterations profiled after the timed ones")
     p.add_argument("--cudnn-sdpa", choices=["on", "off"], default="on",
                    help="cuDNN attention for the fp16 training update (torch.backends.cuda.enable_cudnn_sdp): as "
                         "the training run it stands for has it")
@@ -73,6 +74,8 @@ def get_args_parser():
                                                                 "of the recipe); a draw is (2 - overlap) x this")
     p.add_argument("--overlap", type=float, default=0.5)
     p.add_argument("--seq-len", type=int, default=24, help="synthetic: source and target length of a sentence")
+    p.add_argument("--len-jitter", type=int, default=4, help="synthetic: draw i has sentences of --seq-len + "
+                                                                  "(i mod (2j+1)) - j tokens")
     p.add_argument("--vocab-src", type=int, default=5008, help="synthetic: source dictionary size")
     p.add_argument("--vocab-tgt", type=int, default=3728, help="synthetic: target dictionary size")
     p.add_argument("--layers", type=int, default=6)
@@ -111,33 +114,39 @@ def build_synthetic(args, device):
     model = TransformerModel.build_model(ns, argparse.Namespace(source_dictionary=dicts[0],
                                                                 target_dictionary=dicts[1])).to(device)
     gen = torch.Generator().manual_seed(args.seed)
-    n_s = max(2, args.max_tokens // args.seq_len)  # sentences of S
-    k = int(round(args.overlap * n_s))
 
-    def batch(n):
-        src = torch.randint(dicts[0].nspecial, len(dicts[0]), (n, args.seq_len), generator=gen)
-        tgt = torch.randint(dicts[1].nspecial, len(dicts[1]), (n, args.seq_len), generator=gen)
+    def batch(n, length):
+        src = torch.randint(dicts[0].nspecial, len(dicts[0]), (n, length), generator=gen)
+        tgt = torch.randint(dicts[1].nspecial, len(dicts[1]), (n, length), generator=gen)
         tgt[:, -1] = dicts[1].eos()
         prev = torch.cat([torch.full((n, 1), dicts[1].eos()), tgt[:, :-1]], dim=1)
-        return {"net_input": {"src_tokens": src, "src_lengths": torch.full((n,), args.seq_len),
-                              "prev_output_tokens": prev}, "target": tgt, "ntokens": n * args.seq_len}
+        return {"net_input": {"src_tokens": src, "src_lengths": torch.full((n,), length),
+                              "prev_output_tokens": prev}, "target": tgt, "ntokens": n * length}
 
     def sub(b, lo, hi):
         return {"net_input": {k2: v[lo:hi] for k2, v in b["net_input"].items()}, "target": b["target"][lo:hi],
-                "ntokens": (hi - lo) * args.seq_len}
+                "ntokens": int(b["target"][lo:hi].numel())}
+
+    def pair(i):
+        # Batches of length-bucketed sentences: one length per draw, cycling through 2 * len_jitter + 1
+        # lengths around --seq-len (shapes differ from draw to draw, as the plugin's batches do).
+        length = max(2, args.seq_len + i % (2 * args.len_jitter + 1) - args.len_jitter)
+        n = max(2, args.max_tokens // length)
+        k = int(round(args.overlap * n))
+        b = batch(2 * n - k, length)  # S and S~ share k sentences, as the plugin splits a draw
+        return BatchPair(sub(b, 0, n), sub(b, n - k, 2 * n - k))
 
     from fairseq_gradinit.core.prefetch import move_to_device
 
     count = args.warmup + args.iters + 1 + args.profile_iters
-    draws = [batch(2 * n_s - k) for _ in range(count)]  # S and S~ share k sentences, as the plugin splits a draw
     # Moved to the device once, before anything is timed.
-    pairs = [move_to_device(BatchPair(sub(b, 0, n_s), sub(b, n_s - k, 2 * n_s - k)), device) for b in draws]
+    pairs = [move_to_device(pair(i), device) for i in range(count)]
 
     def pair_stream():
         return iter(pairs), (lambda: None)
 
     return model, label_smoothed_loss, pair_stream, {
-        "source": "synthetic", "sentences_per_S": n_s, "seq_len": args.seq_len, "tokens_per_S": n_s * args.seq_len,
+        "source": "synthetic", "seq_len": args.seq_len, "len_jitter": args.len_jitter,
         "vocab": [args.vocab_src, args.vocab_tgt]}
 
 
@@ -329,7 +338,8 @@ def run_branch(model, state, loss_fn, pair_stream, branch, precision, args, devi
     if branches != {branch}:
         raise RuntimeError(f"{precision} {branch} run took the branches {sorted(branches)}")
     return {"seconds": seconds, "peak_mib": peak_mib(device, base), "scales": scales, "host_syncs": syncs,
-            "host_reads": counter.total, "profile": profiled, "last_loss_s": engine.history[-1].loss_s}
+            "host_reads": counter.total, "profile": profiled, "last_loss_s": engine.history[-1].loss_s,
+            "tensors": len(engine.scaled.params)}
 
 
 def gpu_peaks(device, override):
@@ -398,8 +408,25 @@ def main(args):
     peaks, peak_source = gpu_peaks(device, args.peak_tflops)
     if args.profile_iters < 1 or args.profile_iters > args.iters:
         get_args_parser().error(f"--profile-iters {args.profile_iters}: give 1 to --iters ({args.iters})")
-    if hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
-        torch.backends.cuda.enable_cudnn_sdp(args.cudnn_sdpa == "on")
+    with cudnn_attention(args.cudnn_sdpa == "on"):
+        return measure(args, device, precisions, peaks, peak_source)
+
+
+@contextlib.contextmanager
+def cudnn_attention(enabled: bool):
+    """cuDNN attention on or off inside (torch.backends.cuda.enable_cudnn_sdp), restored on exit."""
+    if not hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        yield
+        return
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def measure(args, device, precisions, peaks, peak_source):
     start = time.perf_counter()
     build = build_data_bin if args.data_bin else build_synthetic
     model, loss_fn, pair_stream, data = build(args, device)
@@ -433,7 +460,7 @@ def main(args):
         "device": device_name, "torch": torch.__version__, "tiny": bool(args.tiny),
         "settings": {k: getattr(args, k) for k in ("iters", "warmup", "profile_iters", "cudnn_sdpa", "max_tokens",
                                                    "overlap", "layers", "embed_dim", "ffn_dim", "heads", "seed")},
-        "data": data, "tokens_per_S": tokens_s, "flops": flops,
+        "data": data, "tokens_per_S": tokens_s, "tensors": results["fp32"]["objective"]["tensors"], "flops": flops,
         "flops_per_forward": {k: v / flops["forward_S"] for k, v in flops.items()},
         "peak_tflops": peaks, "peak_source": peak_source,
         "fp16_update": {**train, "floor_s": flops["train_update_S"] / (peaks["fp16"] * 1e12) if peaks else None},
