@@ -39,6 +39,14 @@ def _copy_all(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
             d.copy_(s)
 
 
+def _contiguous_strides(shape: Sequence[int]) -> tuple:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
 def default_param_filter(name: str, param: nn.Parameter) -> bool:
     """Every parameter tensor that is not all zeros (a scale of zero biases would do nothing)."""
     return bool(torch.count_nonzero(param.detach()).item() > 0)
@@ -213,6 +221,8 @@ class ScaledParameters:
                 self._sizes = [p.numel() for p in self.params]
                 padded = [-(-n // CHUNK) * CHUNK for n in self._sizes]
                 self._offsets = [sum(padded[:k]) for k in range(len(padded))]
+                self._shapes = [tuple(p.shape) for p in self.params]
+                self._strides = [_contiguous_strides(s) for s in self._shapes]
                 self._flat = torch.zeros(sum(padded), dtype=first.dtype, device=first.device)
                 self.W = self.views(self._flat)
                 _copy_all(self.W, [p.detach() for p in self.params])
@@ -250,8 +260,9 @@ class ScaledParameters:
 
     def views(self, flat: torch.Tensor) -> "FlatViews":
         """The per-tensor views (shaped like the parameters) of a buffer laid out like the W_i."""
-        return FlatViews(flat, [flat[o:o + n].view(p.shape)
-                                for o, n, p in zip(self._offsets, self._sizes, self.params)])
+        base = flat.storage_offset()  # one view operator per tensor (a slice and a view would be two)
+        return FlatViews(flat, [flat.as_strided(shape, stride, base + o)
+                                for o, shape, stride in zip(self._offsets, self._shapes, self._strides)])
 
     def gather(self, tensors: Sequence[torch.Tensor]) -> "FlatViews":
         """A new zero-padded buffer laid out like the W_i holding ``tensors`` (one per parameter),
