@@ -279,6 +279,27 @@ def time_fp16_updates(model, state, loss_fn, pairs, args, device):
     return out
 
 
+#: aten operators that make a view or an allocation: they launch no kernel on any device.
+NO_KERNEL_OPS = {"aten::" + n for n in (
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "slice", "select", "narrow", "t", "transpose",
+    "permute", "expand", "squeeze", "unsqueeze", "detach", "alias", "split", "split_with_sizes", "unbind", "chunk",
+    "unflatten", "flatten", "view_as", "expand_as", "empty", "empty_like", "empty_strided", "resize_", "lift_fresh",
+    "contiguous", "numpy_T", "_local_scalar_dense", "item", "is_nonzero", "result_type", "to", "_to_copy_noop")}
+
+
+def compute_ops(events) -> int:
+    """Top-level aten operators that are not views or allocations: a CPU stand-in for the kernel
+    launches of a GPU (a ``_foreach_*`` operator counts once, as its multi-tensor kernels launch a few)."""
+    def top(e):
+        p = e.cpu_parent
+        while p is not None:
+            if p.name.startswith("aten::"):
+                return False
+            p = p.cpu_parent
+        return True
+    return sum(1 for e in events if e.name.startswith("aten::") and e.name not in NO_KERNEL_OPS and top(e))
+
+
 def profile_iterations(step, items, device):
     """Per call of ``step`` on each of ``items``, under torch.profiler: top-level aten operators and
     the counts of aten::mul and aten::dot; on CUDA also the GPU-busy milliseconds (kernels, copies
@@ -297,7 +318,8 @@ def profile_iterations(step, items, device):
         sync(device)
     events, n = prof.events(), len(items)
     names = [e.name for e in events]
-    out = {"aten_ops": top_level_aten_ops(events) / n, "aten_mul": names.count("aten::mul") / n,
+    out = {"aten_ops": top_level_aten_ops(events) / n, "aten_kernels": compute_ops(events) / n,
+           "aten_mul": names.count("aten::mul") / n,
            "aten_dot": names.count("aten::dot") / n, "gpu_busy_ms": None, "launches": None, "stream_syncs": None}
     if cuda:
         busy_us = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)

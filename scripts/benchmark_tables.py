@@ -119,14 +119,14 @@ def _num(x, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-def gpu_phase_table(tag: str, profile_tag: str = "") -> str:
+def gpu_phase_table(tag: str) -> str:
     """The table of ``bench_gpu_phase.py``: per precision the iteration times, the projected phase
     against its floor and the per-iteration profile (from the JSON itself, or for runs that predate
-    it from a separate ``profile_tag`` file of torch.profiler counts). A missing result is said so."""
+    it from the torch.profiler counts of a separate run stored with it). A missing result is said so."""
     if not (RESULTS / f"{tag}.json").exists():
         return (f"\nNot measured yet: `results/{tag}.json` is written by the command above.\n")
     d = load(tag)
-    extra = load(profile_tag) if profile_tag else {}
+    extra = d.get("separate_profile", {}).get("runs", {})
     lines = ["| precision | objective ms | constraint ms | / fp16 update obj / con | 780-iteration phase s | "
              "FLOP floor s | GPU busy ms obj / con | kernel launches obj / con | host syncs obj / con |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -159,20 +159,23 @@ def gpu_phase_table(tag: str, profile_tag: str = "") -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
-def ops_table(tags: List[str], labels: List[str]) -> str:
-    """aten operators per iteration (torch.profiler on the CPU) of ``bench_gpu_phase.py`` runs."""
-    lines = ["| engine | aten ops obj / con | aten::mul obj / con | aten::dot obj / con | host reads obj / con |",
-             "|---|---|---|---|---|"]
-    for tag, label in zip(tags, labels):
-        r = load(tag)["precisions"]["fp32"]
+def ops_table(tag: str, labels: Dict[str, str]) -> str:
+    """aten operators per iteration (torch.profiler on the CPU) of ``bench_gpu_phase.py`` reports
+    stored under the keys of ``labels`` in one result file."""
+    runs = load(tag)
+    lines = ["| engine | aten ops obj / con | of them not views obj / con | aten::mul obj / con | aten::dot obj / con "
+             "| host reads obj / con |", "|---|---|---|---|---|---|"]
+    for key, label in labels.items():
+        r = runs[key]["precisions"]["fp32"]
         prof, reads = r["profile_per_iteration"], r["host_reads_per_iteration"]
         cells = [" / ".join(f"{prof[b][k]:.0f}" for b in ("objective", "constraint"))
-                 for k in ("aten_ops", "aten_mul", "aten_dot")]
+                 for k in ("aten_ops", "aten_kernels", "aten_mul", "aten_dot")]
         lines.append(f"| {label} | {' | '.join(cells)} | {reads['objective']} / {reads['constraint']} |")
-    d = load(tags[-1])
+    d = runs[key]
     st = d["settings"]
     lines += ["", f"Device: {d['device']}, torch {d['torch']}; {st['layers']}+{st['layers']} layers "
-              f"d={st['embed_dim']}, {d['tensors']} parameter tensors, {d['tokens_per_S']:.0f} tokens in S, {st['profile_iters']} profiled iteration per branch."]
+              f"d={st['embed_dim']}, {d['tensors']} parameter tensors, {d['tokens_per_S']:.0f} tokens in S, "
+              f"{st['profile_iters']} profiled iteration(s) per branch."]
     return "\n" + "\n".join(lines) + "\n"
 
 
@@ -184,10 +187,10 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "transformer_cuda_B4096": lambda: transformer_table("transformer_cuda_B4096"),
     "vision_cpu": lambda: vision_table("vision_cpu"),
     "vision_cuda": lambda: vision_table("vision_cuda"),
-    "gpu_phase_cuda_before": lambda: gpu_phase_table("gpu_phase_cuda_4310047", "gpu_phase_cuda_4310047_profile"),
+    "gpu_phase_cuda_4310047": lambda: gpu_phase_table("gpu_phase_cuda_4310047"),
     "gpu_phase_cuda": lambda: gpu_phase_table("gpu_phase_cuda"),
-    "gpu_phase_ops_cpu": lambda: ops_table(["gpu_phase_ops_cpu_before", "gpu_phase_ops_cpu"],
-                                           ["per-tensor (`4310047`)", "flat buffers (this version)"]),
+    "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
+                                                                 "after": "flat buffers (this version)"}),
     "transformer_cpu.iteration_range": lambda: ratio_range(["transformer_cpu_B2048"], TRANSFORMER_TIME_KEYS),
     "transformer_cuda.iteration_range": lambda: ratio_range(["transformer_cuda_B4096"], TRANSFORMER_TIME_KEYS),
     "vision_cpu.constraint_range": lambda: ratio_range(["vision_cpu"], ["constraint_time"]),
