@@ -5,12 +5,15 @@ For each precision (fp32, tf32, bf16) and each branch (objective: gamma huge; co
 tiny), starting from the same initial weights and on the same batches: ``--warmup`` iterations,
 then ``--iters`` timed ones. Reported: seconds per iteration, the ratio to one fp16 training update
 (forward + backward + Adam on S, timed in the same process: ``model.half()``, loss scaling, fp32
-master weights in one flat buffer, as fairseq's ``--fp16``), peak memory, the projected phase
-(780 iterations, 30% objective / 70% constraint as in the measured run), the largest relative
-difference of the learned scales from fp32 after the same iterations, the host syncs of one
-iteration (CUDA), and the floor: the FLOPs of each kind of pass, counted by
-``torch.utils.flop_counter`` on the real model, against the GPU's dense peak for the dtype.
-Writes ``<out>/<tag>.json`` and ``<out>/<tag>.md``.
+master weights in one flat buffer, as fairseq's ``--fp16``; timed on batches whose shapes it has
+seen before, as in a training run, where every batch shape recurs each epoch), peak memory, the
+projected phase (780 iterations, 30% objective / 70% constraint as in the measured run), the
+largest relative difference of the learned scales from fp32 after the same iterations, the host
+reads and syncs of one iteration, the profile of ``--profile-iters`` more (aten operators; on
+CUDA also GPU-busy time and kernel launches), and the floor: the FLOPs of each kind of pass,
+counted by ``torch.utils.flop_counter`` on the real model, against the GPU's dense peak for the
+dtype. ``--cudnn-sdpa`` sets the attention backend of the training update as in training
+(GradInit's own passes never use cuDNN attention). Writes ``<out>/<tag>.json`` and ``<out>/<tag>.md``.
 
     python benchmarks/bench_gpu_phase.py --device cuda                       # synthetic tokens
     python benchmarks/bench_gpu_phase.py --device cuda --data-bin data-bin/iwslt14/bin
@@ -19,6 +22,7 @@ Writes ``<out>/<tag>.json`` and ``<out>/<tag>.md``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import logging
@@ -29,6 +33,7 @@ from pathlib import Path
 import torch
 
 from bench_transformer import label_smoothed_loss  # this folder is sys.path[0] when the benchmark runs
+from count_bookkeeping_ops import top_level_aten_ops
 from host_syncs import HostSyncCounter
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,6 +53,8 @@ PEAK_TFLOPS = {
 }
 TINY = dict(layers=1, embed_dim=16, ffn_dim=32, heads=2, vocab_src=60, vocab_tgt=50, max_tokens=96, seq_len=8,
             iters=3, warmup=1)
+#: Host-side calls that launch work on a CUDA device (runtime and driver API), as the profiler names them.
+LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
 
 
 def get_args_parser():
@@ -59,10 +66,16 @@ def get_args_parser():
                                                                       "(fp32 always runs: the reference)")
     p.add_argument("--iters", type=int, default=40, help="timed iterations per branch and precision")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations before them")
+    p.add_argument("--profile-iters", type=int, default=2, help="iterations profiled after the timed ones")
+    p.add_argument("--cudnn-sdpa", choices=["on", "off"], default="on",
+                   help="cuDNN attention for the fp16 training update (torch.backends.cuda.enable_cudnn_sdp): as "
+                        "the training run it stands for has it")
     p.add_argument("--max-tokens", type=int, default=4096, help="tokens of S, of a training batch (--max-tokens "
                                                                 "of the recipe); a draw is (2 - overlap) x this")
     p.add_argument("--overlap", type=float, default=0.5)
     p.add_argument("--seq-len", type=int, default=24, help="synthetic: source and target length of a sentence")
+    p.add_argument("--len-jitter", type=int, default=4, help="synthetic: draw i has sentences of --seq-len + "
+                                                                  "(i mod (2j+1)) - j tokens")
     p.add_argument("--vocab-src", type=int, default=5008, help="synthetic: source dictionary size")
     p.add_argument("--vocab-tgt", type=int, default=3728, help="synthetic: target dictionary size")
     p.add_argument("--layers", type=int, default=6)
@@ -101,33 +114,39 @@ def build_synthetic(args, device):
     model = TransformerModel.build_model(ns, argparse.Namespace(source_dictionary=dicts[0],
                                                                 target_dictionary=dicts[1])).to(device)
     gen = torch.Generator().manual_seed(args.seed)
-    n_s = max(2, args.max_tokens // args.seq_len)  # sentences of S
-    k = int(round(args.overlap * n_s))
 
-    def batch(n):
-        src = torch.randint(dicts[0].nspecial, len(dicts[0]), (n, args.seq_len), generator=gen)
-        tgt = torch.randint(dicts[1].nspecial, len(dicts[1]), (n, args.seq_len), generator=gen)
+    def batch(n, length):
+        src = torch.randint(dicts[0].nspecial, len(dicts[0]), (n, length), generator=gen)
+        tgt = torch.randint(dicts[1].nspecial, len(dicts[1]), (n, length), generator=gen)
         tgt[:, -1] = dicts[1].eos()
         prev = torch.cat([torch.full((n, 1), dicts[1].eos()), tgt[:, :-1]], dim=1)
-        return {"net_input": {"src_tokens": src, "src_lengths": torch.full((n,), args.seq_len),
-                              "prev_output_tokens": prev}, "target": tgt, "ntokens": n * args.seq_len}
+        return {"net_input": {"src_tokens": src, "src_lengths": torch.full((n,), length),
+                              "prev_output_tokens": prev}, "target": tgt, "ntokens": n * length}
 
     def sub(b, lo, hi):
         return {"net_input": {k2: v[lo:hi] for k2, v in b["net_input"].items()}, "target": b["target"][lo:hi],
-                "ntokens": (hi - lo) * args.seq_len}
+                "ntokens": int(b["target"][lo:hi].numel())}
+
+    def pair(i):
+        # Batches of length-bucketed sentences: one length per draw, cycling through 2 * len_jitter + 1
+        # lengths around --seq-len (shapes differ from draw to draw, as the plugin's batches do).
+        length = max(2, args.seq_len + i % (2 * args.len_jitter + 1) - args.len_jitter)
+        n = max(2, args.max_tokens // length)
+        k = int(round(args.overlap * n))
+        b = batch(2 * n - k, length)  # S and S~ share k sentences, as the plugin splits a draw
+        return BatchPair(sub(b, 0, n), sub(b, n - k, 2 * n - k))
 
     from fairseq_gradinit.core.prefetch import move_to_device
 
-    count = args.warmup + args.iters + 1
-    draws = [batch(2 * n_s - k) for _ in range(count)]  # S and S~ share k sentences, as the plugin splits a draw
+    count = args.warmup + args.iters + 1 + args.profile_iters
     # Moved to the device once, before anything is timed.
-    pairs = [move_to_device(BatchPair(sub(b, 0, n_s), sub(b, n_s - k, 2 * n_s - k)), device) for b in draws]
+    pairs = [move_to_device(pair(i), device) for i in range(count)]
 
     def pair_stream():
         return iter(pairs), (lambda: None)
 
     return model, label_smoothed_loss, pair_stream, {
-        "source": "synthetic", "sentences_per_S": n_s, "seq_len": args.seq_len, "tokens_per_S": n_s * args.seq_len,
+        "source": "synthetic", "seq_len": args.seq_len, "len_jitter": args.len_jitter,
         "vocab": [args.vocab_src, args.vocab_tgt]}
 
 
@@ -242,18 +261,70 @@ def time_fp16_updates(model, state, loss_fn, pairs, args, device):
         opt.step()
         torch._foreach_copy_([p.detach().view(-1) for p in params], master_views)
 
-    samples = [p.s for p in pairs]
-    for s in samples[:args.warmup]:
+    samples = [p.s for p in pairs][args.warmup:args.warmup + args.iters]
+    # Training sees every batch shape again each epoch, so cuDNN's per-shape plans are built once and
+    # reused; one untimed pass over the timed batches puts the timed pass in that state.
+    for s in samples:
         update(s)
     base = reset_peak(device)
     sync(device)
     t0 = time.perf_counter()
-    for s in samples[args.warmup:args.warmup + args.iters]:
+    for s in samples:
         update(s)
     sync(device)
     seconds = (time.perf_counter() - t0) / args.iters
-    out = {"seconds": seconds, "peak_mib": peak_mib(device, base)}
+    out = {"seconds": seconds, "peak_mib": peak_mib(device, base),
+           "profile": profile_iterations(update, samples[:args.profile_iters], device)}
     del half, opt, master
+    return out
+
+
+#: aten operators that make a view or an allocation: they launch no kernel on any device.
+NO_KERNEL_OPS = {"aten::" + n for n in (
+    "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "slice", "select", "narrow", "t", "transpose",
+    "permute", "expand", "squeeze", "unsqueeze", "detach", "alias", "split", "split_with_sizes", "unbind", "chunk",
+    "unflatten", "flatten", "view_as", "expand_as", "empty", "empty_like", "empty_strided", "resize_", "lift_fresh",
+    "contiguous", "numpy_T", "_local_scalar_dense", "item", "is_nonzero", "result_type", "to", "_to_copy_noop")}
+
+
+def compute_ops(events) -> int:
+    """Top-level aten operators that are not views or allocations: a CPU stand-in for the kernel
+    launches of a GPU (a ``_foreach_*`` operator counts once, as its multi-tensor kernels launch a few)."""
+    def top(e):
+        p = e.cpu_parent
+        while p is not None:
+            if p.name.startswith("aten::"):
+                return False
+            p = p.cpu_parent
+        return True
+    return sum(1 for e in events if e.name.startswith("aten::") and e.name not in NO_KERNEL_OPS and top(e))
+
+
+def profile_iterations(step, items, device):
+    """Per call of ``step`` on each of ``items``, under torch.profiler: top-level aten operators and
+    the counts of aten::mul and aten::dot; on CUDA also the GPU-busy milliseconds (kernels, copies
+    and memsets summed), the kernel launches and the stream synchronizations."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    if not items:
+        return None
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    sync(device)
+    with profile(activities=activities) as prof:
+        for item in items:
+            step(item)
+        sync(device)
+    events, n = prof.events(), len(items)
+    names = [e.name for e in events]
+    out = {"aten_ops": top_level_aten_ops(events) / n, "aten_kernels": compute_ops(events) / n,
+           "aten_mul": names.count("aten::mul") / n,
+           "aten_dot": names.count("aten::dot") / n, "gpu_busy_ms": None, "launches": None, "stream_syncs": None}
+    if cuda:
+        busy_us = sum(e.time_range.elapsed_us() for e in events if e.device_type == DeviceType.CUDA)
+        out.update(gpu_busy_ms=busy_us / 1e3 / n, launches=sum(names.count(a) for a in LAUNCH_APIS) / n,
+                   stream_syncs=(names.count("cudaStreamSynchronize") + names.count("cudaDeviceSynchronize")) / n)
     return out
 
 
@@ -276,19 +347,21 @@ def run_branch(model, state, loss_fn, pair_stream, branch, precision, args, devi
             seconds = (time.perf_counter() - t0) / args.iters
             engine.finalize()
             scales = engine.scaled.scales_dict()
-            syncs = None
-            if device.type == "cuda":  # one more iteration, counted (the scales above are already taken)
-                pair = next(pairs)
-                with HostSyncCounter(device) as counter:
-                    engine.step(pair)
-                syncs = counter.total
+            # One more iteration, counted, then a few profiled (the scales above are already taken).
+            pair = next(pairs)
+            with HostSyncCounter(device) as counter:
+                engine.step(pair)
+            syncs = counter.counts.pop("cuda_sync", 0) if device.type == "cuda" else None
+            profiled = profile_iterations(engine.step, [next(pairs) for _ in range(args.profile_iters)], device)
+            engine.finalize()
     finally:
         close()
     branches = {r.branch for r in engine.history}
     if branches != {branch}:
         raise RuntimeError(f"{precision} {branch} run took the branches {sorted(branches)}")
     return {"seconds": seconds, "peak_mib": peak_mib(device, base), "scales": scales, "host_syncs": syncs,
-            "last_loss_s": engine.history[-1].loss_s}
+            "host_reads": counter.total, "profile": profiled, "last_loss_s": engine.history[-1].loss_s,
+            "tensors": len(engine.scaled.params)}
 
 
 def gpu_peaks(device, override):
@@ -319,6 +392,32 @@ def max_rel_diff(a, b):
     return max(abs(a[k] - b[k]) / max(abs(b[k]), 1e-12) for k in b)
 
 
+def phase_row(results, precision, train, flops, peaks):
+    """The table row of one precision: times, ratios, memory, the projected phase against its floor,
+    the scales' difference from fp32, host reads/syncs and the profile of each branch."""
+    o, c = results[precision]["objective"], results[precision]["constraint"]
+    phase = PHASE_ITERS * (OBJECTIVE_SHARE * o["seconds"] + (1 - OBJECTIVE_SHARE) * c["seconds"])
+    row = {
+        "objective_s": o["seconds"], "constraint_s": c["seconds"],
+        "objective_per_fp16_update": o["seconds"] / train["seconds"],
+        "constraint_per_fp16_update": c["seconds"] / train["seconds"],
+        "objective_peak_mib": o["peak_mib"], "constraint_peak_mib": c["peak_mib"],
+        "projected_phase_s": phase,
+        "max_rel_scale_diff_vs_fp32": {b: max_rel_diff(results[precision][b]["scales"],
+                                                       results["fp32"][b]["scales"]) for b in BRANCHES},
+        "host_syncs_per_iteration": {b: results[precision][b]["host_syncs"] for b in BRANCHES},
+        "host_reads_per_iteration": {b: results[precision][b]["host_reads"] for b in BRANCHES},
+        "profile_per_iteration": {b: results[precision][b]["profile"] for b in BRANCHES},
+    }
+    if peaks:
+        peak = peaks[precision] * 1e12
+        row["floor_s"] = {b: flops[b] / peak for b in BRANCHES}
+        row["projected_phase_floor_s"] = PHASE_ITERS * (OBJECTIVE_SHARE * row["floor_s"]["objective"]
+                                                        + (1 - OBJECTIVE_SHARE) * row["floor_s"]["constraint"])
+        row["phase_over_floor"] = phase / row["projected_phase_floor_s"]
+    return row
+
+
 def main(args):
     if args.tiny:
         for k, v in TINY.items():
@@ -329,6 +428,27 @@ def main(args):
         get_args_parser().error(f"--precisions {','.join(bad)}: expected a subset of {','.join(PRECISIONS)}")
     device = torch.device(args.device)
     peaks, peak_source = gpu_peaks(device, args.peak_tflops)
+    if args.profile_iters < 1 or args.profile_iters > args.iters:
+        get_args_parser().error(f"--profile-iters {args.profile_iters}: give 1 to --iters ({args.iters})")
+    with cudnn_attention(args.cudnn_sdpa == "on"):
+        return measure(args, device, precisions, peaks, peak_source)
+
+
+@contextlib.contextmanager
+def cudnn_attention(enabled: bool):
+    """cuDNN attention on or off inside (torch.backends.cuda.enable_cudnn_sdp), restored on exit."""
+    if not hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        yield
+        return
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_cudnn_sdp(enabled)
+    try:
+        yield
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+
+
+def measure(args, device, precisions, peaks, peak_source):
     start = time.perf_counter()
     build = build_data_bin if args.data_bin else build_synthetic
     model, loss_fn, pair_stream, data = build(args, device)
@@ -354,34 +474,15 @@ def main(args):
             print(f"{precision:5s} {branch:10s} {r['seconds'] * 1e3:9.2f} ms/iteration", flush=True)  # noqa: T201
     model.load_state_dict(state)
 
-    rows = {}
-    for precision in precisions:
-        o, c = results[precision]["objective"], results[precision]["constraint"]
-        phase = PHASE_ITERS * (OBJECTIVE_SHARE * o["seconds"] + (1 - OBJECTIVE_SHARE) * c["seconds"])
-        row = {
-            "objective_s": o["seconds"], "constraint_s": c["seconds"],
-            "objective_per_fp16_update": o["seconds"] / train["seconds"],
-            "constraint_per_fp16_update": c["seconds"] / train["seconds"],
-            "objective_peak_mib": o["peak_mib"], "constraint_peak_mib": c["peak_mib"],
-            "projected_phase_s": phase,
-            "max_rel_scale_diff_vs_fp32": {b: max_rel_diff(results[precision][b]["scales"],
-                                                           results["fp32"][b]["scales"]) for b in BRANCHES},
-            "host_syncs_per_iteration": {b: results[precision][b]["host_syncs"] for b in BRANCHES},
-        }
-        if peaks:
-            peak = peaks[precision] * 1e12
-            row["floor_s"] = {b: flops[b] / peak for b in BRANCHES}
-            row["projected_phase_floor_s"] = PHASE_ITERS * (OBJECTIVE_SHARE * row["floor_s"]["objective"]
-                                                            + (1 - OBJECTIVE_SHARE) * row["floor_s"]["constraint"])
-        rows[precision] = row
+    rows = {p: phase_row(results, p, train, flops, peaks) for p in precisions}
     fp32_moves = {b: max(abs(v - 1.0) for v in results["fp32"][b]["scales"].values()) for b in BRANCHES}
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else \
         f"CPU ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
     report = {
         "device": device_name, "torch": torch.__version__, "tiny": bool(args.tiny),
-        "settings": {k: getattr(args, k) for k in ("iters", "warmup", "max_tokens", "overlap", "layers", "embed_dim",
-                                                   "ffn_dim", "heads", "seed")},
-        "data": data, "tokens_per_S": tokens_s, "flops": flops,
+        "settings": {k: getattr(args, k) for k in ("iters", "warmup", "profile_iters", "cudnn_sdpa", "max_tokens",
+                                                   "overlap", "layers", "embed_dim", "ffn_dim", "heads", "seed")},
+        "data": data, "tokens_per_S": tokens_s, "tensors": results["fp32"]["objective"]["tensors"], "flops": flops,
         "flops_per_forward": {k: v / flops["forward_S"] for k, v in flops.items()},
         "peak_tflops": peaks, "peak_source": peak_source,
         "fp16_update": {**train, "floor_s": flops["train_update_S"] / (peaks["fp16"] * 1e12) if peaks else None},
@@ -402,31 +503,42 @@ def _f(x, fmt):
     return "-" if x is None else format(x, fmt)
 
 
+def _pair(d, key, fmt):
+    """``"objective / constraint"`` of ``d[branch][key]`` (``-`` where not measured)."""
+    return " / ".join(_f(None if d.get(b) is None else d[b].get(key), fmt) for b in BRANCHES)
+
+
 def markdown(report, tag):
     t = report["fp16_update"]
+    tp = t.get("profile") or {}
     train_floor = "" if t["floor_s"] is None else f" (floor {t['floor_s'] * 1e3:.2f} ms)"
+    st = report["settings"]
     lines = [
-        f"### {tag}: {report['device']}, torch {report['torch']}, {report['settings']['layers']}+"
-        f"{report['settings']['layers']} layers d={report['settings']['embed_dim']}, "
-        f"{report['tokens_per_S']:.0f} tokens in S, {report['settings']['iters']} timed iterations per branch",
+        f"### {tag}: {report['device']}, torch {report['torch']}, {st['layers']}+{st['layers']} layers "
+        f"d={st['embed_dim']}, {report['tokens_per_S']:.0f} tokens in S, {st['iters']} timed iterations per branch",
         "",
-        f"fp16 training update on S (model.half(), fp32 master weights, Adam): {t['seconds'] * 1e3:.2f} ms"
-        f"{train_floor}, peak {_f(t['peak_mib'], '.0f')} MiB.",
+        f"fp16 training update on S (model.half(), fp32 master weights, Adam; batches seen before; cuDNN attention "
+        f"{st['cudnn_sdpa']}): {t['seconds'] * 1e3:.2f} ms{train_floor}, peak {_f(t['peak_mib'], '.0f')} MiB, GPU busy "
+        f"{_f(tp.get('gpu_busy_ms'), '.2f')} ms, {_f(tp.get('launches'), '.0f')} kernel launches, "
+        f"{_f(tp.get('aten_ops'), '.0f')} aten operators.",
         "",
         "| precision | objective ms | / fp16 update | constraint ms | / fp16 update | peak MiB obj / con | "
-        "780-iteration phase s (floor) | max rel. scale diff vs fp32 obj / con | host syncs obj / con |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "780-iteration phase s (floor) | max rel. scale diff vs fp32 obj / con | GPU busy ms obj / con | "
+        "kernel launches obj / con | aten ops obj / con | host reads / syncs obj / con |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p, r in report["precisions"].items():
         floor = r.get("projected_phase_floor_s")
         d = r["max_rel_scale_diff_vs_fp32"]
-        s = r["host_syncs_per_iteration"]
+        s, reads, prof = r["host_syncs_per_iteration"], r["host_reads_per_iteration"], r["profile_per_iteration"]
         lines.append(
             f"| {p} | {r['objective_s'] * 1e3:.2f} | {r['objective_per_fp16_update']:.2f} | "
             f"{r['constraint_s'] * 1e3:.2f} | {r['constraint_per_fp16_update']:.2f} | "
             f"{_f(r['objective_peak_mib'], '.0f')} / {_f(r['constraint_peak_mib'], '.0f')} | "
             f"{r['projected_phase_s']:.1f} ({_f(floor, '.1f')}) | {d['objective']:.2e} / {d['constraint']:.2e} | "
-            f"{_f(s['objective'], 'd')} / {_f(s['constraint'], 'd')} |")
+            f"{_pair(prof, 'gpu_busy_ms', '.1f')} | {_pair(prof, 'launches', '.0f')} | {_pair(prof, 'aten_ops', '.0f')} | "
+            f"{_f(reads['objective'], 'd')} / {_f(s['objective'], 'd')}, {_f(reads['constraint'], 'd')} / "
+            f"{_f(s['constraint'], 'd')} |")
     f = report["flops_per_forward"]
     moved = report["fp32_scale_movement"]
     lines += [

@@ -3,8 +3,8 @@
 Small models on a GPU are bound by kernel launches, so the number of operators the host issues per
 iteration matters beside the FLOPs. This counts, with the PyTorch profiler, the top-level aten
 operators of everything an objective iteration does besides its two forward/backward passes:
-writing alpha*W, the norm of g, A[g], writing alpha*W - eta*A[g], and <dL/dtheta_i, W_i>. Random
-stand-in gradients replace autograd's (created outside the profiled region). Operator counts do
+writing alpha*W, copying g into one buffer, its norm, A[g], writing alpha*W - eta*A[g], and
+<dL/dtheta_i, W_i>. Random stand-in gradients replace autograd's (created outside the profiled region). Operator counts do
 not depend on the machine's load, unlike times.
 
     python benchmarks/count_bookkeeping_ops.py --models resnet110:bn,vgg19:bn --out benchmarks/results/bookkeeping_ops
@@ -53,6 +53,7 @@ def count(name: str, bn: bool, args) -> dict:
 
     def bookkeeping(grads):
         engine.scaled.write(engine.alpha)
+        grads = engine.scaled.gather(grads)  # as GradInit.step: g in one buffer
         gnorm = engine.grad_norm(grads)
         direction = engine.step_direction(grads, gnorm)
         engine.scaled.write(engine.alpha, direction=direction, eta=1e-3)

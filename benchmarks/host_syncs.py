@@ -1,15 +1,16 @@
 """Count the points where the host waits for the device (host syncs) inside a block of code.
 
-On CUDA, torch's sync debug mode reports every synchronizing call (a copy to the host, a
-pageable-memory upload, ``torch.cuda.synchronize``...); each report is counted. On a CPU nothing
-waits, so the operations that would make the host wait on an accelerator are counted instead:
-the aten operators that read tensor data back to Python or size their output by it
-(``item``/``bool``/``float``/``int`` via ``_local_scalar_dense``, ``nonzero``, ``masked_select``,
-``unique``, ``repeat_interleave`` without ``output_size``, ``equal``) and the Python-level reads
-``tolist``, ``cpu`` and ``numpy``, which a CPU tensor serves without dispatching an operator.
-On a CPU this also counts reads of tensors that stay on the host on any device (fairseq turns
-shapes into CPU tensors and compares them), so compare counts, as the tests do, against a
-baseline measured the same way.
+On every device, the operations that make the host wait on an accelerator are counted: the aten
+operators that read tensor data back to Python or size their output by it (``item``/``bool``/
+``float``/``int`` via ``_local_scalar_dense``, ``nonzero``, ``masked_select``, ``unique``,
+``repeat_interleave`` without ``output_size``, ``equal``) and the Python-level reads ``tolist``,
+``cpu`` and ``numpy`` (a CPU tensor serves them without dispatching an operator). On CUDA, torch's
+sync debug mode also reports every call that synchronizes the host with the device (a copy to the
+host, a pageable-memory upload, ``torch.cuda.synchronize``...): each report counts as ``cuda_sync``,
+so a ``.tolist()`` of a CUDA tensor counts once as ``tolist`` and once as ``cuda_sync``. On a CPU
+this also counts reads of tensors that stay on the host on any device (fairseq turns shapes into
+CPU tensors and compares them), so compare counts, as the tests do, against a baseline measured
+the same way.
 
     with HostSyncCounter(device) as syncs:
         engine.step(pair)
@@ -63,7 +64,6 @@ class HostSyncCounter:
             self._records = self._warnings.__enter__()
             warnings.simplefilter("always")
             torch.cuda.set_sync_debug_mode("warn")
-            return self
         self._saved = {m: getattr(torch.Tensor, m) for m in SYNC_METHODS}
         counts = self.counts
 
@@ -80,13 +80,12 @@ class HostSyncCounter:
         return self
 
     def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+        for name, method in self._saved.items():
+            setattr(torch.Tensor, name, method)
         if self.device.type == "cuda":
             torch.cuda.set_sync_debug_mode(self._previous)
             self._warnings.__exit__(*exc)
             for w in self._records:
                 if "synchroniz" in str(w.message):
                     self.counts["cuda_sync"] += 1
-            return
-        self._mode.__exit__(*exc)
-        for name, method in self._saved.items():
-            setattr(torch.Tensor, name, method)

@@ -107,6 +107,78 @@ def ratio_range(tags: List[str], keys: List[str]) -> str:
     return f"{low}×" if low == high else f"{low}–{high}×"
 
 
+#: The CUDA runtime and driver calls that launch work, as torch.profiler names them (as bench_gpu_phase.py counts).
+LAUNCH_APIS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch")
+
+
+def _ms(x) -> str:
+    return "-" if x is None else f"{1000 * x:.1f}"
+
+
+def _num(x, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def gpu_phase_table(tag: str) -> str:
+    """The table of ``bench_gpu_phase.py``: per precision the iteration times, the projected phase
+    against its floor and the per-iteration profile (from the JSON itself, or for runs that predate
+    it from the torch.profiler counts of a separate run stored with it). A missing result is said so."""
+    if not (RESULTS / f"{tag}.json").exists():
+        return (f"\nNot measured yet: `results/{tag}.json` is written by the command above.\n")
+    d = load(tag)
+    extra = d.get("separate_profile", {}).get("runs", {})
+    lines = ["| precision | objective ms | constraint ms | / fp16 update obj / con | 780-iteration phase s | "
+             "FLOP floor s | GPU busy ms obj / con | kernel launches obj / con | host syncs obj / con |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for p, r in d["precisions"].items():
+        prof = r.get("profile_per_iteration") or {}
+        busy, launches = [], []
+        for b in ("objective", "constraint"):
+            row = prof.get(b) or {}
+            old = extra.get(f"{p}-{b}")
+            if old is not None:  # the separate profile: launches are the runtime API's launch calls
+                api = old["api_counts_per_iter"]
+                row = {"gpu_busy_ms": old["device_busy_ms_per_iter"],
+                       "launches": sum(api.get(k, 0) for k in LAUNCH_APIS)}
+            busy.append(_num(row.get("gpu_busy_ms"), ".0f"))
+            launches.append(_num(row.get("launches"), ".0f"))
+        syncs = r["host_syncs_per_iteration"]
+        lines.append(f"| {p} | {_ms(r['objective_s'])} | {_ms(r['constraint_s'])} | "
+                     f"{r['objective_per_fp16_update']:.2f} / {r['constraint_per_fp16_update']:.2f} | "
+                     f"{r['projected_phase_s']:.1f} | {_num(r.get('projected_phase_floor_s'), '.1f')} | "
+                     f"{' / '.join(busy)} | {' / '.join(launches)} | "
+                     f"{_num(syncs['objective'], 'd')} / {_num(syncs['constraint'], 'd')} |")
+    t, st = d["fp16_update"], d["settings"]
+    tp = t.get("profile") or {}
+    sdpa = f", cuDNN attention {st['cudnn_sdpa']}" if "cudnn_sdpa" in st else ""
+    lines += ["", f"fp16 training update: {_ms(t['seconds'])} ms (floor {_ms(t['floor_s'])} ms{sdpa}"
+              f"{', timed on batches seen before' if 'profile' in t else ', every timed batch a new shape'}), "
+              f"GPU busy {_num(tp.get('gpu_busy_ms'), '.1f')} ms, {_num(tp.get('launches'), '.0f')} kernel launches. "
+              f"Device: {d['device']}, torch {d['torch']}; {d['tokens_per_S']:.0f} tokens in S, "
+              f"{st['layers']}+{st['layers']} layers d={st['embed_dim']}, {st['iters']} timed iterations per branch."]
+    return "\n" + "\n".join(lines) + "\n"
+
+
+def ops_table(tag: str, labels: Dict[str, str]) -> str:
+    """aten operators per iteration (torch.profiler on the CPU) of ``bench_gpu_phase.py`` reports
+    stored under the keys of ``labels`` in one result file."""
+    runs = load(tag)
+    lines = ["| engine | aten ops obj / con | of them not views obj / con | aten::mul obj / con | aten::dot obj / con "
+             "| host reads obj / con |", "|---|---|---|---|---|---|"]
+    for key, label in labels.items():
+        r = runs[key]["precisions"]["fp32"]
+        prof, reads = r["profile_per_iteration"], r["host_reads_per_iteration"]
+        cells = [" / ".join(f"{prof[b][k]:.0f}" for b in ("objective", "constraint"))
+                 for k in ("aten_ops", "aten_kernels", "aten_mul", "aten_dot")]
+        lines.append(f"| {label} | {' | '.join(cells)} | {reads['objective']} / {reads['constraint']} |")
+    d = runs[key]
+    st = d["settings"]
+    lines += ["", f"Device: {d['device']}, torch {d['torch']}; {st['layers']}+{st['layers']} layers "
+              f"d={st['embed_dim']}, {d['tensors']} parameter tensors, {d['tokens_per_S']:.0f} tokens in S, "
+              f"{st['profile_iters']} profiled iteration(s) per branch."]
+    return "\n" + "\n".join(lines) + "\n"
+
+
 TRANSFORMER_TIME_KEYS = ["objective_time", "constraint_time", "constraint_switch_time"]
 
 #: name -> renderer of each generated block.
@@ -115,6 +187,10 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "transformer_cuda_B4096": lambda: transformer_table("transformer_cuda_B4096"),
     "vision_cpu": lambda: vision_table("vision_cpu"),
     "vision_cuda": lambda: vision_table("vision_cuda"),
+    "gpu_phase_cuda_4310047": lambda: gpu_phase_table("gpu_phase_cuda_4310047"),
+    "gpu_phase_cuda": lambda: gpu_phase_table("gpu_phase_cuda"),
+    "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
+                                                                 "after": "flat buffers (this version)"}),
     "transformer_cpu.iteration_range": lambda: ratio_range(["transformer_cpu_B2048"], TRANSFORMER_TIME_KEYS),
     "transformer_cuda.iteration_range": lambda: ratio_range(["transformer_cuda_B4096"], TRANSFORMER_TIME_KEYS),
     "vision_cpu.constraint_range": lambda: ratio_range(["vision_cpu"], ["constraint_time"]),

@@ -3,6 +3,7 @@ import json
 import math
 
 import pytest
+import torch
 
 pytest.importorskip("fairseq")
 
@@ -46,6 +47,15 @@ def _check_report(report, out, tag, peaks=None):
         assert row["projected_phase_s"] == pytest.approx(780 * (0.3 * row["objective_s"] + 0.7 * row["constraint_s"]))
         assert row["objective_per_fp16_update"] == pytest.approx(row["objective_s"] / report["fp16_update"]["seconds"])
         assert row["objective_peak_mib"] is None and row["host_syncs_per_iteration"]["objective"] is None  # CUDA only
+        # Reads of tensor values are counted on every device: the engine's one per iteration, and the
+        # model's own (fairseq reads shapes and padding flags) in each pass: two passes for an objective
+        # iteration, one for a constraint iteration that reuses the graph.
+        reads = row["host_reads_per_iteration"]
+        assert reads["objective"] - 1 == 2 * (reads["constraint"] - 1) and reads["constraint"] >= 1
+        for branch, prof in row["profile_per_iteration"].items():
+            assert prof["aten_ops"] > 0 and prof["gpu_busy_ms"] is None and prof["launches"] is None
+            # the scale bookkeeping works on flat buffers: no product per parameter tensor
+            assert prof["aten_dot"] == 0, (p, branch, prof)
         assert ("floor_s" in row) == (peaks is not None)
         diffs = row["max_rel_scale_diff_vs_fp32"]
         assert all(_finite(d) for d in diffs.values())
@@ -57,14 +67,20 @@ def _check_report(report, out, tag, peaks=None):
     md = (out / f"{tag}.md").read_text()
     assert md.count("\n| fp32 |") == md.count("\n| tf32 |") == md.count("\n| bf16 |") == 1
     assert "780-iteration phase" in md and "Counted FLOPs" in md
+    fp16 = report["fp16_update"]["profile"]
+    assert fp16["aten_ops"] > 0 and fp16["gpu_busy_ms"] is None
+    assert report["settings"]["cudnn_sdpa"] in ("on", "off") and report["tensors"] > 0
 
 
 def test_tiny_benchmark_on_synthetic_tokens(tmp_path):
     bench = _bench()
-    args = bench.get_args_parser().parse_args(["--tiny", "--device", "cpu", "--out", str(tmp_path)])
+    args = bench.get_args_parser().parse_args(["--tiny", "--device", "cpu", "--out", str(tmp_path),
+                                               "--cudnn-sdpa", "off"])
+    before = torch.backends.cuda.cudnn_sdp_enabled()
     report = bench.main(args)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before  # set for the run only
     _check_report(report, tmp_path, "gpu_phase_cpu_tiny")
-    assert report["data"]["source"] == "synthetic"
+    assert report["data"]["source"] == "synthetic" and report["settings"]["cudnn_sdpa"] == "off"
 
 
 def test_tiny_benchmark_on_a_data_bin(tmp_path):
@@ -84,6 +100,7 @@ def test_tiny_benchmark_on_a_data_bin(tmp_path):
     (["--precisions", "fp8"], "--precisions fp8"),
     (["--peak-tflops", "fp32=67"], "--peak-tflops 'fp32=67': give a number > 0 for each"),
     (["--peak-tflops", "fp32=fast"], "--peak-tflops 'fp32=fast'"),
+    (["--profile-iters", "0"], "--profile-iters 0: give 1 to --iters"),
 ])
 def test_bad_arguments_are_usage_errors(tmp_path, capsys, argv, message):
     bench = _bench()

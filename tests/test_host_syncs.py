@@ -30,19 +30,63 @@ def _steps(engine, model, batches, counter_device="cpu"):
     return counts
 
 
-@pytest.mark.parametrize("options", [
+#: model passes per iteration of SCHEDULE: objective S and S~; constraint after objective: S twice;
+#: reused graph: S once; objective
+PASSES = (2, 2, 1, 2)
+OPTIONS = [
     dict(),
     dict(constraint_grad="finite_difference"),
     dict(optimizer="sgd", sgd_step="normalized", scale_grad_clip=1.0),
     dict(adam_state="per_branch", reuse_graph=False, max_scale=3.0, scale_bounds=[("bias", 0, None)]),
     dict(precision="bf16"),
     dict(precision="tf32"),
-])
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS)
 def test_one_host_sync_per_iteration(options):
     torch.manual_seed(0)
     model = TinyTransformer()
     engine = GradInit(model, lm_loss, GradInitConfig(eta=1e-3, gamma=1.0, **options))
     assert _steps(engine, model, token_batches(5)) == [{"tolist": 1}] * len(SCHEDULE)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("options", OPTIONS)
+def test_one_host_sync_per_iteration_on_cuda(options):
+    """On CUDA the counter sees both the reads (.item(), .tolist()) and torch's reports of each
+    synchronizing call; the engine adds one of each per iteration to what the loss passes do."""
+    torch.manual_seed(0)
+    model = TinyTransformer().cuda()
+    batches = [b.cuda() for b in token_batches(5)]
+    with gradinit_mode(model), HostSyncCounter("cuda") as model_syncs:
+        lm_loss(model, batches[0]).backward()
+    per_pass = dict(model_syncs.counts)
+    model.zero_grad(set_to_none=True)
+    engine = GradInit(model, lm_loss, GradInitConfig(eta=1e-3, gamma=1.0, **options))
+    for n, c in zip(PASSES, _steps(engine, model, batches, "cuda")):
+        expected = {k: n * v for k, v in per_pass.items()}
+        expected["tolist"] = expected.get("tolist", 0) + 1
+        expected["cuda_sync"] = expected.get("cuda_sync", 0) + 1
+        assert {k: v for k, v in c.items() if v} == {k: v for k, v in expected.items() if v}
+
+
+def test_a_progress_line_reads_the_device_once(caplog):
+    torch.manual_seed(0)
+    model = TinyTransformer()
+    engine = GradInit(model, lm_loss, GradInitConfig(eta=1e-3, gamma=1e9))
+    batches = token_batches(3)
+    with gradinit_mode(model), caplog.at_level("INFO", logger="fairseq_gradinit"):
+        engine.step(BatchPair(batches[0], batches[1]))
+        for settled_only in (False, True):
+            engine.step(BatchPair(batches[1], batches[2]))
+            with HostSyncCounter() as syncs:
+                engine.log_progress(2, 10, settled_only=settled_only)
+            assert dict(syncs.counts) == {"tolist": 1}
+    lines = [r.getMessage() for r in caplog.records if "gradinit iter" in r.getMessage()]
+    assert len(lines) == 2 and "objective" in lines[0]
+    a = list(engine.scaled.scales_dict().values())  # the learned scales only
+    assert f"{min(a):.4g}/{sum(a) / len(a):.4g}/{max(a):.4g}" in lines[-1]
 
 
 def test_sync_counter_sees_a_read_of_a_tensor_value():
@@ -95,9 +139,7 @@ def test_plugin_iteration_adds_one_host_sync_to_the_model_passes(tiny_data):
     per_pass = sum(model_syncs.counts.values())  # fairseq's own reads (e.g. "are there pads?")
     engine = GradInit(fm.model, loss_fn, GradInitConfig(eta=1e-3, gamma=1.0))
     counts = _steps(engine, fm.model, flat)
-    # model passes: objective S and S~; constraint after objective: S twice; reused graph: S once
-    passes = [2, 2, 1, 2]
-    for n, c in zip(passes, counts):
+    for n, c in zip(PASSES, counts):
         assert c.pop("tolist") == 1
         assert sum(c.values()) == n * per_pass, (c, per_pass)
 

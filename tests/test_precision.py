@@ -73,6 +73,29 @@ def test_fp32_and_bf16_leave_tf32_settings_alone():
             assert tf32_state() == before
 
 
+@pytest.mark.parametrize("precision", ["fp32", "tf32", "bf16"])
+def test_loss_passes_run_without_cudnn_attention_and_the_setting_is_restored(precision):
+    """cuDNN attention plans every new shape anew; GradInit's passes use the other SDPA kernels."""
+    if not hasattr(torch.backends.cuda, "enable_cudnn_sdp"):
+        pytest.skip("this torch has no cuDNN attention")
+    seen = []
+
+    def loss_fn(model, batch):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return lm_loss(model, batch)
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    try:
+        for enabled in (True, False):
+            torch.backends.cuda.enable_cudnn_sdp(enabled)
+            torch.manual_seed(0)
+            gradinit(TinyTransformer(), token_batches(3), loss_fn, GradInitConfig(eta=1e-3, iters=2, precision=precision))
+            assert torch.backends.cuda.cudnn_sdp_enabled() == enabled
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(before)
+    assert len(seen) >= 6 and not any(seen)
+
+
 @pytest.mark.parametrize("gamma", [1e-3, 1e9])  # every iteration constraint / objective
 def test_bf16_autocast_in_every_loss_pass_and_scales_stay_fp32(gamma, monkeypatch):
     calls = []

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from .optim import ScaleAdam
 from .precision import loss_in_precision, phase_precision
 from .progress import no_objective_advice
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
-from .scales import ScaledParameters
+from .scales import FlatViews, ScaledParameters
 from .uses import UnsteppedUses
 
 logger = logging.getLogger(__name__)
@@ -108,6 +109,17 @@ def foreach_norm(tensors: Sequence[torch.Tensor], p: int) -> torch.Tensor:
                         for t in tensors]).float()
 
 
+def _sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+    """sum_i ||t_i||^2 in float64 (one reduction over the buffer of :class:`FlatViews`)."""
+    flat = getattr(tensors, "flat", None)
+    if flat is not None:
+        return torch.linalg.vector_norm(flat, dtype=torch.float64).square()
+    try:
+        return torch.stack(torch._foreach_norm(list(tensors), 2, dtype=torch.float64)).square().sum()
+    except (TypeError, RuntimeError):  # torch without the dtype argument
+        return torch.stack([t.pow(2).sum(dtype=torch.float64) for t in tensors]).sum()
+
+
 class GradInit:
     """Stateful GradInit run; :func:`gradinit` is the usual entry point."""
 
@@ -154,17 +166,23 @@ class GradInit:
         return norms.sum() if self.cfg.norm_p == 1 else norms.pow(2).sum().sqrt()
 
     def step_direction(self, grads: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
-        """A[g], computed in place in ``grads``."""
+        """A[g], computed in place in ``grads`` (one kernel where they are :class:`FlatViews`)."""
+        flat = getattr(grads, "flat", None)
         if self.cfg.optimizer == "adam":
-            torch._foreach_sign_(grads)
+            flat.sign_() if flat is not None else torch._foreach_sign_(grads)
             return grads
         if self.cfg.sgd_step == "normalized":
-            factor = self.gamma / gnorm.clamp(min=1e-12)
-            torch._foreach_mul_(grads, factor.to(grads[0].dtype))
+            factor = (self.gamma / gnorm.clamp(min=1e-12)).to(grads[0].dtype)
+            flat.mul_(factor) if flat is not None else torch._foreach_mul_(grads, factor)
         return grads
 
     def _norm_grad(self, gbar: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
         """v = d||gbar||_p / d gbar."""
+        flat = getattr(gbar, "flat", None)
+        if flat is not None:
+            if self.cfg.norm_p == 1:
+                return self.scaled.views(flat.sign())
+            return self.scaled.views(flat * (1.0 / gnorm.clamp(min=1e-12)).to(flat.dtype))
         if self.cfg.norm_p == 1:
             return list(torch._foreach_sign(gbar))
         inv = 1.0 / gnorm.clamp(min=1e-12)
@@ -176,18 +194,22 @@ class GradInit:
         with its graph (computed here by a second-order pass on S when not given)."""
         v = self._norm_grad(gbar, gnorm)
         params = self.scaled.params
-        # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>.
+        # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>,
+        # as one vector-Jacobian product d<g_r, v>/dtheta = (dg_r/dtheta)^T v (no per-tensor products).
         with math_attention():
             if g_local is None:
                 loss = check_loss(self.loss_fn(self.model, s))
                 g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
                 del loss
-            surrogate = sum((gi * vi).sum() for gi, vi in zip(g_local, v) if gi is not None)
-            if not isinstance(surrogate, torch.Tensor) or not surrogate.requires_grad:
+            used = [(gi, vi) for gi, vi in zip(g_local, v) if gi is not None and gi.requires_grad]
+            if not used:
                 return torch.zeros_like(self.alpha)
-            h = gradients(surrogate, params)
-        del g_local, surrogate
-        return self.scaled.alpha_grad(h)
+            hv = torch.autograd.grad([gi for gi, _ in used], params, grad_outputs=[vi for _, vi in used],
+                                     allow_unused=True)
+        del g_local, used, v
+        h = self.scaled.gather([torch.zeros_like(p) if hi is None else hi for p, hi in zip(params, hv)])
+        del hv
+        return self.scaled.alpha_grad(h, consume=True)
 
     def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
                             g_all: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
@@ -200,22 +222,21 @@ class GradInit:
         v = self._norm_grad(gbar, gnorm)
         params = self.scaled.params
         with torch.no_grad():
-            sq = lambda ts: torch.stack([t.pow(2).sum(dtype=torch.float64) for t in ts]).sum()  # noqa: E731
-            eps = self.cfg.fd_eps * sq(params).sqrt() / sq(v).sqrt().clamp(min=1e-30)
+            eps = self.cfg.fd_eps * _sq_norm(params).sqrt() / _sq_norm(v).sqrt().clamp(min=1e-30)
         self.scaled.write(self.alpha, direction=v, eta=-eps.to(params[0].dtype))
         del v
         loss = check_loss(self.loss_fn(self.model, s))
-        h = gradients(loss, params)
+        h = self.scaled.gather(gradients(loss, params))
         del loss
-        return ((self.scaled.alpha_grad(h, torch.float64) - base) / eps).to(self.alpha.dtype)
+        return ((self.scaled.alpha_grad(h, torch.float64, consume=True) - base) / eps).to(self.alpha.dtype)
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
         """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
         if self.unstepped is None:
             self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
             loss = check_loss(self.loss_fn(self.model, s_tilde))
-            h = gradients(loss, self.scaled.params)
-            return self.scaled.alpha_grad(h) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
+            h = self.scaled.gather(gradients(loss, self.scaled.params))  # the autograd tensors go at once
+            return self.scaled.alpha_grad(h, consume=True) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
         self.unstepped.drop_steps(direction)
         self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
         unstepped_weights = {i: self.scaled.W[i] * self.alpha[i].to(self.scaled.W[i].dtype)
@@ -258,16 +279,22 @@ class GradInit:
             )
 
     def log_progress(self, it: int, total: Optional[int], *, timing: str = "", settled_only: bool = False) -> None:
-        if settled_only:  # the last final record, without waiting for the pending one
-            if not self.settled:
-                return
-            rec = self.history[self.settled - 1]
-            it = rec.iteration
-        else:
-            self._flush_pending()
-            rec = self.history[-1]
-        a = self.alpha.detach()[self.scaled.scaled]
-        stats = torch.stack([a.min(), a.mean(), a.max()]).tolist()
+        """Log one progress line. It reads the device once (the scales' min/mean/max, and the pending
+        S~ statistics with them unless ``settled_only``); iterations that log nothing read nothing."""
+        if settled_only and not self.settled:
+            return
+        a, mask = self.alpha.detach(), self.scaled.scaled  # no boolean indexing: it would read the mask
+        head = [torch.where(mask, a, math.inf).min(), (a * mask).sum() / mask.sum(),
+                torch.where(mask, a, -math.inf).max()]
+        pending = self._pending is not None and not settled_only
+        if pending:
+            head += [self._pending[1].to(a.dtype), self._pending[2].to(a.dtype)]
+        values = torch.stack(head).tolist()
+        if pending:
+            self._flush_pending(values[3:5])
+        stats = values[:3]
+        rec = self.history[self.settled - 1] if settled_only else self.history[-1]
+        it = rec.iteration if settled_only else it
         tot = f"/{total}" if total else ""
         fmt = lambda x: "-" if x is None else f"{x:.4g}"  # noqa: E731
         logger.info(
@@ -299,12 +326,15 @@ class GradInit:
             loss = check_loss(self.loss_fn(self.model, s))
             if speculate:
                 g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-                grads = [torch.zeros_like(p) if g is None else g.detach().clone() for p, g in zip(params, g_local)]
+                grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, g_local)]
             else:
                 grads = gradients(loss, params)
+        # From here on g is one zero-padded buffer (a copy, also of the graph's gradients): the
+        # norm, A[g], the step and the all-reduce are a few kernels each, not one per tensor.
+        grads = self.scaled.gather(grads)
         loss_s = loss.detach().to(self.alpha.dtype).reshape(1)
         del loss
-        self.dist.mean_(grads)
+        self.dist.mean_([grads.flat] if isinstance(grads, FlatViews) else grads)
         self.dist.mean_([loss_s])
         g_all, grads = grads, self.scaled.without_fixed(grads)
         gnorm = self.grad_norm(grads)

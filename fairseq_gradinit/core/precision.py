@@ -40,10 +40,31 @@ def tf32_matmuls() -> Iterator[None]:
             setattr(owner, name, value)
 
 
-def phase_precision(precision: str):
-    """The context an iteration runs in: :func:`tf32_matmuls` for ``"tf32"``, else nothing."""
+@contextlib.contextmanager
+def without_cudnn_attention() -> Iterator[None]:
+    """``scaled_dot_product_attention`` without its cuDNN backend inside; the previous setting is
+    restored on exit. cuDNN attention builds an execution plan for every new shape (tens of ms of
+    host time per call), and GradInit's batches seldom repeat a shape; the flash and
+    memory-efficient kernels that take its place need no plan."""
+    enable = getattr(torch.backends.cuda, "enable_cudnn_sdp", None)
+    if enable is None:  # torch without cuDNN attention
+        yield
+        return
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    enable(False)
+    try:
+        yield
+    finally:
+        enable(before)
+
+
+@contextlib.contextmanager
+def phase_precision(precision: str) -> Iterator[None]:
+    """The context an iteration runs in: :func:`without_cudnn_attention`, and :func:`tf32_matmuls`
+    for ``"tf32"``."""
     check_precision_name(precision)
-    return tf32_matmuls() if precision == "tf32" else contextlib.nullcontext()
+    with without_cudnn_attention(), tf32_matmuls() if precision == "tf32" else contextlib.nullcontext():
+        yield
 
 
 def check_precision_name(precision: str) -> None:

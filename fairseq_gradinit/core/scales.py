@@ -16,6 +16,18 @@ logger = logging.getLogger(__name__)
 
 ParamFilter = Callable[[str, nn.Parameter], bool]
 
+#: Row length of the flat buffers: every W_i starts at a multiple of it (see ScaledParameters.capture).
+CHUNK = 1024
+
+
+class FlatViews(list):
+    """Per-tensor views into one zero-padded buffer ``flat`` laid out like the W_i, so that a whole
+    set of gradients can be worked on with single kernels over ``flat``."""
+
+    def __init__(self, flat: torch.Tensor, views: Sequence[torch.Tensor]):
+        super().__init__(views)
+        self.flat = flat
+
 _NORM_TYPES = tuple(t for t in (_NormBase, nn.LayerNorm, nn.GroupNorm, getattr(nn, "RMSNorm", None)) if t is not None)
 
 
@@ -25,6 +37,14 @@ def _copy_all(dst: Sequence[torch.Tensor], src: Sequence[torch.Tensor]) -> None:
     else:  # torch < 2.2
         for d, s in zip(dst, src):
             d.copy_(s)
+
+
+def _contiguous_strides(shape: Sequence[int]) -> tuple:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
 
 
 def default_param_filter(name: str, param: nn.Parameter) -> bool:
@@ -193,14 +213,23 @@ class ScaledParameters:
                                      "initialize the model first")
             first = self.params[0]
             if all(p.dtype == first.dtype and p.device == first.device for p in self.params):
-                # One buffer holds every W_i, so that writing alpha*W into the model costs a few
-                # kernels instead of a few per tensor (GPU iterations of small models are bound by
-                # kernel launches). self.W are views into it.
-                self._flat = torch.cat([p.detach().reshape(-1) for p in self.params])
+                # One buffer holds every W_i, so that writing alpha*W into the model and the
+                # products <dL/dtheta_i, W_i> cost a few kernels instead of a few per tensor (GPU
+                # iterations of small models are bound by kernel launches). Each W_i starts at a
+                # multiple of CHUNK and is followed by zeros up to the next one, so that the sums of
+                # CHUNK-element rows never straddle two tensors. self.W are views into it.
                 self._sizes = [p.numel() for p in self.params]
-                self._counts = torch.tensor(self._sizes, dtype=torch.long, device=first.device)
-                self._rows = list(self._flat.split(self._sizes))
-                self.W = [w.view(p.shape) for w, p in zip(self._rows, self.params)]
+                padded = [-(-n // CHUNK) * CHUNK for n in self._sizes]
+                self._offsets = [sum(padded[:k]) for k in range(len(padded))]
+                self._shapes = [tuple(p.shape) for p in self.params]
+                self._strides = [_contiguous_strides(s) for s in self._shapes]
+                self._flat = torch.zeros(sum(padded), dtype=first.dtype, device=first.device)
+                self.W = self.views(self._flat)
+                _copy_all(self.W, [p.detach() for p in self.params])
+                self._counts = torch.tensor(padded, dtype=torch.long, device=first.device)
+                rows = torch.tensor([0] + padded, dtype=torch.long).cumsum(0) // CHUNK
+                self._row_bounds = rows.to(first.device)
+                self._rows = [w.reshape(-1) for w in self.W]
             else:  # mixed dtypes or devices (e.g. model parallel): one op per tensor
                 self._flat = None
                 self.W = [p.detach().clone() for p in self.params]
@@ -225,29 +254,72 @@ class ScaledParameters:
         if direction is None:
             theta = self._flat * a
         else:
-            theta = torch.cat([d.reshape(-1) for d in direction]).mul_(-eta).addcmul_(self._flat, a)
+            theta = self.flatten(direction).mul(-eta).addcmul_(self._flat, a)
         del a
-        _copy_all(self.params, [t.view(p.shape) for t, p in zip(theta.split(self._sizes), self.params)])
+        _copy_all(self.params, self.views(theta))
 
-    def alpha_grad(self, grads: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    def views(self, flat: torch.Tensor) -> "FlatViews":
+        """The per-tensor views (shaped like the parameters) of a buffer laid out like the W_i."""
+        base = flat.storage_offset()  # one view operator per tensor (a slice and a view would be two)
+        return FlatViews(flat, [flat.as_strided(shape, stride, base + o)
+                                for o, shape, stride in zip(self._offsets, self._shapes, self._strides)])
+
+    def gather(self, tensors: Sequence[torch.Tensor]) -> "FlatViews":
+        """A new zero-padded buffer laid out like the W_i holding ``tensors`` (one per parameter),
+        as views (two kernels); ``tensors`` themselves where the W_i are not in one buffer."""
+        if self._flat is None or isinstance(tensors, FlatViews):
+            return tensors if isinstance(tensors, FlatViews) else list(tensors)
+        out = self.views(torch.zeros_like(self._flat))
+        _copy_all(out, tensors)
+        return out
+
+    def flatten(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """The buffer of :meth:`gather` (without a copy where ``tensors`` are its views already)."""
+        return self.gather(tensors).flat
+
+    def alpha_grad(self, grads: Sequence[torch.Tensor], dtype: Optional[torch.dtype] = None, *,
+                   consume: bool = False) -> torch.Tensor:
         """dL/dalpha_i = <dL/dtheta_i, W_i> for the gradients ``grads`` w.r.t. the parameters,
-        accumulated in ``dtype`` (default: that of the scales; 0 for tensors without a learned scale)."""
+        accumulated in ``dtype`` (default: that of the scales; 0 for tensors without a learned scale).
+        With ``consume``, :class:`FlatViews` ``grads`` are overwritten (no temporary of the model's size)."""
         dev = self.alpha.device
         dtype = dtype or self.alpha.dtype
+        if self._flat is not None:
+            owned = consume or not isinstance(grads, FlatViews)
+            out = self._flat_dots(self.flatten(grads), dtype, owned)
+            return out if self._all_scaled else out * self.scaled
         out = []
         for g, w in zip(grads, self._rows):
             g = g.reshape(-1)
             if g.dtype != dtype or w.dtype != dtype:
                 g, w = g.to(dtype), w.to(dtype)
-            d = torch.dot(g, w)
-            out.append(d if self._flat is not None else d.to(dev))  # one buffer: already on dev
+            out.append(torch.dot(g, w).to(dev))
         out = torch.stack(out)
         return out if self._all_scaled else out * self.scaled
 
+    def _flat_dots(self, flat: torch.Tensor, dtype: torch.dtype, owned: bool) -> torch.Tensor:
+        """<flat_i, W_i> for every tensor i of a buffer laid out like the W_i: the products summed in
+        CHUNK-element rows (in ``dtype``, at least float32), the rows of each tensor in float64. The
+        sums are deterministic (no atomics) and at least as accurate as one float32 dot per tensor."""
+        acc = torch.promote_types(dtype, torch.float32)
+        if flat.dtype == acc and self._flat.dtype == acc:
+            prod = flat.mul_(self._flat) if owned else flat * self._flat
+        else:  # products in the accumulation dtype (float64 for a finite difference of two of them)
+            prod = flat.to(acc).mul_(self._flat.to(acc))
+        rows = prod.view(-1, CHUNK).sum(1, dtype=torch.float64)
+        del prod
+        ends = torch.cat([rows.new_zeros(1), rows.cumsum(0)])[self._row_bounds]
+        return (ends[1:] - ends[:-1]).to(dtype)
+
     def without_fixed(self, grads: Sequence[torch.Tensor]) -> List[torch.Tensor]:
-        """``grads`` with zeros for the fixed tensors (what enters g, ||g|| and the step)."""
+        """``grads`` with zeros for the fixed tensors (what enters g, ||g|| and the step); a new
+        buffer where ``grads`` are :class:`FlatViews`, which stay untouched."""
         if not any(self.fixed):
-            return list(grads)
+            return grads if isinstance(grads, FlatViews) else list(grads)
+        if isinstance(grads, FlatViews):
+            out = self.views(grads.flat.clone())
+            torch._foreach_zero_([t for t, f in zip(out, self.fixed) if f])
+            return out
         return [torch.zeros_like(g) if f else g for g, f in zip(grads, self.fixed)]
 
     @property
