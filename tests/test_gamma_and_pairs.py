@@ -194,6 +194,12 @@ def test_gradinit_runs_take_a_warmup_dropout_flags_and_the_new_options(tiny_data
     assert info["config"]["pairs"] == "authors" and info["config"]["gamma_init_factor"] == 2.0
     assert info["gamma"] == pytest.approx(2.0 * info["history"][0]["grad_norm"], rel=1e-6)
     assert info["config"]["resolved_gamma"] == info["gamma"] and info["history"][0]["branch"] == "objective"
+    # the health block judges this phase and measures every block on GradInit's last batch
+    phase = info["health"]["phase"]
+    assert phase["gamma"] == info["gamma"] and phase["iterations"] == 3 and phase["initial_norm_ratio"] == 0.5
+    blocks = {b["name"] for b in info["health"]["blocks"]}
+    assert {"encoder.layers.0", "decoder.layers.1", "encoder.embed_tokens"} <= blocks
+    assert all(b["rms_before"] > 0 and b["rms_after"] > 0 for b in info["health"]["blocks"])
     lrs = [float(m) for m in re.findall(r"num_updates=\d+, lr=([0-9.e-]+),", caplog.text)]  # one line per update
     assert len(lrs) == 7, caplog.text[-2000:]
     # inverse_sqrt: lr = 1e-7 + u * (1e-3 - 1e-7) / 5 during the warmup, then 1e-3 * sqrt(5 / u)
