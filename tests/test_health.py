@@ -139,8 +139,10 @@ def test_a_short_gradinit_on_a_small_model_is_ok():
     cfg = GradInitConfig(iters=6, lr=0.01, eta=1e-3, gamma=100.0, optimizer="adam")
     result = gradinit(model, batches, loss_fn, cfg)
     assert min(result.scales.values()) > 0.5
-    health = scale_health(model, result.scales, lambda m: loss_fn(m, batches[-1]), initial=initial, config=cfg)
+    health = scale_health(model, result.scales, lambda m: loss_fn(m, batches[-1]), initial=initial, config=cfg,
+                          loss=lambda m: loss_fn(m, batches[-1]), history=result.history, gamma=result.gamma)
     assert health.verdict == OK and health.reasons == [] and not health.floor_weights
+    assert health.phase.objective > 0 and all(b.quieting < 2 for b in health.blocks) and not health.pairs_off
     assert all(n.gain_after < 4 for n in health.norms) and health.table()[0] == "health: OK"
 
 
