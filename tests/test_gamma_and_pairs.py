@@ -76,7 +76,7 @@ def _pairs(data):
 
 
 def test_gamma_and_gamma_init_factor_exclude_each_other():
-    with pytest.raises(ValueError, match="both set gamma: pass one of them"):
+    with pytest.raises(ValueError, match="gamma_init_factor=2.0 is invalid: expected None when gamma is set"):
         GradInitConfig(gamma=10.0, gamma_init_factor=2.0)
     with pytest.raises(ValueError, match="gamma_init_factor"):
         GradInitConfig(gamma_init_factor=0.0)
@@ -237,3 +237,20 @@ def test_the_doc_quotes_the_constraint_bound_phase_and_its_commands_parse():
                            "--lr", "5e-4"] + argv[3:]
         ns = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
         assert ns.gradinit_iters == 780
+
+
+def test_the_plugin_refuses_a_gamma_and_a_factor_when_parsing(capsys):
+    pytest.importorskip("fairseq")
+    from fairseq import options
+
+    import fairseq_gradinit.fairseq_plugin  # noqa: F401
+
+    argv = ["/nonexistent-data", "--task", "translation_gradinit", "--arch", "transformer", "--max-tokens", "100",
+            "--lr", "1e-3", "--gradinit-iters", "5", "--gradinit-gamma", "10", "--gradinit-gamma-init-factor", "2"]
+    with pytest.raises(SystemExit) as e:
+        options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+    assert e.value.code == 2
+    assert "argument --gradinit-gamma-init-factor: invalid value 2.0: expected None when gamma is set" in \
+        capsys.readouterr().err
+    ns = options.parse_args_and_arch(options.get_training_parser(), input_args=argv[:-4] + argv[-2:])
+    assert ns.gradinit_gamma is None and ns.gradinit_gamma_init_factor == 2.0  # not derived from eta
