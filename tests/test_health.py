@@ -139,8 +139,10 @@ def test_a_short_gradinit_on_a_small_model_is_ok():
     cfg = GradInitConfig(iters=6, lr=0.01, eta=1e-3, gamma=100.0, optimizer="adam")
     result = gradinit(model, batches, loss_fn, cfg)
     assert min(result.scales.values()) > 0.5
-    health = scale_health(model, result.scales, lambda m: loss_fn(m, batches[-1]), initial=initial, config=cfg)
+    health = scale_health(model, result.scales, lambda m: loss_fn(m, batches[-1]), initial=initial, config=cfg,
+                          loss=lambda m: loss_fn(m, batches[-1]), history=result.history, gamma=result.gamma)
     assert health.verdict == OK and health.reasons == [] and not health.floor_weights
+    assert health.phase.objective > 0 and all(b.quieting < 2 for b in health.blocks) and not health.pairs_off
     assert all(n.gain_after < 4 for n in health.norms) and health.table()[0] == "health: OK"
 
 
@@ -154,9 +156,14 @@ def test_docs_state_the_default_thresholds_and_a_usable_bounds_example():
     for f in dataclasses.fields(HealthThresholds):
         assert f"| `{f.name}` | {f.default} |" in doc, f.name
     schema = doc[doc.index("## The `health` block"):]
-    d = scale_verdict({"a.weight": 1.0}).to_dict()
-    for key in list(d) + list(d["floor"]["weights"]) + list(d["thresholds"]):
+    d = scale_verdict({"a.weight": 1.0}, history=[{"branch": "objective", "grad_norm": 1.0}], gamma=2.0).to_dict()
+    from fairseq_gradinit.core.health import BlockGradient
+
+    block = BlockGradient(name="b", rms_after=1.0, rms_before=2.0).to_dict()
+    for key in list(d) + list(d["floor"]["weights"]) + list(d["thresholds"]) + list(d["phase"]) + list(block):
         assert f'"{key}"' in schema, key
+    for key, value in d["thresholds"].items():
+        assert f'"{key}": {value}' in schema, key
     example = re.search(r'--gradinit-scale-bounds "(\[.*?\])"', doc).group(1)
     bounds = parse_scale_bounds(example)
     assert [b.select for b in bounds] == ["bias", "norm", "re:."] and bounds[2].min_scale == 0.1
@@ -165,8 +172,8 @@ def test_docs_state_the_default_thresholds_and_a_usable_bounds_example():
     health = measured["health"]
     assert health["verdict"] == DEGENERATE and health["floor"]["weights"]["count"] == 20
     by_name = {n["name"]: n for n in health["norms"]}
-    rows = [line.strip("|").split("|") for line in doc.splitlines() if line.startswith("| decoder.layers.")
-            or line.startswith("| encoder.layers.")]
+    rows = [line.strip("|").split("|") for line in doc.splitlines() if (line.startswith("| decoder.layers.")
+            or line.startswith("| encoder.layers.")) and line.count("|") == 6]  # the LayerNorm table
     assert len(rows) == 3
     for name, *values in rows:
         n = by_name[name.strip()]
