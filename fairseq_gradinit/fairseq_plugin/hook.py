@@ -11,6 +11,7 @@ import logging
 from typing import Optional
 
 from ..core import DevicePrefetcher
+from ..core.uses import unstepped_uses_error
 from .cfg import cfg_value
 from .compat import takes_keyword
 from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
@@ -96,6 +97,12 @@ class GradInitTaskMixin:
             self._gradinit_model_args = model_arguments(cfg)
         model = super().build_model(cfg, **kwargs)
         install_multipliers_on_load(model)
+        if not from_checkpoint and int(cfg_value(self.gradinit_cfg, "gradinit_iters", 0) or 0) > 0:
+            # A pattern is checked against the model's uses once the model exists, before any work.
+            error = unstepped_uses_error(model, cfg_value(self.gradinit_cfg, "gradinit_unstepped_uses"),
+                                         label="--gradinit-unstepped-uses ")
+            if error is not None:
+                raise GradInitStop(error)
         if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
             # Also when loading a checkpoint: its state holds the multipliers.
             installed = install_multipliers(model)

@@ -11,9 +11,11 @@ import dataclasses
 import enum
 import hashlib
 import json
-import math
 import os
 from typing import Mapping, Optional
+
+from ..core.scales import scales_error
+
 
 def compute_only_options() -> tuple:
     """``--gradinit-*`` settings (field names) that only affect how scales are computed, unused with an
@@ -54,48 +56,24 @@ def combination_error(cfg, *, defaults: Mapping[str, object]) -> Optional[str]:
             "--gradinit-init-file to compute new scales")
 
 
-def read_init_file(path: str) -> dict:
-    """The saved GradInit result at ``path``; ``ValueError`` ('--gradinit-init-file ...') if it
-    is missing, not JSON or has no finite scales."""
+def read_init_file(path: str, *, flag: str = "--gradinit-init-file") -> dict:
+    """The saved GradInit result at ``path``; ``ValueError`` ('FLAG PATH: ...') if it is missing,
+    not JSON, or has no scales that :func:`~fairseq_gradinit.core.scales_error` accepts (the one
+    check of every file of scales, whoever reads it)."""
     if not os.path.isfile(path):
-        raise ValueError(f"--gradinit-init-file {path}: no such file")
+        raise ValueError(f"{flag} {path}: no such file")
     try:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--gradinit-init-file {path}: not a JSON file ({e})") from None
+        raise ValueError(f"{flag} {path}: not a JSON file ({e})") from None
     scales = saved.get("scales") if isinstance(saved, dict) else None
     if not isinstance(scales, dict) or not scales:
-        raise ValueError(f"--gradinit-init-file {path}: has no 'scales' (expected the gradinit.json that a "
+        raise ValueError(f"{flag} {path}: has no 'scales' (expected the gradinit.json that a "
                          "--gradinit-iters run writes into its --save-dir)")
-    bad = [k for k, v in scales.items()
-           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
-    if bad:
-        raise ValueError(f"--gradinit-init-file {path}: scales that are not finite numbers: {bad[:5]}")
-    return saved
-
-
-def nonpositive_scales_error(scales: Mapping[str, float]) -> Optional[str]:
-    """Why ``scales`` cannot be applied (negative scales, or zero scales of tensors that are not
-    biases, named), or None."""
-    negative = [k for k, v in scales.items() if v < 0]
-    if negative:
-        return (f"{len(negative)} negative scales, e.g. {negative[:5]}: a GradInit scale is >= 0 "
-                "(a negative one flips the tensor's sign); this file was not written by GradInit or was edited")
-    zero = [k for k, v in scales.items() if v == 0 and not k.endswith(".bias")]
-    if zero:
-        return (f"{len(zero)} scales of 0 on tensors that are not biases, e.g. {zero[:5]}: they would start the "
-                "model with those weights all zero (only biases may be scaled to 0); recompute the scales "
-                "with a minimum above 0 for these tensors")
-    return None
-
-
-def read_usable_init_file(path: str) -> dict:
-    """:func:`read_init_file` plus :func:`nonpositive_scales_error` (``ValueError``)."""
-    saved = read_init_file(path)
-    error = nonpositive_scales_error(saved["scales"])
+    error = scales_error(scales)
     if error:
-        raise ValueError(f"--gradinit-init-file {path}: {error}")
+        raise ValueError(f"{flag} {path}: {error}")
     return saved
 
 
@@ -108,6 +86,9 @@ def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:
 
     bounds = parse_scale_bounds(clamp, flag="--gradinit-init-clamp")
     out = clamp_scales(model, saved["scales"], bounds)
+    error = scales_error(out["scales"])
+    if error:
+        raise ValueError(f"--gradinit-init-clamp {clamp!r}: the clamped scales of {path} have {error}")
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
     record = {k: v for k, v in saved.items() if k not in ("scales", "history", "health", "summary", "clamped_from")}

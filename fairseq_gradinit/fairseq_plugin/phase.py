@@ -26,7 +26,7 @@ from .files import atomic_write_json, remove_stale_temp_files, write_result
 from .analysis.groups import transformer_group
 from .analysis.health_report import measure_health
 from .init_file import clamped_init_file, unscaled_tensors
-from .option_values import GradInitStop, read_init_file, read_usable_init_file
+from .option_values import GradInitStop, read_init_file
 from .phase_state import load_phase_state, save_phase_state, state_path
 from .plan import GradInitPlan, build_plan
 from .preflight import precision_error, valid_split_error
@@ -66,8 +66,9 @@ def saved_result_decision(path: str, current: dict) -> tuple:
               f"pass --gradinit-init-file {path} to apply its scales")
     try:
         saved = read_init_file(path)
-    except ValueError as e:
-        return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). {advice}")
+    except ValueError as e:  # the check every file of scales gets: it cannot be applied either
+        return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). GradInit "
+                f"never overwrites it: use another --save-dir, or delete {path} to compute it again")
     diff = fingerprint_diff(saved.get("fingerprint"), current, keys=COMPARED_KEYS)
     if diff:
         return ("stop", f"{path} exists and was written by a different run ({'; '.join(diff)}). {advice}")
@@ -208,12 +209,12 @@ def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dic
         model.to(orig_device)
         raise GradInitStop(error)
     interval = plan.checkpoint_interval
-    saved_at = [done_before]
+    saved_at, failed = [done_before], []
 
     def checkpoint(state):
+        if rank == 0 and not _saved_phase_state(resume_path, state, current, failed):
+            return
         saved_at[0] = len(state["history"])
-        if rank == 0:
-            save_phase_state(resume_path, state, current)
 
     start = time.time()
     with sigterm_raises_interrupt():
@@ -245,6 +246,22 @@ def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dic
     return result
 
 
+def _saved_phase_state(path: str, state: dict, current: Optional[dict], failed: list) -> bool:
+    """Save the phase state at ``path``; a write error (disk full, permissions) is logged once
+    (noted in ``failed``) and the phase goes on, since the state only serves a stopped phase."""
+    try:
+        save_phase_state(path, state, current)
+        return True
+    except (OSError, RuntimeError) as e:  # torch.save reports some write errors as RuntimeError
+        if not failed:
+            failed.append(e)
+            logger.warning("gradinit: WARNING: could not save the GradInit phase state %s (%s) after iteration %d; "
+                           "GradInit goes on, but a stop now can resume only from an earlier saved state. Free "
+                           "space (or fix the permissions); this warning is not repeated", path,
+                           e.strerror or e, len(state["history"]))
+        return False
+
+
 def _phase_state(save_dir: str, current: Optional[dict], rank: int, world: int):
     """(the saved phase state to resume or None, its path); rank 0 reads it for all ranks."""
     path = state_path(save_dir)
@@ -268,7 +285,7 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
     """Apply the scales saved at ``path`` after checking they name this model's tensors; with
     ``task`` and ``criterion``, rank 0 measures their health on one GradInit batch."""
     try:
-        saved = read_usable_init_file(path) if source == "--gradinit-init-file" else read_init_file(path)
+        saved = read_init_file(path, flag=source)
     except ValueError as e:
         raise GradInitStop(str(e)) from None
     scales = saved["scales"]
