@@ -79,8 +79,10 @@ def read_init_file(path: str, *, flag: str = "--gradinit-init-file") -> dict:
 
 def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:
     """The init file ``saved`` (read from ``path``) with its scales clamped into the bounds of the
-    ``--gradinit-init-clamp`` text ``clamp``, as a GradInit result of its own: the source's
-    fingerprint (its scales still fit that run's weights) and a ``clamped_from`` record."""
+    ``--gradinit-init-clamp`` text ``clamp``, as a record of its own: a ``clamped_from`` record that
+    keeps the source's fingerprint (its scales still fit that run's weights) and no fingerprint of
+    its own, since no GradInit run computed these scales: a later ``--gradinit-iters`` run into the
+    folder must not take them for its result."""
     from ..core.options import parse_scale_bounds
     from ..core.scales import clamp_scales
 
@@ -91,11 +93,34 @@ def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:
         raise ValueError(f"--gradinit-init-clamp {clamp!r}: the clamped scales of {path} have {error}")
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    record = {k: v for k, v in saved.items() if k not in ("scales", "history", "health", "summary", "clamped_from")}
+    dropped = ("scales", "history", "health", "summary", "clamped_from", "fingerprint")
+    record = {k: v for k, v in saved.items() if k not in dropped}
     record.update(scales=out["scales"], clamped_from={
         "path": os.path.abspath(path), "sha256": digest, "bounds": [list(b.to_list()) for b in bounds],
-        "changed": out["changed"], "previous": saved.get("clamped_from")})
+        "changed": out["changed"], "fingerprint": source_fingerprint(saved), "previous": saved.get("clamped_from")})
     return record
+
+
+def source_fingerprint(saved: Mapping) -> Optional[dict]:
+    """The fingerprint of the run whose weights the scales of ``saved`` fit: its own, or for a
+    ``--gradinit-init-clamp`` record, that of the file it was clamped from."""
+    clamped = saved.get("clamped_from")
+    if isinstance(clamped, Mapping):
+        return clamped.get("fingerprint") or saved.get("fingerprint")
+    return saved.get("fingerprint")
+
+
+def clamp_target_error(existing: Mapping, record: Mapping, path: str) -> Optional[str]:
+    """Why the clamped ``record`` cannot go to ``path``, which holds ``existing`` (a gradinit.json is
+    never overwritten), or None when it already holds the same clamped scales (the same command again)."""
+    mine, theirs = record["clamped_from"], existing.get("clamped_from")
+    if isinstance(theirs, Mapping) and existing.get("scales") == record["scales"] and \
+            (theirs.get("sha256"), theirs.get("bounds")) == (mine["sha256"], mine["bounds"]):
+        return None
+    what = (f"scales clamped from {theirs.get('path')} with the bounds {theirs.get('bounds')}"
+            if isinstance(theirs, Mapping) else "another run's GradInit result")
+    return (f"--gradinit-init-clamp: {path} exists and holds {what}; the clamped scales of this run are written "
+            f"there and a gradinit.json is never overwritten: use another --save-dir, or delete {path}")
 
 
 def unscaled_tensors(model, scales: Mapping[str, float], config: Optional[Mapping] = None) -> list:

@@ -25,7 +25,7 @@ from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files, write_result
 from .analysis.groups import transformer_group
 from .analysis.health_report import measure_health
-from .init_file import clamped_init_file, unscaled_tensors
+from .init_file import clamp_target_error, clamped_init_file, source_fingerprint, unscaled_tensors
 from .option_values import GradInitStop, read_init_file
 from .phase_state import load_phase_state, save_phase_state, state_path
 from .plan import GradInitPlan, build_plan
@@ -69,6 +69,11 @@ def saved_result_decision(path: str, current: dict) -> tuple:
     except ValueError as e:  # the check every file of scales gets: it cannot be applied either
         return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). GradInit "
                 f"never overwrites it: use another --save-dir, or delete {path} to compute it again")
+    clamped = saved.get("clamped_from")
+    if clamped:  # computed by no GradInit run, whatever fingerprint it carries
+        return ("stop", f"{path} exists and holds scales clamped by --gradinit-init-clamp from "
+                        f"{clamped.get('path') if isinstance(clamped, dict) else clamped}, which no GradInit run of "
+                        f"this command computed. {advice}")
     diff = fingerprint_diff(saved.get("fingerprint"), current, keys=COMPARED_KEYS)
     if diff:
         return ("stop", f"{path} exists and was written by a different run ({'; '.join(diff)}). {advice}")
@@ -308,7 +313,7 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
             "would start unscaled while the others are scaled (was the file edited?); recompute it, or restore "
             "the missing scales")
     if current is not None and keys:
-        diff = fingerprint_diff(saved.get("fingerprint"), current, keys=keys)
+        diff = fingerprint_diff(source_fingerprint(saved), current, keys=keys)
         if diff:
             logger.warning(
                 "gradinit: WARNING: %s %s was computed for a different model, seed or data than this run (%s). "
@@ -317,6 +322,7 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
     clamp = plan.init_clamp if source == "--gradinit-init-file" else None
     record = _clamp_saved(model, path, saved, clamp) if clamp else None
     if record is not None:
+        _check_clamp_target(plan, record)
         scales = record["scales"]
     measured = task is not None and criterion is not None and rank_world()[0] == 0
     initial = snapshot_weights(model) if measured else None
@@ -369,12 +375,31 @@ def _clamp_saved(model, path: str, saved: dict, clamp: str) -> dict:
                 "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
     return record
 
+def _check_clamp_target(plan: GradInitPlan, record: dict) -> None:
+    """Stop before the scales are applied when ``--save-dir``'s gradinit.json holds other scales than
+    the clamped ``record`` (rank 0 decides for all ranks)."""
+    rank, world = rank_world()
+    out = os.path.join(plan.save_dir, GRADINIT_JSON)
+    box = [None]
+    if rank == 0 and os.path.exists(out):
+        try:
+            with open(out, encoding="utf-8") as f:
+                existing = json.load(f)
+        except (OSError, ValueError):
+            existing = None
+        box = [clamp_target_error(existing if isinstance(existing, dict) else {}, record, out)]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise GradInitStop(box[0])
+
+
 def _write_clamped(plan: GradInitPlan, record: dict) -> None:
     rank, _ = rank_world()
     out = os.path.join(plan.save_dir, GRADINIT_JSON)
     if rank == 0:
-        if os.path.exists(out):
-            logger.info("gradinit: %s exists; the clamped scales are not written there", out)
+        if os.path.exists(out):  # the same clamped scales (checked before they were applied)
+            logger.info("gradinit: %s already holds these clamped scales; left as it is", out)
         else:
             atomic_write_json(out, record)
             logger.info("gradinit: wrote the clamped scales to %s", out)
