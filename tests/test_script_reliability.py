@@ -250,6 +250,21 @@ def test_train_vision_bad_resume_files(tmp_path):
     assert not out.exists()
 
 
+def test_train_vision_unstepped_uses_matching_nothing_stops_before_the_initialization(tmp_path, caplog):
+    out = tmp_path / "run"
+    caplog.set_level("INFO")
+    with pytest.raises(train_vision.UsageError) as exc:
+        train_vision.main(tv_args(out, "--init", "gradinit", "--gradinit-unstepped-uses", "classifier$"))
+    message = str(exc.value)
+    assert message.startswith("argument --gradinit-unstepped-uses: 'classifier$' matches no use of a parameter that "
+                              "GradInit steps; give a regular expression (searched in each name) on the names of the "
+                              "uses, which here are e.g. ['"), message
+    assert "gradinit iter" not in caplog.text.lower() and not out.exists()
+    # a pattern that names a use is accepted and the run trains
+    train_vision.main(tv_args(out, "--init", "gradinit", "--gradinit-unstepped-uses", "classifier"))
+    assert (out / "log.json").exists()
+
+
 def test_train_vision_too_few_batches(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(train_vision.UsageError, match=(
