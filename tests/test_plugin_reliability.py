@@ -589,3 +589,20 @@ def test_an_unstepped_uses_pattern_matching_nothing_stops_when_the_model_is_buil
                               "the uses, which here are e.g. ["), message
     assert "'decoder.output_projection.weight'" in message  # a use it could have meant
     assert "gradinit iter" not in caplog.text and not (save / "gradinit.json").exists()
+
+
+def test_a_clamp_cannot_make_a_scale_the_file_check_refuses(tmp_path):
+    """The file was checked (scales > 0, biases >= 0) and a clamp's upper bounds are > 0, so clamping
+    never gives a negative scale or a zero weight: a bound that would is refused."""
+    from torch import nn
+
+    from fairseq_gradinit.fairseq_plugin.init_file import clamped_init_file
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    path = tmp_path / "gradinit.json"
+    saved = {"scales": {"0.weight": 0.5, "0.bias": 0.5, "1.weight": 2.0, "1.bias": 0.0}}
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"max_scale=0 must be None, a number > 0 or inf"):
+        clamped_init_file(model, str(path), saved, "[('re:^1\\.weight$', 0, 0)]")
+    out = clamped_init_file(model, str(path), saved, "[('re:.', 0, 0.1)]")["scales"]
+    assert out == {"0.weight": 0.1, "0.bias": 0.1, "1.weight": 0.1, "1.bias": 0.0}
