@@ -364,6 +364,8 @@ def test_prepare_corpus_ctrl_c_with_preprocess_workers_prints_no_traceback(tmp_p
     (["--init", "gradinit", "--lr", "0"], "argument --lr (the default of --gradinit-eta): invalid value 0.0"),
     (["--init", "gradinit", "--gradinit-min-scale", "0.5", "--gradinit-max-scale", "0.1"],
      "argument --gradinit-max-scale: invalid value 0.1: expected None or a finite number >= min_scale (0.5)"),
+    (["--init", "gradinit", "--gradinit-min-scale", "2"],
+     "argument --gradinit-min-scale: invalid value 2.0: expected a number in (0, 1] (the paper uses 0.01)"),
     (["--init", "metainit", "--metainit-lr", "0"], "argument --metainit-lr: invalid value 0.0: expected a finite number > 0"),
     (["--init", "metainit", "--metainit-iters", "-1"], "argument --metainit-iters: invalid value -1: expected an integer >= 0"),
     (["--init", "metainit", "--metainit-eps", "nan"], "argument --metainit-eps: invalid value nan: expected a finite number > 0"),

@@ -410,6 +410,8 @@ def test_a_single_batch_gives_gradinit_no_pair_and_is_refused():
     with pytest.raises(ValueError, match="ran out before the first iteration.*at least 2"):
         gradinit(small_cnn(), (b for b in batches(1)), progress=False)
     assert metainit(small_cnn(), (b for b in batches(1)), progress=False).scales  # MetaInit needs one
+    with pytest.raises(ValueError, match=r"the loader has 1 batch\(es\): GradInit pairs consecutive batches"):
+        gradinit(small_cnn(), batches(1), progress=False)  # a length known too short: refused before the run
 
 
 @pytest.mark.parametrize("fn", [gradinit, metainit])

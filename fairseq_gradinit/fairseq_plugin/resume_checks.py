@@ -29,7 +29,7 @@ def resume_error(model, source: str, *, task=None) -> Optional[str]:
     try:
         state = _load(source)
     except Exception as e:  # noqa: BLE001 - empty, truncated or not a checkpoint: one line, not a traceback
-        reason = (str(e).strip().splitlines() or [""])[0][:200]
+        reason = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]  # its first sentence
         return (f"cannot resume from {source}: it is not a readable checkpoint ({type(e).__name__}: {reason}); it may "
                 "be truncated (a run stopped while writing it). Move it away to resume from another checkpoint "
                 "(--restore-file) or to start anew")
