@@ -133,7 +133,8 @@ class GradInitTaskMixin:
         if plan.error is not None:
             raise GradInitStop(plan.error)
         if plan.enabled:  # one run per --save-dir, from here until the process ends (.lock)
-            hold_save_dir(plan.save_dir, rank=rank_world()[0], world=rank_world()[1])
+            rank, world = rank_world()
+            hold_save_dir(plan.save_dir, rank=rank, world=world)
         source = plan.restore
         error = resume_error(model, source, task=self) if source is not None else None
         if error is not None:
