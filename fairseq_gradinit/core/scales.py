@@ -285,6 +285,16 @@ def scales_error(scales: Mapping[str, float]) -> Optional[str]:
     return None
 
 
+def _as_number(value):
+    """``value`` as a float where it is a number of any kind (a tensor, a numpy scalar), else as given."""
+    if isinstance(value, (bool, str)):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
 @torch.no_grad()
 def apply_scales(model: nn.Module, scales: Mapping[str, float], *, strict: bool = True) -> List[str]:
     """Multiply parameters of ``model`` in place by ``scales`` (e.g. a saved ``GradInitResult.scales``).
@@ -294,7 +304,7 @@ def apply_scales(model: nn.Module, scales: Mapping[str, float], *, strict: bool 
     refuses (not finite, negative, 0 on a tensor that is not a bias) raise ``ValueError`` before
     any tensor changes. Returns the names applied.
     """
-    error = scales_error({k: (float(v) if isinstance(v, torch.Tensor) else v) for k, v in scales.items()})
+    error = scales_error({k: _as_number(v) for k, v in scales.items()})
     if error:
         raise ValueError(f"cannot apply these scales: {error}")
     by_name: Dict[str, nn.Parameter] = dict(model.named_parameters(remove_duplicate=False))
