@@ -54,8 +54,12 @@ def train_inprocess(argv, tpu=None):
     if tpu is not None:
         cfg.common.tpu = tpu
     from fairseq_cli import train
+    from fairseq_gradinit.fairseq_plugin.lock import release_save_dirs
 
-    distributed_utils.call_main(cfg, train.main)
+    try:
+        distributed_utils.call_main(cfg, train.main)
+    finally:  # what the end of a fairseq-train process does: its --save-dir is free again
+        release_save_dirs()
     return cfg
 
 

@@ -261,6 +261,35 @@ def test_monitor_off_changes_nothing(tmp_path):
     assert not (tmp_path / MONITOR_JSONL).exists()
 
 
+def test_a_monitor_write_error_warns_once_and_training_goes_on(tmp_path, monkeypatch, caplog):
+    """A full disk under monitor.jsonl: the monitor never stops the run it watches."""
+    import builtins
+    import errno
+
+    calls = []
+
+    def disk_full(path, *args, **kwargs):
+        if str(path).endswith(MONITOR_JSONL):
+            calls.append(path)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return builtins.open(path, *args, **kwargs)
+
+    monkeypatch.setattr(monitor, "open", disk_full, raising=False)  # the module's open, not the builtin
+    torch.manual_seed(0)
+    model = Tiny()
+    task = make_task(tmp_path, interval=1)
+    opt = SGD(OmegaConf.create({"lr": [0.05], "momentum": 0.0, "weight_decay": 0.0}), list(model.parameters()))
+    caplog.set_level("WARNING")
+    update = 0
+    for step in range(4):
+        update = trainer_step(task, model, opt, sample_batch(step), update)
+    assert update == 4  # every update was trained
+    assert len(calls) == 1  # after the first error the monitor writes no more
+    assert [r.getMessage() for r in caplog.records] == [
+        f"gradinit: WARNING: cannot write {tmp_path / MONITOR_JSONL} (No space left on device); the monitor writes no "
+        "more records and training goes on. Free space (or fix the permissions) to monitor the next run"]
+
+
 def test_overflow_records_are_capped_per_interval_and_all_overflows_counted(tmp_path, monkeypatch):
     monkeypatch.setattr(monitor, "MAX_OVERFLOW_RECORDS", 2)
     torch.manual_seed(0)

@@ -74,6 +74,7 @@ def _parse(argv):
     (["--gradinit-lr", "0"], "argument --gradinit-lr: invalid value 0.0: expected a finite number > 0"),
     (["--gradinit-overlap", "1.5"], "argument --gradinit-overlap: invalid value 1.5: expected a number in [0, 1]"),
     (["--gradinit-min-scale", "0"], "argument --gradinit-min-scale: invalid value 0.0"),
+    (["--gradinit-min-scale", "2"], "argument --gradinit-min-scale: invalid value 2.0: expected a number in (0, 1]"),
     (["--gradinit-max-scale", "0.005"], "argument --gradinit-max-scale: invalid value 0.005: expected None or a "
                                         "finite number >= min_scale (0.01)"),
     (["--gradinit-fd-eps", "2"], "argument --gradinit-fd-eps: invalid value 2.0: expected a number in (0, 1)"),
@@ -481,3 +482,152 @@ def test_two_ranks_reuse_a_matching_gradinit_json(tiny_data, tmp_path):
     (save / "checkpoint_last.pt").unlink()
     with pytest.raises(SystemExit, match="world_size: 2 -> 1"):
         train_inprocess(_argv(tiny_data, save, "--gradinit-iters", "2"))
+
+
+# -- saved scales are checked wherever they come from; clamp records are not GradInit results -------
+@pytest.mark.parametrize("bad, words", [(-1.0, "1 negative scales"), (0.0, "1 scales of 0 on tensors that are not "
+                                                                             "biases")])
+def test_a_reused_gradinit_json_with_a_scale_no_init_file_may_carry_is_refused(base_run, tmp_path, bad, words):
+    argv, base = base_run
+    save = tmp_path / "ck"
+    save.mkdir()
+    saved = json.loads((base / "gradinit.json").read_text())
+    saved["scales"]["encoder.layers.0.fc1.weight"] = bad  # its fingerprint still matches this run
+    (save / "gradinit.json").write_text(json.dumps(saved))
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess([a if a != str(base) else str(save) for a in argv])
+    message = str(exc.value.code)
+    assert message.startswith(f"gradinit: error: {save / 'gradinit.json'} exists but is not a usable GradInit result "
+                              f"({words}, e.g. ['encoder.layers.0.fc1.weight']"), message
+    assert message.endswith(f"use another --save-dir, or delete {save / 'gradinit.json'} to compute it again")
+    assert "\n" not in message and not (save / "checkpoint_last.pt").exists()
+
+
+def test_a_clamped_record_is_not_a_gradinit_result_and_never_replaces_another(base_run, tiny_data, tmp_path, caplog):
+    argv, base = base_run
+    source = base / "gradinit.json"
+    fingerprint = json.loads(source.read_text())["fingerprint"]
+    save = tmp_path / "ck"
+    clamp = ["--gradinit-init-file", str(source), "--gradinit-init-clamp", "[('re:.', 0.9, None)]"]
+    train_inprocess(_argv(tiny_data, save, *clamp))
+    record = json.loads((save / "gradinit.json").read_text())
+    assert "fingerprint" not in record and record["clamped_from"]["fingerprint"] == fingerprint
+    (save / "checkpoint_last.pt").unlink()  # as if the run stopped before its first checkpoint
+    written = (save / "gradinit.json").read_text()
+
+    # a --gradinit-iters run with the source's fingerprint computes; it does not take the clamp for its result
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess([a if a != str(base) else str(save) for a in argv])
+    assert str(exc.value.code).startswith(f"gradinit: error: {save / 'gradinit.json'} exists and holds scales clamped "
+                                          f"by --gradinit-init-clamp from {source}, which no GradInit run"), exc.value
+    # another clamp into the folder is refused before any work; the same clamp again is the same record
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess(_argv(tiny_data, save, *clamp[:3], "[('re:.', 0.5, None)]"))
+    assert str(exc.value.code) == (
+        f"gradinit: error: --gradinit-init-clamp: {save / 'gradinit.json'} exists and holds scales clamped from "
+        f"{source} with the bounds [['re:.', 0.9, None]]; the clamped scales of this run are written there and a "
+        f"gradinit.json is never overwritten: use another --save-dir, or delete {save / 'gradinit.json'}")
+    assert (save / "gradinit.json").read_text() == written and not (save / "checkpoint_last.pt").exists()
+    caplog.set_level("INFO")
+    train_inprocess(_argv(tiny_data, save, *clamp))
+    assert "already holds these clamped scales" in caplog.text and (save / "checkpoint_last.pt").exists()
+    # a folder holding GradInit's own result: the clamp does not replace it
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "gradinit.json").write_text(source.read_text())
+    with pytest.raises(SystemExit, match="exists and holds another run's GradInit result"):
+        train_inprocess(_argv(tiny_data, other, *clamp))
+    assert (other / "gradinit.json").read_text() == source.read_text()
+
+
+# -- faults of the machine and the save dir: one line, or a warning and the run goes on --------------
+def test_a_full_disk_at_the_periodic_phase_state_warns_once_and_the_phase_goes_on(tiny_data, tmp_path, monkeypatch,
+                                                                                   caplog):
+    import errno
+
+    from fairseq_gradinit.fairseq_plugin import phase
+
+    def disk_full(path, state, fingerprint):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(phase, "save_phase_state", disk_full)
+    save = tmp_path / "ck"
+    caplog.set_level("INFO")
+    train_inprocess(_argv(tiny_data, save, "--gradinit-iters", "4", "--gradinit-checkpoint-interval", "1"))
+    assert json.loads((save / "gradinit.json").read_text())["iterations"] == 4
+    assert (save / "checkpoint_last.pt").exists()
+    warnings = [r.getMessage() for r in caplog.records if "could not save the GradInit phase state" in r.getMessage()]
+    assert warnings == [f"gradinit: WARNING: could not save the GradInit phase state {save / 'gradinit.state.pt'} (No "
+                        "space left on device) after iteration 1; GradInit goes on, but a stop now can resume only from "
+                        "an earlier saved state. Free space (or fix the permissions); this warning is not repeated"]
+
+
+@pytest.mark.parametrize("damage", ["empty", "truncated"])
+def test_an_unreadable_checkpoint_last_is_one_line(base_run, tmp_path, damage):
+    argv, base = base_run
+    save = tmp_path / "ck"
+    save.mkdir()
+    data = (base / "checkpoint_last.pt").read_bytes()
+    (save / "checkpoint_last.pt").write_bytes(b"" if damage == "empty" else data[: len(data) // 2])
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess([a if a != str(base) else str(save) for a in argv])
+    message = str(exc.value.code)
+    assert message.startswith(f"gradinit: error: cannot resume from {save / 'checkpoint_last.pt'}: it is not a "
+                              "readable checkpoint ("), message
+    assert message.endswith("it may be truncated (a run stopped while writing it). Move it away to resume from "
+                            "another checkpoint (--restore-file) or to start anew") and "\n" not in message
+    reason = {"empty": "(EOFError: Ran out of input)",
+              "truncated": "(RuntimeError: PytorchStreamReader failed reading zip archive: failed finding central "
+                           "directory)"}[damage]
+    assert f"readable checkpoint {reason}; it may" in message
+
+
+def test_an_unstepped_uses_pattern_matching_nothing_stops_when_the_model_is_built(tiny_data, tmp_path, caplog):
+    save = tmp_path / "ck"
+    caplog.set_level("INFO")
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess(_argv(tiny_data, save, "--gradinit-iters", "2", "--gradinit-unstepped-uses", "output_proj$"))
+    message = str(exc.value.code)
+    assert message.startswith("gradinit: error: --gradinit-unstepped-uses 'output_proj$' matches no use of a parameter "
+                              "that GradInit steps; give a regular expression (searched in each name) on the names of "
+                              "the uses, which here are e.g. ["), message
+    # tied uses first: the ones such a pattern is meant for
+    assert "which here are e.g. ['encoder.embed_tokens.weight', 'decoder.embed_tokens.weight', " \
+           "'decoder.output_projection.weight', " in message
+    assert "gradinit iter" not in caplog.text and not (save / "gradinit.json").exists()
+
+
+def test_a_clamp_cannot_make_a_scale_the_file_check_refuses(tmp_path):
+    """The file was checked (scales > 0, biases >= 0) and a clamp's upper bounds are > 0, so clamping
+    never gives a negative scale or a zero weight: a bound that would is refused."""
+    from torch import nn
+
+    from fairseq_gradinit.fairseq_plugin.init_file import clamped_init_file
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    path = tmp_path / "gradinit.json"
+    saved = {"scales": {"0.weight": 0.5, "0.bias": 0.5, "1.weight": 2.0, "1.bias": 0.0}}
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r"max_scale=0 must be None, a number > 0 or inf"):
+        clamped_init_file(model, str(path), saved, "[('re:^1\\.weight$', 0, 0)]")
+    out = clamped_init_file(model, str(path), saved, "[('re:.', 0, 0.1)]")["scales"]
+    assert out == {"0.weight": 0.1, "0.bias": 0.1, "1.weight": 0.1, "1.bias": 0.0}
+
+
+def test_the_docs_section_on_saved_scales_and_faults_names_tests_that_exist():
+    """Each row of docs/reliability.md's section on saved scales, clamp records, work not done and faults
+    names the test that checks its words; every test it names exists in a file it names."""
+    import re
+
+    doc = (REPO / "docs" / "reliability.md").read_text(encoding="utf-8")
+    section = doc.split("## Saved scales, records of clamped scales, work not done, and faults during the run")[1]
+    section = section.split("\n## ")[0]
+    files = set(re.findall(r"tests/(test_\w+\.py)", section))
+    named = set(re.findall(r"`(?:tests/test_\w+\.py::)?(test_\w+)`", section))
+    named |= set(re.findall(r"\.py::(test_\w+)", section))
+    assert files and len(named) >= 10
+    sources = "".join((REPO / "tests" / f).read_text(encoding="utf-8") for f in files)
+    missing = [n for n in sorted(named) if f"def {n}(" not in sources]
+    assert not missing, missing
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| input")]
+    assert rows and all(re.search(r"\| (`[^|]*test_\w+|same)[^|]*\|$", row) for row in rows), rows

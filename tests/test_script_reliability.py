@@ -250,6 +250,21 @@ def test_train_vision_bad_resume_files(tmp_path):
     assert not out.exists()
 
 
+def test_train_vision_unstepped_uses_matching_nothing_stops_before_the_initialization(tmp_path, caplog):
+    out = tmp_path / "run"
+    caplog.set_level("INFO")
+    with pytest.raises(train_vision.UsageError) as exc:
+        train_vision.main(tv_args(out, "--init", "gradinit", "--gradinit-unstepped-uses", "classifier$"))
+    message = str(exc.value)
+    assert message.startswith("argument --gradinit-unstepped-uses: 'classifier$' matches no use of a parameter that "
+                              "GradInit steps; give a regular expression (searched in each name) on the names of the "
+                              "uses, which here are e.g. ['"), message
+    assert "gradinit iter" not in caplog.text.lower() and not out.exists()
+    # a pattern that names a use is accepted and the run trains
+    train_vision.main(tv_args(out, "--init", "gradinit", "--gradinit-unstepped-uses", "classifier"))
+    assert (out / "log.json").exists()
+
+
 def test_train_vision_too_few_batches(tmp_path):
     out = tmp_path / "run"
     with pytest.raises(train_vision.UsageError, match=(
@@ -349,6 +364,8 @@ def test_prepare_corpus_ctrl_c_with_preprocess_workers_prints_no_traceback(tmp_p
     (["--init", "gradinit", "--lr", "0"], "argument --lr (the default of --gradinit-eta): invalid value 0.0"),
     (["--init", "gradinit", "--gradinit-min-scale", "0.5", "--gradinit-max-scale", "0.1"],
      "argument --gradinit-max-scale: invalid value 0.1: expected None or a finite number >= min_scale (0.5)"),
+    (["--init", "gradinit", "--gradinit-min-scale", "2"],
+     "argument --gradinit-min-scale: invalid value 2.0: expected a number in (0, 1] (the paper uses 0.01)"),
     (["--init", "metainit", "--metainit-lr", "0"], "argument --metainit-lr: invalid value 0.0: expected a finite number > 0"),
     (["--init", "metainit", "--metainit-iters", "-1"], "argument --metainit-iters: invalid value -1: expected an integer >= 0"),
     (["--init", "metainit", "--metainit-eps", "nan"], "argument --metainit-eps: invalid value nan: expected a finite number > 0"),

@@ -388,3 +388,51 @@ def test_result_has_a_health_check():
     assert vit.health.phase.objective == 2 and all(b.quieting < 10 for b in vit.health.blocks)
     kinds = {n.kind for n in vit.health.norms}
     assert "layer_norm" in kinds and all(n.gain_before is not None for n in vit.health.norms)
+
+
+@pytest.mark.parametrize("fn", [gradinit, metainit])
+@pytest.mark.parametrize("iters", [None, 3])
+@pytest.mark.parametrize("kind", ["empty", "spent"])
+def test_a_loader_that_gives_no_iteration_is_an_error_not_scales_of_one(fn, iters, kind):
+    # Work asked for and not done: no result of scales 1 with a healthy verdict, and the model as given.
+    # (A loader whose length is known to be too short is refused before the run, by its length.)
+    loader = iter(batches(3))
+    if kind == "spent":
+        list(loader)  # an iterator used up, e.g. by a first call
+    else:
+        loader = (b for b in ())
+    model = small_cnn()
+    before = weights(model)
+    with pytest.raises(ValueError, match="the batches ran out before the first iteration"):
+        fn(model, loader, iters=iters, progress=False)
+    assert_unchanged(model, before)
+
+
+def test_a_single_batch_gives_gradinit_no_pair_and_is_refused():
+    # GradInit pairs consecutive batches: one batch of a loader without a length gives no iteration.
+    with pytest.raises(ValueError, match="ran out before the first iteration.*at least 2"):
+        gradinit(small_cnn(), (b for b in batches(1)), progress=False)
+    assert metainit(small_cnn(), (b for b in batches(1)), progress=False).scales  # MetaInit needs one
+    with pytest.raises(ValueError, match=r"the loader has 1 batch\(es\): GradInit pairs consecutive batches"):
+        gradinit(small_cnn(), batches(1), progress=False)  # a length known too short: refused before the run
+
+
+@pytest.mark.parametrize("fn", [gradinit, metainit])
+def test_a_floor_above_one_is_refused(fn):
+    with pytest.raises(ValueError, match=r"min_scale=2.0 is invalid: expected a number in \(0, 1\]"):
+        fn(small_cnn(), batches(3), min_scale=2.0, progress=False)
+    assert fn(small_cnn(), batches(3), min_scale=1.0, progress=False).scales  # 1 is a floor, not above it
+
+
+def test_apply_scales_refuses_negative_and_zero_weight_scales_and_allows_zero_biases():
+    from fairseq_gradinit.vision import apply_scales
+
+    model = small_cnn()
+    before = weights(model)
+    for bad, words in [({"0.weight": -1.0}, "negative scales"), ({"3.weight": 0.0}, "scales of 0 on tensors that "
+                                                                 "are not biases")]:
+        with pytest.raises(ValueError, match=f"cannot apply these scales: 1 {words}, e.g. \\['{next(iter(bad))}'\\]"):
+            apply_scales(model, {"0.bias": 0.5, **bad})
+        assert_unchanged(model, before)  # refused before any tensor changed
+    assert apply_scales(model, {"0.bias": 0.0, "3.weight": 0.5}) == ["0.bias", "3.weight"]
+    assert not model[0].bias.detach().any() and torch.equal(model[3].weight.detach(), before["3.weight"] * 0.5)

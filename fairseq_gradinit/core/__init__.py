@@ -6,13 +6,15 @@ from .metainit import MetaInit, MetaInitConfig, MetaInitRecord, MetaInitResult, 
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam
 from .prefetch import DevicePrefetcher
-from .scales import ScaledParameters, apply_scales, default_param_filter, resolve_scale_bounds, summarize_scales
+from .scales import (
+    ScaledParameters, apply_scales, default_param_filter, resolve_scale_bounds, scales_error, summarize_scales,
+)
 
 __all__ = [
     "BatchPair", "DevicePrefetcher", "GradInit", "GradInitConfig", "GradInitResult", "IterationRecord", "ScaleAdam",
     "ScaleBound",
     "ScaledParameters", "resolve_scale_bounds",
-    "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode",
+    "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode", "scales_error",
     "authors_pairs", "math_attention", "overlapping_pairs", "slice_batch", "summarize_scales", "unwrap_model",
     "MetaInit", "MetaInitConfig", "MetaInitRecord", "MetaInitResult", "gradient_quotient", "metainit",
 ]

@@ -131,8 +131,9 @@ def validate_scale_fields(cfg, *, eps_field: str = "eps", lr_hint: str = "") -> 
         invalid(cfg, eps_field, "a finite number > 0")
     if cfg.iters is not None and (not isinstance(cfg.iters, int) or isinstance(cfg.iters, bool) or cfg.iters < 0):
         invalid(cfg, "iters", "an integer >= 0, or None for one pass over the batches")
-    if not is_positive(cfg.min_scale):
-        invalid(cfg, "min_scale", "a finite number > 0 (the paper uses 0.01)")
+    # Every scale starts at 1: a floor above 1 forces all of them up, and nothing is learned.
+    if not (is_positive(cfg.min_scale) and cfg.min_scale <= 1):
+        invalid(cfg, "min_scale", "a number in (0, 1] (the paper uses 0.01)")
     if cfg.max_scale is not None and not (is_positive(cfg.max_scale) and cfg.max_scale >= cfg.min_scale):
         invalid(cfg, "max_scale", f"None or a finite number >= min_scale ({cfg.min_scale})")
     if cfg.scale_grad_clip is not None and not is_positive(cfg.scale_grad_clip):

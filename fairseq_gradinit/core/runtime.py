@@ -51,6 +51,18 @@ def check_inputs(model: Any, loss_fn: Any) -> None:
         raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
 
 
+def nothing_done_error(name: str, completed: int, total: Optional[int]) -> Optional[str]:
+    """Why a run that was asked for iterations and completed none returns no result, or None: the
+    one rule of every entry point (the Python API, MetaInit, the fairseq plugin, ``train_vision``),
+    so that work asked for and not done never looks like a result of scales 1."""
+    if completed > 0 or total == 0:
+        return None
+    return (f"{name}: the batches ran out before the first iteration (the loader gave "
+            f"{'no batch' if total is None else 'too few batches'}); no scale was learned and the model is left "
+            "as it was given. Pass a loader that yields batches (GradInit pairs consecutive batches: at least 2), "
+            "and check that it is not an exhausted iterator")
+
+
 def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
                    callback: Optional[Callable[[Any], None]], name: str, log_seconds: float = 0.0,
                    start: int = 0, every: Optional[tuple] = None) -> int:
@@ -62,7 +74,8 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
     ``log_seconds`` of wall time have passed (0: never); those lines show the last settled record, as
     reading a pending one would sync the host at a moment that differs between data-parallel ranks. On success the model holds alpha*W of the last update; if
     anything raises, or every iteration was skipped (``FloatingPointError``), it holds W, the
-    weights it was given. ``start`` iterations were completed before (a resumed run), and
+    weights it was given; a run that completed no iteration although asked for some raises
+    ``ValueError`` (:func:`nothing_done_error`). ``start`` iterations were completed before (a resumed run), and
     ``every = (n, fn)`` calls ``fn()`` after every n-th iteration. Returns the number of completed
     iterations, ``start`` included.
     """
@@ -93,6 +106,9 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
                     logged = completed if due == "iterations" else logged
                 if total is not None and completed >= total:
                     break
+        nothing = nothing_done_error(name, completed, total)
+        if nothing:
+            raise ValueError(nothing)
         if total is not None and completed < total:
             warnings.warn(f"{name}: the batches ran out after {completed} of {total} iterations",
                           RuntimeWarning, stacklevel=3)

@@ -332,13 +332,53 @@ class ScaledParameters:
         return {n: v for n, v, k in zip(self.names, values, self.scaled.tolist()) if k}
 
 
+def scales_error(scales: Mapping[str, float]) -> Optional[str]:
+    """Why ``scales`` (name -> scale) cannot be applied to a model, or None; every reader of saved
+    scales checks them with this one rule.
+
+    A scale must be a finite number > 0: a negative one flips the tensor's sign, and a zero one
+    starts the tensor all zero. Biases (named ``*.bias``) may be 0, since bounds such as the
+    authors' ``('bias', 0, None)`` let GradInit drive them there, and fairseq starts its biases at 0.
+    """
+    bad = [k for k, v in scales.items()
+           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
+    if bad:
+        return f"scales that are not finite numbers: {bad[:5]}"
+    negative = [k for k, v in scales.items() if v < 0]
+    if negative:
+        return (f"{len(negative)} negative scales, e.g. {negative[:5]}: a GradInit scale is >= 0 "
+                "(a negative one flips the tensor's sign); these scales were not written by GradInit or were "
+                "edited: recompute them")
+    zero = [k for k, v in scales.items() if v == 0 and not k.endswith(".bias")]
+    if zero:
+        return (f"{len(zero)} scales of 0 on tensors that are not biases, e.g. {zero[:5]}: they would start the "
+                "model with those weights all zero (only biases may be scaled to 0); recompute the scales "
+                "with a minimum above 0 for these tensors")
+    return None
+
+
+def _as_number(value):
+    """``value`` as a float where it is a number of any kind (a tensor, a numpy scalar), else as given."""
+    if isinstance(value, (bool, str)):
+        return value
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return value
+
+
 @torch.no_grad()
 def apply_scales(model: nn.Module, scales: Mapping[str, float], *, strict: bool = True) -> List[str]:
     """Multiply parameters of ``model`` in place by ``scales`` (e.g. a saved ``GradInitResult.scales``).
 
     Names may be any alias of a tied tensor; each tensor is scaled once. With ``strict``, a name
-    that is not a parameter of the model raises ``ValueError``. Returns the names applied.
+    that is not a parameter of the model raises ``ValueError``. Scales that :func:`scales_error`
+    refuses (not finite, negative, 0 on a tensor that is not a bias) raise ``ValueError`` before
+    any tensor changes. Returns the names applied.
     """
+    error = scales_error({k: _as_number(v) for k, v in scales.items()})
+    if error:
+        raise ValueError(f"cannot apply these scales: {error}")
     by_name: Dict[str, nn.Parameter] = dict(model.named_parameters(remove_duplicate=False))
     missing = [n for n in scales if n not in by_name]
     if missing and strict:
@@ -349,10 +389,7 @@ def apply_scales(model: nn.Module, scales: Mapping[str, float], *, strict: bool 
         p = by_name.get(name)
         if p is None or id(p) in done:
             continue
-        value = float(value)
-        if not torch.isfinite(torch.tensor(value)):
-            raise ValueError(f"scale of {name!r} is not finite: {value}")
-        p.mul_(value)
+        p.mul_(float(value))
         done.add(id(p))
         applied.append(name)
     return applied

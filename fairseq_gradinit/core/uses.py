@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -35,9 +35,7 @@ class UnsteppedUses:
                 if regex.search(name):
                     matched.setdefault(i, []).append((module, attr, name))
         if not matched:
-            raise ValueError(f"unstepped_uses={pattern!r} matches no use of a parameter that GradInit steps; "
-                             "give a regular expression on names as model.named_parameters(remove_duplicate=False) "
-                             "lists them, e.g. 'decoder\\.output_projection\\.'")
+            raise ValueError(_no_match(pattern, [n for u in uses.values() for *_, n in u], "unstepped_uses="))
         #: indices of tensors that take no step at all (every use matches)
         self.whole = sorted(i for i, m in matched.items() if len({n for *_, n in m}) == len({n for *_, n in uses[i]}))
         #: (index, module, attr) of matching uses of tensors that also have stepped uses
@@ -66,6 +64,35 @@ class UnsteppedUses:
         finally:
             for mod, attr, p in reversed(saved):
                 mod._parameters[attr] = p
+
+
+def use_names(model: nn.Module, params: Optional[Sequence[nn.Parameter]] = None) -> List[str]:
+    """The name of every use of ``params`` (default: the trainable parameters) by a module attribute,
+    as :class:`UnsteppedUses` matches them: tied tensors first (the uses a pattern is meant for)."""
+    wanted = {id(p) for p in (params if params is not None else model.parameters()) if p.requires_grad}
+    uses: Dict[int, List[str]] = {}
+    for mod_name, module in model.named_modules(remove_duplicate=False):
+        for attr, p in module._parameters.items():
+            if p is not None and id(p) in wanted:
+                uses.setdefault(id(p), []).append(f"{mod_name}.{attr}" if mod_name else attr)
+    tied = [n for names in uses.values() if len(names) > 1 for n in names]
+    return tied + [n for names in uses.values() if len(names) == 1 for n in names]
+
+
+def unstepped_uses_error(model: nn.Module, pattern: Optional[str], *, label: str = "unstepped_uses=") -> Optional[str]:
+    """Why ``pattern`` cannot name un-stepped uses of ``model``'s trainable parameters (it matches none
+    of them, listing some it could match), or None; checked before the long work, once the model exists."""
+    if not pattern:
+        return None
+    names = use_names(model)
+    regex = re.compile(pattern)
+    return None if any(regex.search(n) for n in names) else _no_match(pattern, names, label)
+
+
+def _no_match(pattern: str, names: Sequence[str], label: str) -> str:
+    return (f"{label}{pattern!r} matches no use of a parameter that GradInit steps; give a regular expression "
+            f"(searched in each name) on the names of the uses, which here are e.g. {list(names[:6])}; the "
+            "authors' tied output projection is 'decoder\\.output_projection\\.'")
 
 
 def _unique(uses):

@@ -11,10 +11,11 @@ import logging
 from typing import Optional
 
 from ..core import DevicePrefetcher
+from ..core.uses import unstepped_uses_error
 from .cfg import cfg_value
 from .compat import takes_keyword
 from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
-from .lock import phase_lock
+from .lock import hold_save_dir
 from .monitor import monitor_from_cfg
 from .option_values import GradInitStop, check_when_parsed, gradinit_enabled
 from .phase import GRADINIT_JSON, gradinit_pairs, mean_loss_fn, rank_world, run_locked  # noqa: F401  (re-exported)
@@ -96,6 +97,12 @@ class GradInitTaskMixin:
             self._gradinit_model_args = model_arguments(cfg)
         model = super().build_model(cfg, **kwargs)
         install_multipliers_on_load(model)
+        if not from_checkpoint and int(cfg_value(self.gradinit_cfg, "gradinit_iters", 0) or 0) > 0:
+            # A pattern is checked against the model's uses once the model exists, before any work.
+            error = unstepped_uses_error(model, cfg_value(self.gradinit_cfg, "gradinit_unstepped_uses"),
+                                         label="--gradinit-unstepped-uses ")
+            if error is not None:
+                raise GradInitStop(error)
         if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
             # Also when loading a checkpoint: its state holds the multipliers.
             installed = install_multipliers(model)
@@ -125,6 +132,9 @@ class GradInitTaskMixin:
         plan = self.gradinit_plan = build_plan(self.gradinit_cfg, restore=True)
         if plan.error is not None:
             raise GradInitStop(plan.error)
+        if plan.enabled:  # one run per --save-dir, from here until the process ends (.lock)
+            rank, world = rank_world()
+            hold_save_dir(plan.save_dir, rank=rank, world=world)
         source = plan.restore
         error = resume_error(model, source, task=self) if source is not None else None
         if error is not None:
@@ -145,13 +155,13 @@ class GradInitTaskMixin:
     def run(self, plan: GradInitPlan, model, criterion):
         """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
         with batches from this task's training data and the loss of ``criterion``, holding the save
-        dir's lock (:mod:`.lock`) for the whole phase: a second run into the folder stops. Returns
+        dir's lock (:mod:`.lock`) until the process ends: a second run into the folder stops. Returns
         the :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
         if plan.error is not None:
             raise GradInitStop(plan.error)
         rank, world = rank_world()
-        with phase_lock(plan.save_dir, rank=rank, world=world):
-            return run_locked(self, plan, model, criterion)
+        hold_save_dir(plan.save_dir, rank=rank, world=world)
+        return run_locked(self, plan, model, criterion)
 
     def gradinit_fingerprint(self, world_size: int, plan: Optional[GradInitPlan] = None) -> dict:
         """:func:`~.provenance.fingerprint` of this run (model arguments as given on the command line)."""

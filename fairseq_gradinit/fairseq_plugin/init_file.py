@@ -11,9 +11,11 @@ import dataclasses
 import enum
 import hashlib
 import json
-import math
 import os
 from typing import Mapping, Optional
+
+from ..core.scales import scales_error
+
 
 def compute_only_options() -> tuple:
     """``--gradinit-*`` settings (field names) that only affect how scales are computed, unused with an
@@ -54,55 +56,33 @@ def combination_error(cfg, *, defaults: Mapping[str, object]) -> Optional[str]:
             "--gradinit-init-file to compute new scales")
 
 
-def read_init_file(path: str) -> dict:
-    """The saved GradInit result at ``path``; ``ValueError`` ('--gradinit-init-file ...') if it
-    is missing, not JSON or has no finite scales."""
+def read_init_file(path: str, *, flag: str = "--gradinit-init-file") -> dict:
+    """The saved GradInit result at ``path``; ``ValueError`` ('FLAG PATH: ...') if it is missing,
+    not JSON, or has no scales that :func:`~fairseq_gradinit.core.scales_error` accepts (the one
+    check of every file of scales, whoever reads it)."""
     if not os.path.isfile(path):
-        raise ValueError(f"--gradinit-init-file {path}: no such file")
+        raise ValueError(f"{flag} {path}: no such file")
     try:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--gradinit-init-file {path}: not a JSON file ({e})") from None
+        raise ValueError(f"{flag} {path}: not a JSON file ({e})") from None
     scales = saved.get("scales") if isinstance(saved, dict) else None
     if not isinstance(scales, dict) or not scales:
-        raise ValueError(f"--gradinit-init-file {path}: has no 'scales' (expected the gradinit.json that a "
+        raise ValueError(f"{flag} {path}: has no 'scales' (expected the gradinit.json that a "
                          "--gradinit-iters run writes into its --save-dir)")
-    bad = [k for k, v in scales.items()
-           if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
-    if bad:
-        raise ValueError(f"--gradinit-init-file {path}: scales that are not finite numbers: {bad[:5]}")
-    return saved
-
-
-def nonpositive_scales_error(scales: Mapping[str, float]) -> Optional[str]:
-    """Why ``scales`` cannot be applied (negative scales, or zero scales of tensors that are not
-    biases, named), or None."""
-    negative = [k for k, v in scales.items() if v < 0]
-    if negative:
-        return (f"{len(negative)} negative scales, e.g. {negative[:5]}: a GradInit scale is >= 0 "
-                "(a negative one flips the tensor's sign); this file was not written by GradInit or was edited")
-    zero = [k for k, v in scales.items() if v == 0 and not k.endswith(".bias")]
-    if zero:
-        return (f"{len(zero)} scales of 0 on tensors that are not biases, e.g. {zero[:5]}: they would start the "
-                "model with those weights all zero (only biases may be scaled to 0); recompute the scales "
-                "with a minimum above 0 for these tensors")
-    return None
-
-
-def read_usable_init_file(path: str) -> dict:
-    """:func:`read_init_file` plus :func:`nonpositive_scales_error` (``ValueError``)."""
-    saved = read_init_file(path)
-    error = nonpositive_scales_error(saved["scales"])
+    error = scales_error(scales)
     if error:
-        raise ValueError(f"--gradinit-init-file {path}: {error}")
+        raise ValueError(f"{flag} {path}: {error}")
     return saved
 
 
 def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:
     """The init file ``saved`` (read from ``path``) with its scales clamped into the bounds of the
-    ``--gradinit-init-clamp`` text ``clamp``, as a GradInit result of its own: the source's
-    fingerprint (its scales still fit that run's weights) and a ``clamped_from`` record."""
+    ``--gradinit-init-clamp`` text ``clamp``, as a record of its own: a ``clamped_from`` record that
+    keeps the source's fingerprint (its scales still fit that run's weights) and no fingerprint of
+    its own, since no GradInit run computed these scales: a later ``--gradinit-iters`` run into the
+    folder must not take them for its result."""
     from ..core.options import parse_scale_bounds
     from ..core.scales import clamp_scales
 
@@ -110,11 +90,34 @@ def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:
     out = clamp_scales(model, saved["scales"], bounds)
     with open(path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    record = {k: v for k, v in saved.items() if k not in ("scales", "history", "health", "summary", "clamped_from")}
+    dropped = ("scales", "history", "health", "summary", "clamped_from", "fingerprint")
+    record = {k: v for k, v in saved.items() if k not in dropped}
     record.update(scales=out["scales"], clamped_from={
         "path": os.path.abspath(path), "sha256": digest, "bounds": [list(b.to_list()) for b in bounds],
-        "changed": out["changed"], "previous": saved.get("clamped_from")})
+        "changed": out["changed"], "fingerprint": source_fingerprint(saved), "previous": saved.get("clamped_from")})
     return record
+
+
+def source_fingerprint(saved: Mapping) -> Optional[dict]:
+    """The fingerprint of the run whose weights the scales of ``saved`` fit: its own, or for a
+    ``--gradinit-init-clamp`` record, that of the file it was clamped from."""
+    clamped = saved.get("clamped_from")
+    if isinstance(clamped, Mapping):
+        return clamped.get("fingerprint") or saved.get("fingerprint")
+    return saved.get("fingerprint")
+
+
+def clamp_target_error(existing: Mapping, record: Mapping, path: str) -> Optional[str]:
+    """Why the clamped ``record`` cannot go to ``path``, which holds ``existing`` (a gradinit.json is
+    never overwritten), or None when it already holds the same clamped scales (the same command again)."""
+    mine, theirs = record["clamped_from"], existing.get("clamped_from")
+    if isinstance(theirs, Mapping) and existing.get("scales") == record["scales"] and \
+            (theirs.get("sha256"), theirs.get("bounds")) == (mine["sha256"], mine["bounds"]):
+        return None
+    what = (f"scales clamped from {theirs.get('path')} with the bounds {theirs.get('bounds')}"
+            if isinstance(theirs, Mapping) else "another run's GradInit result")
+    return (f"--gradinit-init-clamp: {path} exists and holds {what}; the clamped scales of this run are written "
+            f"there and a gradinit.json is never overwritten: use another --save-dir, or delete {path}")
 
 
 def unscaled_tensors(model, scales: Mapping[str, float], config: Optional[Mapping] = None) -> list:

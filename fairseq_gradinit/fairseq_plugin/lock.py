@@ -1,13 +1,17 @@
-"""One GradInit phase per ``--save-dir`` at a time: an advisory lock held for the whole phase.
+"""One run per ``--save-dir`` at a time: an advisory lock held for the whole ``fairseq-train`` run.
 
 Two runs started into the same folder would otherwise both compute GradInit, overwrite each
-other's ``gradinit.json`` and then train on each other's checkpoints. The lock is an ``flock`` on
-``<save-dir>/.gradinit.lock``, which holds the owner's pid and host for the refusal message. The
-operating system releases an ``flock`` when its process dies, so a lock file left by a killed run
-is taken over without a question; a run that ends normally removes the file.
+other's ``gradinit.json``, or resume each other's checkpoint and both write ``checkpoint_last.pt``.
+A run with ``--gradinit-iters`` or ``--gradinit-init-file`` takes the lock when its criterion is
+built (before the resume check, Admin's profiling and GradInit) and keeps it until its process ends.
+The lock is an ``flock`` on ``<save-dir>/.gradinit.lock``, which holds the owner's pid and host for
+the refusal message. The operating system releases an ``flock`` when its process dies, so a lock
+file left by a killed run is taken over without a question; a process that ends normally removes
+the file.
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import errno
 import fcntl
@@ -15,7 +19,7 @@ import logging
 import os
 import socket
 import time
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 from .option_values import GradInitStop
 
@@ -24,8 +28,12 @@ logger = logging.getLogger(__name__)
 LOCK_NAME = ".gradinit.lock"
 
 
+#: The save dirs this process holds for the rest of its life: their real path -> (path, lock descriptor).
+_HELD: Dict[str, tuple] = {}
+
+
 class SaveDirBusy(RuntimeError):
-    """Another live process holds the GradInit lock of the folder; the message names it."""
+    """Another live process holds the lock of the folder; the message names it."""
 
 
 def _owner(path: str) -> str:
@@ -63,13 +71,9 @@ def _try_lock(path: str) -> Optional[int]:
         os.close(fd)
 
 
-@contextlib.contextmanager
-def save_dir_lock(directory: str) -> Iterator[None]:
-    """Hold ``directory``'s GradInit lock (created with the folder if needed) for the ``with`` block.
-
-    Raises :class:`SaveDirBusy` when another process holds it. A filesystem without ``flock``
-    support is logged and the block runs unlocked.
-    """
+def _take(directory: str) -> Optional[tuple]:
+    """(lock path, descriptor) of ``directory``'s lock, taken (the folder created if needed); None where
+    the filesystem has no ``flock`` (logged). Raises :class:`SaveDirBusy` when another process holds it."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_NAME)
     try:
@@ -77,12 +81,11 @@ def save_dir_lock(directory: str) -> Iterator[None]:
     except OSError as e:
         logger.warning("gradinit: WARNING: cannot lock %s (%s); a second run into this folder would not be "
                        "detected", path, e.strerror or e)
-        yield
-        return
+        return None
     if fd is None:
         raise SaveDirBusy(
-            f"another run ({_owner(path)}) is in its GradInit phase in {directory} (it holds {path}); two runs into "
-            "one --save-dir would overwrite each other's gradinit.json and checkpoints. Wait until it has finished, "
+            f"another run ({_owner(path)}) is training in {directory} (it holds {path}); two runs into one "
+            "--save-dir would overwrite each other's gradinit.json and checkpoints. Wait until it has finished, "
             "or use another --save-dir")
     previous = os.read(fd, 200).decode(errors="replace").split()
     if previous and previous[0] != str(os.getpid()):
@@ -90,34 +93,62 @@ def save_dir_lock(directory: str) -> Iterator[None]:
                     previous[0])
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    return path, fd
+
+
+def _release(path: str, fd: int) -> None:
+    with contextlib.suppress(OSError):  # removed before it is unlocked: see _try_lock
+        os.unlink(path)
+    with contextlib.suppress(OSError):
         os.close(fd)
 
 
 @contextlib.contextmanager
-def phase_lock(directory: str, *, rank: int = 0, world: int = 1) -> Iterator[None]:
-    """:func:`save_dir_lock` held by rank 0 for all ranks (they share the folder); when another run
-    holds it, every rank stops with :class:`~.option_values.GradInitStop` (one line, exit status 1)."""
-    with contextlib.ExitStack() as stack:
-        error = None
-        if rank == 0:
-            try:
-                stack.enter_context(save_dir_lock(directory))
-            except SaveDirBusy as e:
-                error = str(e)
-            except OSError as e:  # a file in the way, no permission: before the phase, not after it
-                error = (f"--save-dir {directory}: cannot create or write it ({e.strerror or e}); GradInit's result "
-                         "and the checkpoints go there: give a writable folder")
-        if world > 1:
-            import torch.distributed as dist
-
-            box = [error]
-            dist.broadcast_object_list(box, src=0)
-            error = box[0]
-        if error is not None:
-            raise GradInitStop(error)
+def save_dir_lock(directory: str) -> Iterator[None]:
+    """Hold ``directory``'s lock for the ``with`` block (:class:`SaveDirBusy` when another process
+    holds it; a filesystem without ``flock`` support is logged and the block runs unlocked)."""
+    taken = _take(directory)
+    try:
         yield
+    finally:
+        if taken is not None:
+            _release(*taken)
+
+
+def release_save_dirs() -> None:
+    """Give back every save dir this process holds (at exit; or when a caller that ran
+    ``fairseq-train``'s ``main`` in its own process knows that run has ended)."""
+    while _HELD:
+        _release(*_HELD.popitem()[1])
+
+
+atexit.register(release_save_dirs)
+
+
+def hold_save_dir(directory: str, *, rank: int = 0, world: int = 1) -> None:
+    """Take ``directory``'s lock on rank 0 for all ranks (they share the folder) and keep it until this
+    process ends: the whole run, its GradInit phase and its training. Taking it again is a no-op. A
+    process runs one ``fairseq-train`` at a time, so a lock it holds on another folder belongs to a run
+    that has ended, and is given back. When another run holds it, every rank stops with
+    :class:`~.option_values.GradInitStop` (one line, exit status 1) before any work."""
+    error = None
+    key = os.path.realpath(directory)
+    if rank == 0 and key not in _HELD:
+        release_save_dirs()
+        try:
+            taken = _take(directory)
+            if taken is not None:
+                _HELD[key] = taken
+        except SaveDirBusy as e:
+            error = str(e)
+        except OSError as e:  # a file in the way, no permission: before any work, not after it
+            error = (f"--save-dir {directory}: cannot create or write it ({e.strerror or e}); GradInit's result "
+                     "and the checkpoints go there: give a writable folder")
+    if world > 1:
+        import torch.distributed as dist
+
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise GradInitStop(error)

@@ -243,11 +243,19 @@ class TrainingMonitor:
         return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
     def write(self, record: dict) -> None:
-        if not self.writes:
+        # A monitor never stops the run it watches: a write error (disk full, permissions) is
+        # logged once, and the monitor writes nothing more.
+        if not self.writes or getattr(self, "write_error", None):
             return
-        os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(finite_or_text(record)) + "\n")
+        try:
+            os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(finite_or_text(record)) + "\n")
+        except OSError as e:
+            self.write_error = e.strerror or str(e)
+            logger.warning("gradinit: WARNING: cannot write %s (%s); the monitor writes no more records and "
+                           "training goes on. Free space (or fix the permissions) to monitor the next run",
+                           self.path, self.write_error)
 
     # ---- per trainer step ------------------------------------------------------------------
     def on_train_step(self, sample, model, criterion, optimizer, update_num: int, ignore_grad: bool) -> None:

@@ -8,7 +8,7 @@ from ..core.config import default_gamma, is_positive
 from ..core.options import parse_scale_bounds, values_from
 from .cfg import cfg_value
 from .init_file import (  # noqa: F401  (read_init_file: re-exported)
-    combination_error, compute_only_defaults, read_init_file, read_usable_init_file,
+    combination_error, compute_only_defaults, read_init_file,
 )
 from .monitor import monitor_option_error
 from .options import ENGINE_OPTIONS, ETA_PER_LR, LOSS_CHANGE_BOUND, GradInitOptions
@@ -137,7 +137,7 @@ def gradinit_option_error(cfg) -> Optional[str]:
         # --lr matters only when GradInit computes (an init file or GradInit off never uses eta).
         gradinit_config_from_task(cfg, lr_matters=iters > 0)
         if cfg.gradinit_init_file:
-            read_usable_init_file(cfg.gradinit_init_file)
+            read_init_file(cfg.gradinit_init_file)
         if clamp:
             parse_scale_bounds(clamp, flag="--gradinit-init-clamp")
     except ValueError as e:

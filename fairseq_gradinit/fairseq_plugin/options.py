@@ -80,7 +80,8 @@ class PluginOptions(FairseqDataclass):
         "with --gradinit-init-file: clamp the file's scales into per-group bounds before applying them, same "
         "syntax as --gradinit-scale-bounds (first match wins; tensors no bound selects keep their scale), e.g. "
         "\"[('norm', 0.3, None), ('re:.', 0.1, None)]\"; the clamped scales are written to --save-dir's "
-        "gradinit.json with the source file, its sha256, the bounds and every changed scale"))
+        "gradinit.json with the source file, its sha256, the bounds and every changed scale (a --save-dir whose "
+        "gradinit.json holds other scales is refused)"))
     gradinit_monitor_interval: int = option(0, result=False, help=(
         "every N updates, append a record of the training's health to monitor.jsonl in --save-dir (0: off): fp16 "
         "overflows, skipped updates and the loss scale, the parameters whose gradient was not finite at each "

@@ -25,8 +25,8 @@ from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files, write_result
 from .analysis.groups import transformer_group
 from .analysis.health_report import measure_health
-from .init_file import clamped_init_file, unscaled_tensors
-from .option_values import GradInitStop, read_init_file, read_usable_init_file
+from .init_file import clamp_target_error, clamped_init_file, source_fingerprint, unscaled_tensors
+from .option_values import GradInitStop, read_init_file
 from .phase_state import load_phase_state, save_phase_state, state_path
 from .plan import GradInitPlan, build_plan
 from .preflight import precision_error, valid_split_error
@@ -66,8 +66,14 @@ def saved_result_decision(path: str, current: dict) -> tuple:
               f"pass --gradinit-init-file {path} to apply its scales")
     try:
         saved = read_init_file(path)
-    except ValueError as e:
-        return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). {advice}")
+    except ValueError as e:  # the check every file of scales gets: it cannot be applied either
+        return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). GradInit "
+                f"never overwrites it: use another --save-dir, or delete {path} to compute it again")
+    clamped = saved.get("clamped_from")
+    if clamped:  # computed by no GradInit run, whatever fingerprint it carries
+        return ("stop", f"{path} exists and holds scales clamped by --gradinit-init-clamp from "
+                        f"{clamped.get('path') if isinstance(clamped, dict) else clamped}, which no GradInit run of "
+                        f"this command computed. {advice}")
     diff = fingerprint_diff(saved.get("fingerprint"), current, keys=COMPARED_KEYS)
     if diff:
         return ("stop", f"{path} exists and was written by a different run ({'; '.join(diff)}). {advice}")
@@ -211,12 +217,12 @@ def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dic
         model.to(orig_device)
         raise GradInitStop(error)
     interval = plan.checkpoint_interval
-    saved_at = [done_before]
+    saved_at, failed = [done_before], []
 
     def checkpoint(state):
+        if rank == 0 and not _saved_phase_state(resume_path, state, current, failed):
+            return
         saved_at[0] = len(state["history"])
-        if rank == 0:
-            save_phase_state(resume_path, state, current)
 
     start = time.time()
     with sigterm_raises_interrupt():
@@ -248,6 +254,22 @@ def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dic
     return result
 
 
+def _saved_phase_state(path: str, state: dict, current: Optional[dict], failed: list) -> bool:
+    """Save the phase state at ``path``; a write error (disk full, permissions) is logged once
+    (noted in ``failed``) and the phase goes on, since the state only serves a stopped phase."""
+    try:
+        save_phase_state(path, state, current)
+        return True
+    except (OSError, RuntimeError) as e:  # torch.save reports some write errors as RuntimeError
+        if not failed:
+            failed.append(e)
+            logger.warning("gradinit: WARNING: could not save the GradInit phase state %s (%s) after iteration %d; "
+                           "GradInit goes on, but a stop now can resume only from an earlier saved state. Free "
+                           "space (or fix the permissions); this warning is not repeated", path,
+                           e.strerror or e, len(state["history"]))
+        return False
+
+
 def _phase_state(save_dir: str, current: Optional[dict], rank: int, world: int):
     """(the saved phase state to resume or None, its path); rank 0 reads it for all ranks."""
     path = state_path(save_dir)
@@ -271,7 +293,7 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
     """Apply the scales saved at ``path`` after checking they name this model's tensors; with
     ``task`` and ``criterion``, rank 0 measures their health on one GradInit batch."""
     try:
-        saved = read_usable_init_file(path) if source == "--gradinit-init-file" else read_init_file(path)
+        saved = read_init_file(path, flag=source)
     except ValueError as e:
         raise GradInitStop(str(e)) from None
     scales = saved["scales"]
@@ -294,7 +316,7 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
             "would start unscaled while the others are scaled (was the file edited?); recompute it, or restore "
             "the missing scales")
     if current is not None and keys:
-        diff = fingerprint_diff(saved.get("fingerprint"), current, keys=keys)
+        diff = fingerprint_diff(source_fingerprint(saved), current, keys=keys)
         if diff:
             logger.warning(
                 "gradinit: WARNING: %s %s was computed for a different model, seed or data than this run (%s). "
@@ -303,6 +325,7 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
     clamp = plan.init_clamp if source == "--gradinit-init-file" else None
     record = _clamp_saved(model, path, saved, clamp) if clamp else None
     if record is not None:
+        _check_clamp_target(plan, record)
         scales = record["scales"]
     measured = task is not None and criterion is not None and rank_world()[0] == 0
     initial = snapshot_weights(model) if measured else None
@@ -362,12 +385,31 @@ def _clamp_saved(model, path: str, saved: dict, clamp: str) -> dict:
                 "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
     return record
 
+def _check_clamp_target(plan: GradInitPlan, record: dict) -> None:
+    """Stop before the scales are applied when ``--save-dir``'s gradinit.json holds other scales than
+    the clamped ``record`` (rank 0 decides for all ranks)."""
+    rank, world = rank_world()
+    out = os.path.join(plan.save_dir, GRADINIT_JSON)
+    box = [None]
+    if rank == 0 and os.path.exists(out):
+        try:
+            with open(out, encoding="utf-8") as f:
+                existing = json.load(f)
+        except (OSError, ValueError):
+            existing = None
+        box = [clamp_target_error(existing if isinstance(existing, dict) else {}, record, out)]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise GradInitStop(box[0])
+
+
 def _write_clamped(plan: GradInitPlan, record: dict) -> None:
     rank, _ = rank_world()
     out = os.path.join(plan.save_dir, GRADINIT_JSON)
     if rank == 0:
-        if os.path.exists(out):
-            logger.info("gradinit: %s exists; the clamped scales are not written there", out)
+        if os.path.exists(out):  # the same clamped scales (checked before they were applied)
+            logger.info("gradinit: %s already holds these clamped scales; left as it is", out)
         else:
             atomic_write_json(out, record)
             logger.info("gradinit: wrote the clamped scales to %s", out)

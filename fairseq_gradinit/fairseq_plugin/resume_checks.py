@@ -26,7 +26,13 @@ def resume_error(model, source: str, *, task=None) -> Optional[str]:
     line, or None: it was trained with other dictionaries than the data-bin's (``task``'s), or
     ``--gradinit-tied-embeddings per-use`` is given for a checkpoint trained with shared scales
     (its state has no per-use multipliers)."""
-    state = _load(source)
+    try:
+        state = _load(source)
+    except Exception as e:  # noqa: BLE001 - empty, truncated or not a checkpoint: one line, not a traceback
+        reason = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]  # its first sentence
+        return (f"cannot resume from {source}: it is not a readable checkpoint ({type(e).__name__}: {reason}); it may "
+                "be truncated (a run stopped while writing it). Move it away to resume from another checkpoint "
+                "(--restore-file) or to start anew")
     if task is not None:
         data = getattr(getattr(task, "gradinit_cfg", None), "data", None) or "the data-bin"
         error = dictionary_mismatch((state.get("task_state") or {}).get(DICTIONARIES_KEY), dictionary_digests(task),

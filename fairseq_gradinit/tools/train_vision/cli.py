@@ -32,7 +32,7 @@ from ...vision import list_models
 from .data import DATASETS, Limited, build_datasets
 from .errors import Interrupted, RunFailure, UsageError
 from .initialization import (GRADINIT_CLI_OPTIONS, INITS, build_model, check_batches, check_init_options,
-                             has_batchnorm, run_initialization)
+                             check_model_options, has_batchnorm, run_initialization)
 from .loop import check_output_dir, default_output_dir, load_checkpoint, set_rng_state, train_epochs
 from ...argtypes import positive_int
 
@@ -154,6 +154,7 @@ def main(args) -> Dict[str, Any]:
     train_set, test_set, num_classes, in_channels, side = load_data(args)
     check_batches(args, len(train_set), resume)
     model = build_model(args, num_classes=num_classes, in_channels=in_channels, device=device)
+    check_model_options(args, model, resume)
     uses_bn = has_batchnorm(model)
     clip = args.clip_grad_norm if args.clip_grad_norm is not None else (0.0 if uses_bn else 1.0)
     num_params = sum(p.numel() for p in model.parameters())

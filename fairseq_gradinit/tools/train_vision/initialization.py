@@ -11,6 +11,7 @@ from torch.utils.data import DataLoader
 
 from ...core import GradInitConfig, MetaInitConfig
 from ...core.options import Default, options_of, values_from
+from ...core.uses import unstepped_uses_error
 from ...vision import create_model, gradinit, metainit
 from ...vision.api import VISION_DEFAULTS
 from .data import Limited
@@ -131,6 +132,15 @@ def check_init_options(args) -> List[str]:
             "metainit": {d for d in defaults if d.startswith("metainit_")} | set(METAINIT_SHARED)}.get(args.init, set())
     return [f"{_flag(d)} {getattr(args, d)}" for d, default in defaults.items()
             if d not in used and getattr(args, d, default) != default]
+
+
+def check_model_options(args, model: nn.Module, resume: str) -> None:
+    """Refuse options that need the built model to be checked, before the initialization runs: an
+    ``--gradinit-unstepped-uses`` pattern that names none of the model's parameter uses."""
+    if args.init == "gradinit" and not resume:
+        error = unstepped_uses_error(model, args.gradinit_unstepped_uses, label="argument --gradinit-unstepped-uses: ")
+        if error is not None:
+            raise UsageError(error)
 
 
 def check_batches(args, n_train: int, resume: str) -> None:
