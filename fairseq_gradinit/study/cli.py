@@ -106,6 +106,25 @@ def _select(arms: Sequence[Arm], names: Optional[str], what: str) -> List[Arm]:
     return [by_name[n] for n in wanted]
 
 
+def _seed_twins(preset, call, arms: Sequence[Arm], train_names: Optional[str], prepare_names: Optional[str]):
+    """A repeat call's arms: the seed twins of the arms named by --arms/--prepare-arms, and their names."""
+    from .presets import seed_twin
+
+    if not train_names and not prepare_names:
+        raise ValueError(f"call {call.name} of preset {preset.name} repeats the arms you name at seed "
+                         f"{call.repeat_seed}: pass --arms NAME[,NAME] (or --prepare-arms NAME[,NAME] to compute "
+                         "their GradInit scales into the cache first)")
+    twins = {}
+    for names, what in ((train_names, "--arms"), (prepare_names, "--prepare-arms")):
+        for arm in _select(arms, names, what) if names else []:
+            twins[arm.name] = seed_twin(preset, arm, call.repeat_seed)
+
+    def renamed(names):
+        return ",".join(twins[n.strip()].name for n in names.split(",") if n.strip()) if names else None
+
+    return list(twins.values()), renamed(train_names), renamed(prepare_names)
+
+
 def config_from_args(args: argparse.Namespace) -> StudyConfig:
     from .presets import get_preset
 
@@ -120,9 +139,12 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         if preset is None:
             raise ValueError("--call needs --preset")
         call = preset.call(args.call)
-        if train_names or prepare_names:
+        if call.repeat_seed is not None:
+            arms, train_names, prepare_names = _seed_twins(preset, call, arms, train_names, prepare_names)
+        elif train_names or prepare_names:
             raise ValueError("--call already chooses the arms; drop --arms/--prepare-arms")
-        train_names, prepare_names = ",".join(call.arms), ",".join(call.prepare) or None
+        else:
+            train_names, prepare_names = ",".join(call.arms), ",".join(call.prepare) or None
     selected = _select(arms, train_names, "--arms")
     prepare = _select(arms, prepare_names, "--prepare-arms") if prepare_names else []
     if args.data is None:

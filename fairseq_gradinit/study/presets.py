@@ -37,6 +37,9 @@ class StudyCall:
     bleu_budget: Optional[float] = None
     finish_margin: Optional[float] = None
     limit_s: Optional[float] = None
+    #: A call that repeats arms at another seed: ``--arms``/``--prepare-arms`` name the preset's arms
+    #: and the call trains/prepares their twins at this seed (:func:`seed_twin`) instead of ``arms``.
+    repeat_seed: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,9 @@ class Preset:
     #: How long the preset took where it was measured, for presets without throughput figures
     #: (printed by --list-presets and --dry-run).
     duration: str = ""
+    #: {file key: the GradInit arguments that computed that file}: a seed twin of an arm that applies
+    #: the file computes its own scales with them instead (:func:`seed_twin`).
+    recompute: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
 
     def call(self, name: str) -> StudyCall:
         for c in self.calls:
@@ -509,7 +515,107 @@ it exports into one archive (--archive).""",
 )
 
 
-PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP, HOLD)}
+# -- the decoder's delayed no-warmup shock and the eval-mode breakdown ----------------------------
+HOLDA_EVIDENCE_DIR = "docs/evidence/nowarmup-d512-holdA-2026-11-27"  # relative to the repository root
+#: cuDNN's fused attention off: on torch 2.11 with sm90 its backward returns NaN query gradients for
+#: sequence lengths of 64 mod 128 with a mask (every fp16 overflow of the holdA evidence after start-up).
+CUDNN_GUARD = ("--gradinit-cudnn-sdpa-guard", "on")
+NO_DROPOUT = ("--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0")
+#: polynomial_decay's warmup: the lr rises linearly from 0 to 5e-4 over 500 updates, then decays as before.
+WARMUP_500 = ("--warmup-updates", "500")
+#: gamma = K x the init's gradient norm: with K = 2 the first iteration is an objective step and the
+#: constraint binds only where the norm has doubled (the holdA evidence: ||g||_1 18,283 at iteration 1
+#: against gamma 1e3, 556 of 780 iterations constraint steps).
+GAMMA_INIT_FACTOR = ("--gradinit-gamma-init-factor", "2")
+#: The authors' S and S-tilde: the first and last two thirds of one unshuffled batch.
+AUTHORS_PAIRS = ("--gradinit-pairs", "authors")
+SHOCK_TRAIN = CONFIRM_RECIPE + MONITOR + CUDNN_GUARD
+SHOCK_SCALES = AUTHORS_SCALES + SHOCK_TRAIN
+
+
+def _shock_arm(name: str, args: Tuple[str, ...], note: str) -> Arm:
+    return Arm(name, args, drop=CONFIRM_BASE_DROP, data="separate", note=note)
+
+
+def _with(args: Tuple[str, ...], *overrides: str) -> Tuple[str, ...]:
+    """``args`` with some options replaced (each option once in the command)."""
+    from .arms import merge_args
+
+    return tuple(merge_args(args, overrides))
+
+
+SHOCK = Preset(
+    name="shock",
+    summary="why no-warmup training breaks after ~2000 updates once the cuDNN attention bug is guarded: "
+            "dropout, a short warmup after GradInit, and GradInit with a rarely binding gamma, the authors' "
+            "simulated step or their S/S-tilde (d=512, 3000 updates, calls of at most 8 minutes on one H200)",
+    base=D512_BASE,
+    arms=(
+        _shock_arm("ctl", SHOCK_SCALES, "control: the evidence's scales (authors.gradinit.json), the authors' "
+                                        "recipe, fp16, cuDNN attention guarded"),
+        _shock_arm("nodrop", _with(SHOCK_SCALES, *NO_DROPOUT), "the same without dropout, attention or activation "
+                                                               "dropout"),
+        _shock_arm("attdrop0", _with(SHOCK_SCALES, "--attention-dropout", "0"), "the same, attention dropout 0 only"),
+        _shock_arm("gi-warm500", _with(SHOCK_SCALES, *WARMUP_500), "the same scales, then 500 warmup updates"),
+        _shock_arm("warm-s1", WARMUP_RECIPE + MONITOR + CUDNN_GUARD,
+                   "reference: Xavier, inverse_sqrt with 4000 warmup updates (monitor on: the healthy values)"),
+        _shock_arm("x-warm500", _with(SHOCK_TRAIN, *WARMUP_500), "Xavier with the same 500 warmup updates "
+                                                                 "(the comparator of gi-warm500)"),
+        _shock_arm("gi-gamma", GI_AUTHORS + GAMMA_INIT_FACTOR + SHOCK_TRAIN,
+                   "GradInit with the authors' settings but gamma = 2 x the init's gradient norm (rarely binds)"),
+        _shock_arm("gi-unstepped", _gi_authors("--gradinit-unstepped-uses", UNSTEPPED_OUTPUT) + SHOCK_TRAIN,
+                   "GradInit with the authors' simulated step: the tied output projection un-stepped"),
+        _shock_arm("gi-pairs", GI_AUTHORS + AUTHORS_PAIRS + SHOCK_TRAIN,
+                   "GradInit with the authors' S and S-tilde (two thirds of one unshuffled batch each)"),
+    ),
+    max_update=3000,
+    save_every=500,
+    files={"authors": f"{AUTHORS_EVIDENCE_DIR}/authors.gradinit.json"},
+    recompute={"authors": GI_AUTHORS},
+    calls=(
+        StudyCall("A", ("ctl", "nodrop", "attdrop0", "gi-warm500", "warm-s1"),
+                  note="the five arms that need no GradInit phase",
+                  parallel=5, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("B", ("x-warm500",), ("gi-gamma", "gi-unstepped", "gi-pairs"),
+                  note="the three GradInit phases into the cache (exported in the archive) beside x-warm500",
+                  parallel=4, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("C", ("gi-gamma", "gi-unstepped", "gi-pairs"),
+                  note="the three GradInit arms from call B's cache (--gradinit-cache: the archive's gradinit/)",
+                  parallel=3, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("D", (), repeat_seed=2,
+                  note="a second seed of the arms named with --arms (trained) or --prepare-arms (GradInit "
+                       "scales computed into the cache, for a later --call D --arms)",
+                  parallel=5, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+    ),
+    throughput="h200",
+    doc="""\
+The recipe of preset 'hold' (separate dictionaries, weight decay 1e-4, attention/activation dropout
+0.1, linear decay, no warmup, seed 1, fp16), the training monitor every 100 updates and cuDNN's
+fused attention off in every arm (--gradinit-cudnn-sdpa-guard on). Needs --data-bin separate=PATH.
+Commands, predictions and estimates: docs/no-warmup.md.""",
+)
+
+
+def seed_twin(preset: Preset, arm: Arm, seed: int) -> Arm:
+    """``arm`` at another seed, named ``NAME-sSEED``. An arm that applies one of the preset's
+    ``recompute`` files computes its own scales at that seed with the settings that made the file,
+    as the file's scales fit only the initial weights of their own seed."""
+    from .arms import merge_args, option_groups
+
+    groups = option_groups(arm.args)
+    args, extra = [], []
+    for g in groups:
+        key = g[1].strip("{}") if g[0] == "--gradinit-init-file" and len(g) == 2 else None
+        if key is not None and key in preset.recompute:
+            extra += list(preset.recompute[key])
+        else:
+            args += g
+    twin = merge_args(extra + args, ["--seed", str(seed)])
+    return Arm(f"{arm.name}-s{seed}", tuple(twin), drop=arm.drop, data=arm.data,
+               note=f"{arm.name} at seed {seed}" + (" (its own GradInit scales)" if extra else ""))
+
+
+PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP, HOLD, SHOCK)}
 
 
 def get_preset(name: str) -> Preset:
@@ -523,8 +629,8 @@ def call_estimate(preset: Preset, call: StudyCall):
     throughput figures for the preset's setting); arms prepared by the preset's earlier calls are cached."""
     from .estimate import THROUGHPUT, call_jobs, estimate_call
 
-    if preset.throughput is None or call.parallel is None:
-        return None
+    if preset.throughput is None or call.parallel is None or call.repeat_seed is not None:
+        return None  # a repeat call's arms are named on its command line: --dry-run estimates them
     earlier = preset.calls[:preset.calls.index(call)]
     cached = {name for c in earlier for name in c.prepare}  # their scales come with the cache
     jobs = call_jobs(preset.arms, call.arms, call.prepare, preset.base, max_update=preset.max_update, cached=cached)
@@ -550,7 +656,9 @@ def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
                 out.append(f"       {a.note}")
         for c in p.calls:
             prep = f"; prepares {','.join(c.prepare)}" if c.prepare else ""
-            out.append(f"   call {c.name}: trains {','.join(c.arms)}{prep}" + (f" ({c.note})" if c.note else ""))
+            trains = (f"the seed-{c.repeat_seed} twins of the arms you name" if c.repeat_seed is not None
+                      else ",".join(c.arms))
+            out.append(f"   call {c.name}: trains {trains}{prep}" + (f" ({c.note})" if c.note else ""))
             est = call_estimate(p, c)
             if est is not None:
                 bound = f", at most {est.upper_bound_s:.0f} s" if est.upper_bound_s is not None else ""
