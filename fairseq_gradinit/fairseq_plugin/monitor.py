@@ -237,6 +237,7 @@ class TrainingMonitor:
         self.overflows_recorded = 0
         self.attempt_overflowed = False
         self.current_update: Optional[int] = None  # updates completed before the step under way
+        self.sdpa_guard: Optional[dict] = None  # the cuDNN attention guard's decision (set by the task)
 
     @property
     def writes(self) -> bool:
@@ -268,7 +269,8 @@ class TrainingMonitor:
             self.write({"type": "start", "update": int(update_num), "time": int(time.time()), "version": __version__,
                         "interval": self.interval, "precision": precision, "loss_scale": loss_scale(optimizer),
                         "optimizer": type(optimizer).__name__, "weights": source,
-                        "fixed_batch": {k: _number(sample.get(k)) for k in ("nsentences", "ntokens")}})
+                        "fixed_batch": {k: _number(sample.get(k)) for k in ("nsentences", "ntokens")},
+                        "cudnn_sdpa_guard": self.sdpa_guard})
 
     def watch(self, optimizer, model) -> None:
         """Wrap ``optimizer.clip_grad_norm`` (on this instance) so that a non-finite gradient norm is
