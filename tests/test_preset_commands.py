@@ -26,7 +26,6 @@ def _normalize(argv, subs):
 def preset_commands(root: Path, names=None) -> dict:
     """{preset: {arm: {"argv": normalized fairseq-train command, "group": cache key or None}}} for the
     presets ``names`` (default: all)."""
-    sys.path.insert(0, str(HERE))
     from fairseq_helpers import make_tiny_bin, make_tiny_lm_bin
 
     from fairseq_gradinit.study import plan as study_plan
