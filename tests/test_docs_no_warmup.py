@@ -94,3 +94,22 @@ def test_links_between_the_docs_resolve(doc):
             if anchor not in {_anchor(h) for h in headings}:
                 broken.append(target)
     assert broken == [], broken
+
+
+def test_health_and_remedies_quote_the_measured_clamp_arms():
+    curves = _curves()
+    best = {arm: min(curves[arm].values()) for arm in ("clamp-strong", "clamp-mild", "ctl-fp16")}
+    onset = {}
+    for arm in ("clamp-strong", "clamp-mild"):
+        gaps = [(r["update"], r["fixed_batch_loss"]["eval"] - r["fixed_batch_loss"]["train"])
+                for r in _monitor(arm) if r["type"] == "interval" and r.get("fixed_batch_loss")]
+        onset[arm] = next(u for u, g in gaps if g > GAP)
+    remedies = " ".join((DOCS / "remedies.md").read_text(encoding="utf-8").split())
+    assert (f"broke down from update ~{onset['clamp-strong']}, the mild one's at ~{onset['clamp-mild']}"
+            in remedies)
+    assert (f"(best validation loss {best['clamp-strong']:.2f} and {best['clamp-mild']:.2f} against "
+            f"{best['ctl-fp16']:.2f} unclamped)") in remedies
+    health = " ".join((DOCS / "health.md").read_text(encoding="utf-8").split())
+    evidence = " ".join((HOLDA / "README.md").read_text(encoding="utf-8").split())
+    for figure in ("~240×", "556 of 780", "~200 updates"):
+        assert figure in health and figure in evidence, figure
