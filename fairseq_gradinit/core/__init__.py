@@ -1,5 +1,5 @@
 """Pure-PyTorch GradInit engine (no fairseq import)."""
-from .batching import BatchPair, concat_batches, overlapping_pairs, slice_batch
+from .batching import BatchPair, authors_pairs, concat_batches, overlapping_pairs, slice_batch
 from .config import GradInitConfig, ScaleBound
 from .engine import GradInit, GradInitResult, IterationRecord, gradinit
 from .metainit import MetaInit, MetaInitConfig, MetaInitRecord, MetaInitResult, gradient_quotient, metainit
@@ -13,6 +13,6 @@ __all__ = [
     "ScaleBound",
     "ScaledParameters", "resolve_scale_bounds",
     "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode",
-    "math_attention", "overlapping_pairs", "slice_batch", "summarize_scales", "unwrap_model",
+    "authors_pairs", "math_attention", "overlapping_pairs", "slice_batch", "summarize_scales", "unwrap_model",
     "MetaInit", "MetaInitConfig", "MetaInitRecord", "MetaInitResult", "gradient_quotient", "metainit",
 ]

@@ -125,6 +125,26 @@ def overlapping_pairs(
         prev = nxt
 
 
+def authors_rows(n: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """Rows of S and of S~ in one batch of ``n`` rows as the authors' fairseq code forms them: with
+    k = n // 3, S = rows [0, 2k) and S~ = rows [k, n) (S~ has the n - 2k rows left over, too). A
+    batch of fewer than 3 rows (k = 0 would leave S empty) serves as both."""
+    k = n // 3
+    if k == 0:
+        return (0, n), (0, n)
+    return (0, 2 * k), (k, n)
+
+
+def authors_pairs(batches: Iterable[Any], *, split: Optional[Callable[[Any, int, int], Any]] = None
+                  ) -> Iterator[BatchPair]:
+    """One pair per batch, S and S~ the rows :func:`authors_rows` of that batch in the order it holds
+    them (``split(batch, start, stop)`` defaults to row slicing of every tensor)."""
+    split = split or slice_batch
+    for b in batches:
+        (a, c), (d, e) = authors_rows(batch_size(b))
+        yield BatchPair(split(b, a, c), split(b, d, e))
+
+
 def cycle_iterable(batches: Iterable[Any]) -> Iterator[Any]:
     """Iterate ``batches`` repeatedly when it can be re-iterated (e.g. a DataLoader), else once."""
     it = iter(batches)

@@ -36,6 +36,8 @@ ADAM_STATES = ("shared", "per_branch")
 STEP_PARAMS = ("all", "scaled")
 #: Arithmetic of GradInit's loss passes (see ``GradInitConfig.precision``).
 PRECISIONS = ("fp32", "tf32", "bf16")
+#: How (S, S~) are formed from the batches (see ``GradInitConfig.pairs``).
+PAIRS = ("overlap", "authors")
 #: Named selectors of :class:`ScaleBound` (besides ``"re:<pattern>"`` and callables).
 SCALE_SELECTORS = ("bias", "norm")
 
@@ -197,7 +199,19 @@ class GradInitConfig:
                                   default_text="780; None: one pass over the batches")
     min_scale: float = option(0.01, help="lower bound of every scale (the paper's alpha_min)")
     max_scale: Optional[float] = option(None, help="upper bound of every scale (None: unbounded)")
+    gamma_init_factor: Optional[float] = option(None, since="0.5.0", help=(
+        "K: gamma = K * ||g||_p of the first iteration's S at the initial weights (before any scale step; the "
+        "first iteration whose gradient is finite), so that the constraint rarely binds for K > 1; the gamma "
+        "used is recorded in the result (its 'gamma' and config 'resolved_gamma'); excludes gamma; None: gamma "
+        "or the rule of thumb"))
     overlap: float = option(0.5, help="fraction of S~ drawn from S (the paper uses 0.5)")
+    pairs: str = option("overlap", since="0.5.0", choices=PAIRS, help=(
+        "how (S, S~) are formed: overlap (S~ has the size of S and shares 'overlap' of it; from Python and the "
+        "vision API S is one batch and S~ runs on into the next one; the fairseq plugin shuffles the samples of "
+        "one draw and collates S and S~ apart) or authors (the authors' fairseq code: of one batch of n rows, "
+        "in the order the batch holds them, S = rows [0, 2*(n//3)) and S~ = rows [n//3, n), one pair per batch; "
+        "a fairseq batch is collated once, sorted by source length, padded width kept; needs overlap 0.5; a "
+        "batch of fewer than 3 rows serves as both)"))
     adam_state: str = option("shared", choices=ADAM_STATES, help=(
         "moment estimates of the scales' Adam: shared (one Adam over all iterations, Algorithm 1 read "
         "literally) or per_branch (constraint and objective iterations keep their own moments and step "
@@ -275,6 +289,18 @@ class GradInitConfig:
             invalid(self, "gamma", "a finite number > 0, or None to use the rule of thumb")
         if not (isinstance(self.overlap, (int, float)) and 0.0 <= self.overlap <= 1.0):
             invalid(self, "overlap", "a number in [0, 1]")
+        if self.gamma_init_factor is not None:
+            if not is_positive(self.gamma_init_factor):
+                invalid(self, "gamma_init_factor", "None or a finite number > 0, e.g. 2 (gamma = 2 ||g|| at the init)")
+            if self.gamma is not None:
+                raise ValueError(f"GradInitConfig: gamma={self.gamma!r} and gamma_init_factor="
+                                 f"{self.gamma_init_factor!r} both set gamma: pass one of them (gamma for a fixed "
+                                 "bound, gamma_init_factor for K times the gradient norm at the init)")
+        if self.pairs not in PAIRS:
+            invalid(self, "pairs", f"one of {PAIRS}")
+        if self.pairs == "authors" and self.overlap != 0.5:
+            invalid(self, "overlap", "0.5 with pairs='authors' (S and S~ are the first and the last two thirds "
+                                     "of one batch, so they share half of S)")
         if self.sgd_step not in SGD_STEPS:
             invalid(self, "sgd_step", f"one of {SGD_STEPS}")
         if self.adam_state not in ADAM_STATES:
@@ -326,10 +352,13 @@ class GradInitConfig:
         return 1 if self.optimizer == "adam" else 2
 
     @property
-    def resolved_gamma(self) -> float:
-        """gamma, or the rule-of-thumb value when ``gamma`` is None."""
+    def resolved_gamma(self) -> Optional[float]:
+        """gamma, or the rule-of-thumb value when ``gamma`` is None; None with ``gamma_init_factor``
+        (gamma is then measured on the first batch: :attr:`GradInitResult.gamma`)."""
         if self.gamma is not None:
             return float(self.gamma)
+        if self.gamma_init_factor is not None:
+            return None
         return default_gamma(self.optimizer, self.eta, LOSS_CHANGE_BOUNDS["engine"][self.optimizer])
 
     def to_dict(self) -> dict:

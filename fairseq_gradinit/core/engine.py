@@ -18,7 +18,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 import torch
 from torch import nn
 
-from .batching import BatchPair, cycle_iterable, overlapping_pairs
+from .batching import BatchPair, authors_pairs, cycle_iterable, overlapping_pairs
 from .config import GradInitConfig
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .distributed import DataParallelGroup
@@ -64,6 +64,8 @@ class GradInitResult:
     #: The health check of the scales (:class:`~.health.ScaleHealth`) where the caller ran it (the
     #: vision API does; the fairseq plugin stores it in gradinit.json).
     health: Optional[Any] = None
+    #: The gamma the run used (measured on the first batch with ``config.gamma_init_factor``).
+    gamma: Optional[float] = None
 
     @property
     def num_skipped(self) -> int:
@@ -81,7 +83,9 @@ class GradInitResult:
         return {
             "scales": dict(self.scales),
             "aliases": {k: list(v) for k, v in self.aliases.items()},
-            "config": self.config.to_dict(),
+            "config": self.config.to_dict() if self.gamma is None else {**self.config.to_dict(),
+                                                                          "resolved_gamma": self.gamma},
+            "gamma": self.gamma if self.gamma is not None else self.config.resolved_gamma,
             "history": [dataclasses.asdict(r) for r in self.history],
             "wall_time": self.wall_time,
             "world_size": self.world_size,
@@ -116,7 +120,7 @@ class GradInit:
         self.model = unwrap_model(model)
         self.loss_fn = loss_fn
         self.cfg = config
-        self.gamma = config.resolved_gamma
+        self.gamma = config.resolved_gamma  # None until the first batch measures it (gamma_init_factor)
         self.dist = DataParallelGroup(process_group)
         self.scaled = ScaledParameters(
             self.model, config.param_filter, include_unscaled=config.step_params == "all",
@@ -273,7 +277,7 @@ class GradInit:
         logger.info(
             "gradinit iter %d%s | %s | L(S) %s | L(S~) %s | |g|_%d %s (gamma %.4g) | scale min/mean/max "
             "%.4g/%.4g/%.4g | skipped %d%s", it, tot, rec.branch, fmt(rec.loss_s), fmt(rec.loss_s_tilde),
-            self.cfg.norm_p, fmt(rec.grad_norm), self.gamma, *stats,
+            self.cfg.norm_p, fmt(rec.grad_norm), self.gamma or float("nan"), *stats,
             sum(r.branch == "skipped" for r in self.history), f" | {timing}" if timing else "",
         )
 
@@ -326,6 +330,10 @@ class GradInit:
             self._skip(rec)
             return rec
 
+        if self.gamma is None:  # gamma_init_factor: no scale has moved yet (skipped iterations do not step)
+            self.gamma = self.cfg.gamma_init_factor * gnorm_v
+            logger.info("gradinit: gamma = %g x ||g||_%d at the init (%.6g) = %.6g", self.cfg.gamma_init_factor,
+                        self.cfg.norm_p, gnorm_v, self.gamma)
         if gnorm_v > self.gamma:
             rec.branch = self._last_branch = "constraint"
             if fd:
@@ -364,7 +372,7 @@ class GradInit:
             "config": _result_settings(self.cfg), "alpha": self.alpha.detach().cpu().clone(),
             "adam": self.adam.state_dict(), "adam_constraint": self.adam_constraint.state_dict() if separate else None,
             "history": [dataclasses.asdict(r) for r in self.history],
-            "consecutive_skips": self._consecutive_skips, "last_branch": self._last_branch,
+            "consecutive_skips": self._consecutive_skips, "last_branch": self._last_branch, "gamma": self.gamma,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -393,6 +401,8 @@ class GradInit:
         self._pending = None
         self._consecutive_skips = int(state["consecutive_skips"])
         self._last_branch = str(state["last_branch"])
+        if self.cfg.gamma_init_factor is not None and state.get("gamma") is not None:
+            self.gamma = float(state["gamma"])
 
     def _w_sq_norms(self) -> List[float]:
         return [float(w.detach().double().pow(2).sum()) for w in self.scaled.W]
@@ -446,7 +456,7 @@ def gradinit(
     """
     config = resolve_config(GradInitConfig, config, overrides)
     check_inputs(model, loss_fn)
-    if config.gamma is None:
+    if config.gamma is None and config.gamma_init_factor is None:
         logger.info("gradinit: gamma not set; using the rule of thumb %s -> gamma = %.4g",
                     "eta*gamma = 0.1" if config.optimizer == "adam" else "eta*gamma^2 = 0.1",
                     config.resolved_gamma)
@@ -476,6 +486,7 @@ def gradinit(
         wall_time=wall,
         aliases=engine.scaled.aliases,
         world_size=engine.dist.world_size,
+        gamma=engine.gamma,
     )
     logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %.1fs",
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped, wall)
@@ -508,4 +519,6 @@ def _pair_stream(batches: Iterable[Any], config: GradInitConfig) -> Iterator[Bat
 
     if isinstance(first, BatchPair):
         return chain()
+    if config.pairs == "authors":
+        return authors_pairs(chain())
     return overlapping_pairs(chain(), config.overlap)

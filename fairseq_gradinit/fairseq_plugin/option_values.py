@@ -31,7 +31,7 @@ def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig
             raise ValueError("--gradinit-eta is not set and the training --lr is unknown; pass --gradinit-eta")
         lr = float(lr[0] if isinstance(lr, (list, tuple)) or hasattr(lr, "__getitem__") else lr)
         values["eta"] = ETA_PER_LR[opt] * lr
-    if values["gamma"] is None and is_positive(values["eta"]):
+    if values["gamma"] is None and values["gamma_init_factor"] is None and is_positive(values["eta"]):
         values["gamma"] = default_gamma(opt, values["eta"], LOSS_CHANGE_BOUND[opt])
     return GradInitConfig(**values)
 
@@ -54,7 +54,8 @@ def derived_options(cfg) -> list:
     """The options whose value :func:`gradinit_config_from_task` / :func:`gradinit_batch_tokens`
     derive from the training command because they were not given (``optimizer``, ``eta``,
     ``gamma``, ``max_tokens``)."""
-    names = [n for n in ("optimizer", "eta", "gamma") if getattr(cfg, "gradinit_" + n, None) is None]
+    names = [n for n in ("optimizer", "eta", "gamma") if getattr(cfg, "gradinit_" + n, None) is None
+             and not (n == "gamma" and getattr(cfg, "gradinit_gamma_init_factor", None) is not None)]
     if not cfg_value(cfg, "gradinit_max_tokens"):
         names.append("max_tokens")
     return names

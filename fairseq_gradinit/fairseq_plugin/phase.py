@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..core import BatchPair, DevicePrefetcher, apply_scales, gradinit, summarize_scales
-from ..core.batching import split_draw
+from ..core.batching import authors_rows, split_draw
 from ..core.health import snapshot_weights
 from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files, write_result
@@ -35,7 +35,7 @@ from .signals import sigterm_raises_interrupt
 from .tied import (
     apply_multiplier_scales, effective_use_scales, is_multiplier, multiplier_names, multipliers_as_parameters,
 )
-from .training import collate, training_batch_indices, training_dataset
+from .training import collate, slice_sample, training_batch_indices, training_dataset
 
 logger = logging.getLogger("fairseq_gradinit.fairseq_plugin.hook")  # one logger for the task's GradInit lines
 
@@ -107,9 +107,11 @@ def run_locked(task, plan: GradInitPlan, model, criterion):
 def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
     gcfg = plan.config
     logger.info(
-        "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%g tau=%g, %d tokens per "
-        "iteration (S and S~ share %.0f%%), rank %d/%d", gcfg.iters, device, gcfg.optimizer,
-        gcfg.eta, gcfg.resolved_gamma, gcfg.lr, plan.max_tokens, 100 * gcfg.overlap, rank, world)
+        "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%s tau=%g, %d tokens per "
+        "iteration (S and S~ share %.0f%%, pairs %s), rank %d/%d", gcfg.iters, device, gcfg.optimizer, gcfg.eta,
+        f"{gcfg.resolved_gamma:g}" if gcfg.resolved_gamma is not None else
+        f"{gcfg.gamma_init_factor:g} x ||g|| at the init", gcfg.lr, plan.max_tokens, 100 * gcfg.overlap,
+        gcfg.pairs, rank, world)
     settings = {k: v for k, v in gcfg.to_dict().items() if k != "param_filter"}
     logger.info("gradinit: settings (%s derived from the training command): %s",
                 ", ".join(plan.derived) or "none", json.dumps(settings, default=str))
@@ -378,9 +380,12 @@ def gradinit_pairs(task, model, max_tokens: int, overlap: float, device, rank: i
     Each pair is one batch of the task's own training iterator with ``max_tokens`` tokens (and
     the run's ``--batch-size``; over-long samples skipped as fairseq-train skips them); its
     samples are shuffled and split so S and S~ each hold 1/(2-overlap) of it and share
-    ``overlap`` of S (thirds for overlap 0.5, as the authors' fairseq code does). Each half is
-    collated by the dataset, so every field of the sample (``net_input``, ``target``,
-    ``ntokens``, ``nsentences``, ...) describes exactly its samples, whatever the task. Pairs are
+    ``overlap`` of S (thirds for overlap 0.5). Each half is collated by the dataset, so every field
+    of the sample (``net_input``, ``target``, ``ntokens``, ``nsentences``, ...) describes exactly
+    its samples, whatever the task. With ``--gradinit-pairs authors`` (the authors' fairseq code)
+    the batch is collated whole, its samples in the dataset collater's order (a translation batch
+    sorted by source length, longest first), and S and S~ are its rows :func:`~..core.batching.authors_rows`
+    (:func:`~.training.slice_sample`: the padded width of the whole batch kept). Pairs are
     collated on the host ahead of the iteration that uses them (:class:`DevicePrefetcher`; close
     it when done) and, on CUDA, copied from pinned memory without waiting for the GPU. The first
     ``skip`` pairs are passed over without collating them (a resumed phase). ``plan``: the run's
@@ -389,6 +394,8 @@ def gradinit_pairs(task, model, max_tokens: int, overlap: float, device, rank: i
     plan = plan if plan is not None else build_plan(task.gradinit_cfg)
     dataset = training_dataset(task, plan.train_subset or cfg_value(task.gradinit_cfg, "train_subset"))
     seed = plan.seed
+    authors = plan.config is not None and plan.config.pairs == "authors"
+    pad = task.target_dictionary.pad() if authors and task.target_dictionary is not None else 1
     batches = training_batch_indices(task, model, dataset, max_tokens=max_tokens,
                                      batch_size=plan.train_batch_size, seed=seed)
     if len(batches) < world:
@@ -404,9 +411,14 @@ def gradinit_pairs(task, model, max_tokens: int, overlap: float, device, rank: i
             rng = np.random.RandomState((seed + 7919 * epoch) % (2 ** 32))
             shard = [batches[i] for i in rng.permutation(len(batches))][rank::world]
             for idx in shard:
-                idx = idx[rng.permutation(len(idx))]
+                idx = idx if authors else idx[rng.permutation(len(idx))]
                 if skipped[0] < skip:
                     skipped[0] += 1
+                    continue
+                if authors:
+                    whole = collate(dataset, idx, "cpu")
+                    (a, b), (c, d) = authors_rows(len(idx))
+                    yield BatchPair(slice_sample(whole, a, b, pad), slice_sample(whole, c, d, pad))
                     continue
                 (a, b), (c, d) = split_draw(len(idx), overlap)
                 s_idx, st_idx = idx[a:b], idx[c:d]

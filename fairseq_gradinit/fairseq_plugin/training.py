@@ -10,6 +10,8 @@ import numpy as np
 import torch
 from fairseq import utils
 
+from ..core.batching import slice_batch
+
 logger = logging.getLogger(__name__)
 
 
@@ -123,3 +125,16 @@ def collate(dataset, idx, device) -> dict:
     """The fairseq sample of ``dataset``'s items ``idx`` (the dataset's own collater), on ``device``."""
     sample = dataset.collater([dataset[int(i)] for i in idx])
     return utils.apply_to_sample(lambda t: t.to(device), sample)
+
+
+def slice_sample(sample: dict, start: int, stop: int, pad: int) -> dict:
+    """Rows ``start:stop`` of a collated fairseq sample, as the authors' fairseq code cuts its S and S~:
+    every tensor sliced along the rows (the padded width kept), ``nsentences`` the rows kept and
+    ``ntokens`` the target tokens that are not ``pad``."""
+    if not isinstance(sample.get("target"), torch.Tensor):
+        raise ValueError("--gradinit-pairs authors cuts a collated batch into S and S~ and counts their target "
+                         "tokens: this task's samples have no 'target' tensor; use --gradinit-pairs overlap")
+    out = slice_batch(sample, start, stop)
+    out["nsentences"] = stop - start
+    out["ntokens"] = int((out["target"] != pad).sum())
+    return out

@@ -212,7 +212,8 @@ def gradinit(
             statistics during GradInit; their running statistics are left untouched.
         loader: an iterable of batches, e.g. a ``DataLoader`` of ``(input, target)``. Consecutive
             batches b_t, b_{t+1} form S = b_t and S~ = last ``overlap`` part of b_t + first part of
-            b_{t+1}, so S and S~ both have the loader's batch size.
+            b_{t+1}, so S and S~ both have the loader's batch size; with ``pairs="authors"`` each
+            batch gives one pair, its first and its last two thirds.
         loss_fn: ``loss_fn(model, batch) -> mean loss``; default: cross-entropy on
             ``(input, target)`` batches.
         device: where batches go; default the model's device (the model is not moved).
@@ -235,7 +236,8 @@ def gradinit(
                         f"{', '.join(GRADINIT_OPTIONS)} (see help(gradinit))")
     values = {name: options.get(name, spec.default) for name, spec in GRADINIT_OPTIONS.items()}
     config = GradInitConfig(**values)
-    iters, overlap = config.iters, config.overlap
+    iters = config.iters
+    overlap = 1.0 if config.pairs == "authors" else config.overlap  # authors: one pair per batch
     check_precision(model)
     dev = _resolve_device(model, device)
     if iters is None and not _one_shot(loader):
