@@ -50,6 +50,7 @@ def test_each_arm_changes_one_thing_against_the_control():
     assert value(warm, "--lr-scheduler") == "inverse_sqrt" and value(warm, "--warmup-updates") == "4000"
     # the GradInit arms: the authors' settings with one change each
     assert value(ARMS["gi-gamma"], "--gradinit-gamma-init-factor") == "2"
+    assert value(ARMS["gi-gamma"], "--gradinit-gamma") is None  # the factor replaces the fixed gamma
     assert value(ARMS["gi-unstepped"], "--gradinit-unstepped-uses") == r"decoder\.output_projection\."
     assert value(ARMS["gi-pairs"], "--gradinit-pairs") == "authors"
     for name in ("gi-gamma", "gi-unstepped", "gi-pairs"):

@@ -119,8 +119,8 @@ def _seed_twins(preset, call, arms: Sequence[Arm], train_names: Optional[str], p
         for arm in _select(arms, names, what) if names else []:
             twins[arm.name] = seed_twin(preset, arm, call.repeat_seed)
 
-    def renamed(names):
-        return ",".join(twins[n.strip()].name for n in names.split(",") if n.strip()) if names else None
+    def renamed(names):  # "" (none), not None (all)
+        return ",".join(twins[n.strip()].name for n in names.split(",") if n.strip()) if names else ""
 
     return list(twins.values()), renamed(train_names), renamed(prepare_names)
 

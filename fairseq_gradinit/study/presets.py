@@ -561,7 +561,7 @@ SHOCK = Preset(
                    "reference: Xavier, inverse_sqrt with 4000 warmup updates (monitor on: the healthy values)"),
         _shock_arm("x-warm500", _with(SHOCK_TRAIN, *WARMUP_500), "Xavier with the same 500 warmup updates "
                                                                  "(the comparator of gi-warm500)"),
-        _shock_arm("gi-gamma", GI_AUTHORS + GAMMA_INIT_FACTOR + SHOCK_TRAIN,
+        _shock_arm("gi-gamma", _gi_authors(*GAMMA_INIT_FACTOR, drop=("--gradinit-gamma",)) + SHOCK_TRAIN,
                    "GradInit with the authors' settings but gamma = 2 x the init's gradient norm (rarely binds)"),
         _shock_arm("gi-unstepped", _gi_authors("--gradinit-unstepped-uses", UNSTEPPED_OUTPUT) + SHOCK_TRAIN,
                    "GradInit with the authors' simulated step: the tied output projection un-stepped"),
