@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("data", nargs="?", help="the main fairseq data-bin")
     p.add_argument("--out", type=Path, help="output folder (arms/NAME/, gradinit/, curves.*, bleu.json, study.json)")
     p.add_argument("--preset", help="a preset's base and arms (see --list-presets)")
-    p.add_argument("--list-presets", action="store_true", help="describe the presets and exit")
+    p.add_argument("--list-presets", nargs="?", const="", default=None, metavar="NAME",
+                   help="say what each preset answers and how long it takes, or describe preset NAME in full "
+                        "(arms, calls, estimates), and exit")
     p.add_argument("--call", help="the preset's named GPU call: its arms and the arms it prepares")
     p.add_argument("--arms", help="comma-separated arm names to train (default: all arms given)")
     p.add_argument("--prepare-arms", help="comma-separated arms whose GradInit scales are computed into the "
@@ -237,10 +239,15 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
         args.bleu_script = bleu_script
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     from ..fairseq_plugin import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
-    from .presets import describe_presets, get_preset
+    from .presets import describe_presets, get_preset, list_presets
 
-    if args.list_presets:
-        print(describe_presets())  # noqa: T201 - command output
+    if args.list_presets is not None:
+        try:
+            text = describe_presets((get_preset(args.list_presets).name,)) if args.list_presets else list_presets()
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)  # noqa: T201
+            return 2
+        print(text)  # noqa: T201 - command output
         return 0
     cfg, result, handler = None, None, None
     try:

@@ -61,6 +61,11 @@ class Preset:
     #: {file key: the GradInit arguments that computed that file}: a seed twin of an arm that applies
     #: the file computes its own scales with them instead (:func:`seed_twin`).
     recompute: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    #: What the preset answers, in a sentence, and where it is documented (``--list-presets``).
+    answers: str = ""
+    docs: str = ""
+    #: How long it takes, for presets whose calls have no estimate of their own (``--list-presets``).
+    takes: str = ""
 
     def call(self, name: str) -> StudyCall:
         for c in self.calls:
@@ -99,6 +104,10 @@ def _gi(*overrides: str) -> Tuple[str, ...]:
 
 EVIDENCE = Preset(
     name="evidence",
+    answers=("the first d=512 no-warmup evidence again: Xavier and GradInit with the paper's settings and shared "
+             "embeddings against a 4000-update warmup"),
+    docs="docs/no-warmup.md",
+    takes="two calls on one H100 (their settings: docs/no-warmup.md)",
     summary="the arms of the 2026-11-26 evidence (d=512, lr 5e-4, no warmup, fp16, seed 1) with its settings",
     base=D512_BASE,
     arms=(
@@ -137,6 +146,10 @@ G98_SCALES = ("--gradinit-init-file", "{g98}")
 
 SCREEN = Preset(
     name="screen",
+    answers=("which of eight differences from the authors' setup keeps GradInit on the unigram plateau at d=512 "
+             "without warmup"),
+    docs="docs/no-warmup.md",
+    takes="two calls of at most 7 minutes each on one H100 (planned, not run)",
     summary="differences 1-8 from the authors' setup, one arm each, plus warmup and Xavier "
             "references (d=512, one seed, 3000 updates, two GPU calls: --call A, then --call B)",
     base=D512_BASE,
@@ -212,13 +225,17 @@ GI_DEMO = ("--gradinit-iters", "200", "--gradinit-lr", "1e-2", "--gradinit-max-t
 
 DEMO = Preset(
     name="demo",
+    answers=("whether GradInit lets a small (d=128) Post-LN Transformer train without warmup, against Xavier and a"
+             " 200-update warmup"),
+    docs="docs/debian-demo.md",
     summary="docs/debian-demo.md: 6+6-layer d=128 Post-LN Transformer, lr 1e-3, Xavier / GradInit "
             "without warmup vs a 200-update warmup, 600 updates (CPU: add --cpu)",
     duration="with --cpu, most of a day on a 2-core VM (a 1024-token update took ~7 s on one thread there, a "
              "GradInit constraint iteration ~19 s: docs/debian-demo.md); on one GPU, about 3 minutes per arm",
     base=D128_BASE,
     arms=(
-        Arm("gradinit-s1", GI_DEMO + ("--seed", "1"), note="GradInit (eta = lr, gamma from eta*gamma = 0.1), seed 1"),
+        Arm("gradinit-s1", GI_DEMO + ("--seed", "1"), note="GradInit (the plugin's Adam defaults: eta = 2 x lr = 2e-3, "
+                                                        "gamma = 1/eta = 500), seed 1"),
         Arm("xavier-s1", ("--seed", "1"), note="Xavier, no warmup, seed 1"),
         Arm("warmup-s1", ("--seed", "1", "--warmup-updates", "200"), note="Xavier, 200-update linear warmup, seed 1"),
         Arm("gradinit-s2", GI_DEMO + ("--seed", "2"), note="GradInit, seed 2"),
@@ -257,6 +274,10 @@ def _gi_authors(*overrides: str, drop: Tuple[str, ...] = ()) -> Tuple[str, ...]:
 
 ABLATE = Preset(
     name="ablate",
+    answers=("which of the authors' settings make their GradInit setup learn without warmup at d=512 (one leave-"
+             "one-out arm each, 600 updates)"),
+    docs="docs/no-warmup.md",
+    takes="on one H100 about 6 minutes (call A) and 3 minutes (call B), estimated, not run",
     summary="the authors' whole setup ('authors') and one leave-one-out arm per setting "
             "(d=512, lr 5e-4 without warmup, fp16, seed 1, 600 updates, two GPU calls: --call A, then --call B)",
     base=D512_BASE,
@@ -329,6 +350,11 @@ def _confirm_arm(name: str, args: Tuple[str, ...], note: str) -> Arm:
 
 CONFIRM = Preset(
     name="confirm",
+    answers=("whether GradInit without warmup matches a 4000-update warmup over 3000 updates at d=512, with two "
+             "seeds, beta2 .999, SGD and BLEU"),
+    docs="docs/no-warmup.md",
+    takes=("on one H100 9-15 minutes for call A (more than one 7-minute call: give --time-budget or split it), "
+           "less for call B; estimated, not run"),
     summary="GradInit without warmup (beta2 .98 and .999) against a 4000-update warmup in the same "
             "setup and Xavier, seeds 1 and 2, plus SGD, 3000 updates, BLEU at 3000 (d=512, fp16)",
     base=D512_BASE,
@@ -389,6 +415,10 @@ ADMIN_INIT = ("--wskip-init", "admin", "--wskip-profile-seed", "1111")
 
 WSKIP = Preset(
     name="wskip",
+    answers=("how Admin's w_skip Transformer with the Admin authors' no-warmup recipe compares with GradInit on "
+             "the same model and recipe"),
+    docs="docs/wskip.md",
+    takes="one call on one H100 that stops itself within 9 minutes",
     summary="Admin's w_skip Transformer with the Admin authors' recipe (RAdam, linear decay, "
             "omega profiled with seed 1111) against GradInit on the same model and recipe, no warmup "
             "(d=512, fp16, 2500 updates, one GPU call)",
@@ -441,6 +471,9 @@ def _hold_arm(name: str, args: Tuple[str, ...], note: str, drop: Tuple[str, ...]
 
 HOLD = Preset(
     name="hold",
+    answers=("whether fp32, Admin's loss-scale flags, clamped scales or other GradInit settings keep the authors' "
+             "no-warmup run alive to 3000 updates (call A ran: none did)"),
+    docs="docs/no-warmup.md",
     summary="what keeps the authors' no-warmup run alive past update 2300-2700 (where it collapsed): "
             "their scales in fp16, fp32, with Admin's loss-scale flags and clamped at two levels, 3000 updates "
             "each in one call of at most 8 minutes on one H200 (call A); new GradInit phases and the warmup "
@@ -546,6 +579,9 @@ def _with(args: Tuple[str, ...], *overrides: str) -> Tuple[str, ...]:
 
 SHOCK = Preset(
     name="shock",
+    answers=("why no-warmup training breaks down in eval mode after ~2000 updates once the cuDNN attention bug is "
+             "guarded: dropout, the lower decoder's un-warmed Adam shock, or how GradInit learned its scales"),
+    docs="docs/no-warmup.md",
     summary="why no-warmup training breaks after ~2000 updates once the cuDNN attention bug is guarded: "
             "dropout, a short warmup after GradInit, and GradInit with a rarely binding gamma, the authors' "
             "simulated step or their S/S-tilde (d=512, 3000 updates, calls of at most 8 minutes on one H200)",
@@ -641,8 +677,37 @@ def call_estimate(preset: Preset, call: StudyCall):
                          bleu_s=bleu_s, bleu_budget_s=bleu_s, limit_s=call.limit_s)
 
 
+def how_long(preset: Preset) -> str:
+    """How long a preset takes, in a line: its calls' estimates, else what was measured or planned."""
+    parts, repeats = [], []
+    for c in preset.calls:
+        est = call_estimate(preset, c)
+        if est is not None:
+            parts.append(f"{c.name} ~{est.total_s:.0f} s")
+        elif c.repeat_seed is not None:
+            repeats.append(f"; call {c.name} (seed {c.repeat_seed} of the arms you name): --dry-run estimates it")
+    if parts:
+        limits = {c.limit_s for c in preset.calls if c.limit_s is not None}
+        limit = f" (each within {max(limits):.0f} s)" if limits else ""
+        return (f"calls {', '.join(parts)} on one {(preset.throughput or '').upper()} by the estimate{limit}"
+                + "".join(repeats))
+    return preset.takes or preset.duration or "not measured"
+
+
+def list_presets() -> str:
+    """What ``--list-presets`` prints: per preset what it answers, how long it takes and where it is
+    documented (``--list-presets NAME`` describes one in full)."""
+    out = ["Presets (scripts/study.py DATA --preset NAME; --list-presets NAME shows its arms and calls):", ""]
+    for p in PRESETS.values():
+        out.append(textwrap.fill(f"{p.name}: " + (p.answers or p.summary), 100, subsequent_indent="    "))
+        out.append(textwrap.fill("takes: " + how_long(p), 100, initial_indent="    ", subsequent_indent="      "))
+        if p.docs:
+            out.append(f"    docs: {p.docs}")
+    return "\n".join(out)
+
+
 def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
-    """What ``--list-presets`` prints: per preset its summary, base, arms, calls and notes."""
+    """What ``--list-presets NAME`` prints: per preset its summary, base, arms, calls and notes."""
     out = []
     for p in (PRESETS[n] for n in (names or tuple(PRESETS))):
         out.append(f"== {p.name}: {p.summary}")
@@ -688,6 +753,9 @@ GI_LM = ("--gradinit-iters", "100", "--gradinit-lr", "1e-2", "--gradinit-max-tok
 
 LM = Preset(
     name="lm",
+    answers=("whether GradInit lets a small Post-LN decoder-only language model train without warmup, against "
+             "Xavier and a 300-update warmup"),
+    docs="docs/lm-nowarmup.md",
     duration="with --cpu --no-bleu, 12 minutes on a shared 2-core VM (GradInit phase 106 s, then the three arms "
              "one after another, 113-260 s each: docs/lm-nowarmup.md)",
     summary="docs/lm-nowarmup.md: 6-layer d=128 Post-LN decoder-only LM (transformer_lm_postln) on the target "
@@ -696,7 +764,8 @@ LM = Preset(
     base=LM_BASE,
     arms=(
         Arm("xavier", ("--seed", "1"), note="Xavier, no warmup"),
-        Arm("gradinit", GI_LM + ("--seed", "1"), note="GradInit (100 iterations, eta = lr), no warmup"),
+        Arm("gradinit", GI_LM + ("--seed", "1"), note="GradInit (100 iterations, the plugin's Adam defaults: eta = 2 x lr = "
+                                                       "6e-3, gamma = 1/eta), no warmup"),
         Arm("warmup", ("--seed", "1", "--warmup-updates", "300"), note="Xavier, 300-update linear warmup"),
     ),
     max_update=600,
