@@ -546,3 +546,11 @@ def test_interval_records_of_a_tiny_fairseq_run_hold_attention_branch_and_gap_st
         assert s["max_branch_ratio_eval"] == max(v["eval"] for b in r["branches"].values() for v in b.values())
     assert intervals[0]["eval_train_gap"]["baseline"] is None
     assert intervals[1]["eval_train_gap"]["baseline"] == pytest.approx(intervals[0]["eval_train_gap"]["gap"], abs=1e-5)
+    from fairseq_gradinit import curves
+
+    series = curves.parse_monitor_file(save / "monitor.jsonl")
+    for key, path in (("monitor_eval_train_gap", ("eval_train_gap", "gap")),
+                      ("monitor_max_attn_logit_train", ("summary", "max_attn_logit_train")),
+                      ("monitor_min_attn_entropy_eval", ("summary", "min_attn_entropy_eval")),
+                      ("monitor_max_branch_ratio_eval", ("summary", "max_branch_ratio_eval"))):
+        assert series[key] == {r["update"]: r[path[0]][path[1]] for r in intervals}, key
