@@ -554,3 +554,20 @@ def test_interval_records_of_a_tiny_fairseq_run_hold_attention_branch_and_gap_st
                       ("monitor_min_attn_entropy_eval", ("summary", "min_attn_entropy_eval")),
                       ("monitor_max_branch_ratio_eval", ("summary", "max_branch_ratio_eval"))):
         assert series[key] == {r["update"]: r[path[0]][path[1]] for r in intervals}, key
+
+
+def test_docs_name_every_curve_series_the_panels_and_the_warning_threshold():
+    import re
+    from pathlib import Path
+
+    from fairseq_gradinit import curves
+    from fairseq_gradinit.study.results import MONITOR_PANELS as STUDY_PANELS
+    from fairseq_gradinit.tools.plot_curves import MONITOR_PANELS as PLOT_PANELS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "monitor.md").read_text(encoding="utf-8")
+    section = doc.split("## In the study's curves", 1)[1]
+    assert set(re.findall(r"`(monitor_\w+)`", section)) == set(curves.MONITOR_SERIES)
+    words = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    assert f"`curves.png` {words[len(STUDY_PANELS)]} more panels" in " ".join(section.split())
+    assert f"validation loss with {words[len(PLOT_PANELS)]} more panels" in " ".join(section.split())
+    assert f"at least {monitor.GAP_JUMP} bits above the" in " ".join(doc.split())

@@ -2,15 +2,21 @@
 
 Every N updates, rank 0 appends one ``interval`` record: the loss scale, fp16 overflows and skipped
 updates since the previous record, per group (encoder/decoder x layer x kind) the weight norm and
-the update/weight ratio of the last update, and the input standard deviation and gain of every
-LayerNorm on a fixed batch (the first training batch this process saw) in eval and in train mode.
-Each step whose gradient norm is not finite adds an ``overflow`` record naming the parameters
-whose gradients were not finite, written before fairseq zeroes them. A ``start`` record opens each
-run's part of the file (a resumed run appends). The schema is in ``docs/monitor.md``.
+the update/weight ratio of the last update, and on a fixed batch (the first training batch this
+process saw) in eval and in train mode: the input standard deviation and gain of every LayerNorm,
+each self-attention's entropy and largest logit, each residual branch's output norm against its
+residual (:mod:`.monitor_stats`), and the loss, whose eval - train gap warns when it jumps
+(:data:`GAP_JUMP`). Each step whose gradient norm is not finite adds an ``overflow`` record, written
+before fairseq zeroes the gradients: the parameters whose gradients were not finite, the one where
+the non-finite value began (first in backward order, noted by a gradient hook per parameter), the
+batch's padded lengths and the signature of cuDNN attention's NaN query gradients
+(:mod:`fairseq_gradinit.core.sdpa_guard`). A ``start`` record opens each run's part of the file (a
+resumed run appends). The schema is in ``docs/monitor.md``.
 
-Cost: per update, one call around the optimizer's ``clip_grad_norm`` and a counter; every N
-updates a copy of the weights before the step, two forward passes without gradients on the fixed
-batch and one norm per tensor. Nothing when the option is 0.
+Cost: per update, one call around the optimizer's ``clip_grad_norm``, a counter, the batch's lengths
+and one Python hook call per parameter in backward; every N updates a copy of the weights before the
+step, two forward passes without gradients on the fixed batch (with the attention logits computed
+again) and one norm per tensor. Nothing when the option is 0.
 """
 from __future__ import annotations
 
