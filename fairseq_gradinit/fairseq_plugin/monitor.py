@@ -350,7 +350,8 @@ class TrainingMonitor:
                 self.hook_backward_order(unwrapped(model))
                 self.hooked = id(model)
             self.backward_order = {}
-            self.lengths.append(batch_lengths(sample))
+            if not ignore_grad:  # fairseq's dummy batches add nothing to the gradients
+                self.lengths.append(batch_lengths(sample))
         if self.fixed_batch is None and not ignore_grad and sample:
             self.fixed_batch, self.criterion = sample, criterion
             self.last_update = int(update_num)
