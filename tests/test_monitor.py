@@ -527,6 +527,9 @@ def test_interval_records_of_a_tiny_fairseq_run_hold_attention_branch_and_gap_st
                      "--save-dir", str(save), "--gradinit-monitor-interval", "2"])
     start, *intervals = records(save)
     assert [r["update"] for r in intervals] == [2, 4]
+    # the guard decides without GradInit too (here: fp32 on a CPU, nothing to do)
+    guard = start["cudnn_sdpa_guard"]
+    assert guard["mode"] == "auto" and guard["action"] == "kept" and guard["affected"] is False
     attentions = {f"{side}.layers.{i}.self_attn" for side in ("encoder", "decoder") for i in (0, 1)}
     for r in intervals:
         assert set(r["attention"]) == attentions
