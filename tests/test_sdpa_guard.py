@@ -172,3 +172,11 @@ def test_the_speed_benchmark_runs_both_settings_in_fresh_workers(tmp_path):
         assert len(passes) == 2 and all(len(p["ms"]) == 2 and p["nonfinite_steps"] == 0 for p in passes)
     assert report["ratio_off_over_on_first_pass"] > 0 and report["ratio_off_over_on_second_pass"] > 0
     assert (tmp_path / "t.md").read_text().count("| cudnn_") == 2
+
+
+def test_detect_reads_this_process(monkeypatch):
+    found = SdpaEnvironment.detect(torch.device("cpu"))
+    assert found.torch_version == torch.__version__ and found.capability is None
+    assert found.cudnn_sdp_enabled is torch.backends.cuda.cudnn_sdp_enabled()
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    assert SdpaEnvironment.detect(None).cudnn_version is None  # a ROCm build has no cuDNN attention

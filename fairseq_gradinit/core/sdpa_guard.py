@@ -58,7 +58,9 @@ class SdpaEnvironment:
         """This process's torch and cuDNN, and the capability of ``device`` (a CUDA device, or None)."""
         cuda = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
         capability = tuple(torch.cuda.get_device_capability(torch.device(device))) if cuda else None
-        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        # ROCm builds answer with MIOpen's version here and have no cuDNN attention.
+        rocm = getattr(torch.version, "hip", None) is not None
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() and not rocm else None
         return cls(torch_version=torch.__version__, cudnn_version=cudnn, capability=capability,
                    cudnn_sdp_enabled=bool(torch.backends.cuda.cudnn_sdp_enabled()))
 
