@@ -152,3 +152,31 @@ def test_the_vision_api_offers_the_guard(caplog):
     decision = vision_guard("auto", precision="amp", env=env(), probe=no_probe)
     assert decision.action == "disabled" and not torch.backends.cuda.cudnn_sdp_enabled()
     assert "mode='off'" in guard_lines(caplog)[0].getMessage()
+
+
+def test_the_speed_benchmark_runs_both_settings_in_fresh_workers(tmp_path):
+    """benchmarks/bench_sdpa_guard.py at a tiny size on the CPU (where the flag changes no kernel): the
+    JSON holds both settings, two passes over every shape, and the ratios."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    pytest.importorskip("fairseq")
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_sdpa_guard.py"
+    subprocess.run([sys.executable, str(script), "--device", "cpu", "--max-tokens", "48", "--lengths", "5,8",
+                    "--layers", "1", "--embed-dim", "16", "--ffn-dim", "32", "--heads", "2", "--vocab", "40",
+                    "--out", str(tmp_path), "--tag", "t"], check=True, capture_output=True, timeout=600)
+    report = json.loads((tmp_path / "t.json").read_text())
+    for setting in ("cudnn_on", "cudnn_off"):
+        passes = report["results"][setting]["passes"]
+        assert len(passes) == 2 and all(len(p["ms"]) == 2 and p["nonfinite_steps"] == 0 for p in passes)
+    assert report["ratio_off_over_on_first_pass"] > 0 and report["ratio_off_over_on_second_pass"] > 0
+    assert (tmp_path / "t.md").read_text().count("| cudnn_") == 2
+
+
+def test_detect_reads_this_process(monkeypatch):
+    found = SdpaEnvironment.detect(torch.device("cpu"))
+    assert found.torch_version == torch.__version__ and found.capability is None
+    assert found.cudnn_sdp_enabled is torch.backends.cuda.cudnn_sdp_enabled()
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    assert SdpaEnvironment.detect(None).cudnn_version is None  # a ROCm build has no cuDNN attention

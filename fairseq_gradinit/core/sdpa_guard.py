@@ -3,17 +3,17 @@
 From torch 2.11, on compute capability 9.x GPUs (H100, H200), ``scaled_dot_product_attention``
 dispatches half-precision attention with an explicit ``attn_mask`` to cuDNN by default, and cuDNN's
 backward kernel returns NaN in the query gradient when the sequence length is 64 (mod 128) and a
-query row's log-sum-exp is very negative (pytorch/pytorch issue 196678; fp16 and bf16 alike; fixed by
+query row's log-sum-exp is very negative (pytorch/pytorch#196678; fp16 and bf16 alike; fixed by
 cuDNN 9.26, to which pytorch pull request 196861 upgrades). fairseq's self-attention takes that path,
 so an fp16 run overflows on every batch of such a padded length, whatever its loss scale.
 
 Which combinations are affected (:func:`assess`):
 
-- torch before 2.11 (the issue is a regression of 2.11), a cuDNN runtime of 9.26 or later (the fix),
+- torch before 2.11 (the fault is a regression of 2.11), a cuDNN runtime of 9.26 or later (the fix),
   a GPU of another compute capability, a CPU, fp32 training, or cuDNN attention already off: not affected;
-- torch 2.11 to 2.13 with an older cuDNN on a 9.x GPU: affected (the issue's and our own reports);
+- torch 2.11 to 2.13 with an older cuDNN on a 9.x GPU: affected (reported upstream with torch 2.11 and 2.13);
 - a later torch with an older cuDNN: unknown from the version (its own guards may avoid the kernel),
-  so the kernel is tried once on the issue's small case (:func:`probe_kernel`, milliseconds).
+  so the kernel is tried once on the reported small case (:func:`probe_kernel`, milliseconds).
 
 :func:`guard_cudnn_sdpa` then turns cuDNN attention off (``torch.backends.cuda.enable_cudnn_sdp(False)``,
 process-wide: the efficient and math kernels are correct on the same inputs) and says why.
@@ -58,7 +58,9 @@ class SdpaEnvironment:
         """This process's torch and cuDNN, and the capability of ``device`` (a CUDA device, or None)."""
         cuda = device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available()
         capability = tuple(torch.cuda.get_device_capability(torch.device(device))) if cuda else None
-        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        # ROCm builds answer with MIOpen's version here and have no cuDNN attention.
+        rocm = getattr(torch.version, "hip", None) is not None
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() and not rocm else None
         return cls(torch_version=torch.__version__, cudnn_version=cudnn, capability=capability,
                    cudnn_sdp_enabled=bool(torch.backends.cuda.cudnn_sdp_enabled()))
 
@@ -112,7 +114,7 @@ def assess(env: SdpaEnvironment, precision: str) -> Tuple[Optional[bool], str]:
 
 
 def probe_kernel(dtype: torch.dtype = torch.float16, device: Optional[torch.device] = None) -> dict:
-    """Run cuDNN attention's backward once on the issue's case (one head, length 192, head size 64,
+    """Run cuDNN attention's backward once on the reported case (one head, length 192, head size 64,
     an all-True mask, every logit about -120) and report ``{"nonfinite_grad_q": n}``, or
     ``{"unavailable": message}`` when torch does not dispatch this case to cuDNN (then it cannot hit it)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -84,9 +84,12 @@ class PluginOptions(FairseqDataclass):
         "gradinit.json with the source file, its sha256, the bounds and every changed scale"))
     gradinit_monitor_interval: int = option(0, result=False, help=(
         "every N updates, append a record of the training's health to monitor.jsonl in --save-dir (0: off): fp16 "
-        "overflows, skipped updates and the loss scale, the parameters whose gradient was not finite at each "
-        "overflow, per layer the weight norm and the update/weight ratio of the last update, LayerNorm input "
-        "std and gain on a fixed batch in eval and train mode; with or without GradInit (docs/monitor.md)"))
+        "overflows, skipped updates and the loss scale; at each overflow the parameters whose gradient was not "
+        "finite, the module where it began (backward order), the batch's padded lengths and whether it has the "
+        "cuDNN attention fault's signature; per layer the weight norm and the update/weight ratio of the last "
+        "update; on a fixed batch in eval and train mode LayerNorm input std and gain, self-attention entropy "
+        "and largest logit, branch/residual norm ratios, and the eval - train loss gap (a warning when it jumps); "
+        "with or without GradInit (docs/monitor.md)"))
     gradinit_cudnn_sdpa_guard: ChoiceEnum(list(GUARD_MODES)) = option("auto", result=False, choices=GUARD_MODES, help=(
         "the guard against cuDNN attention's NaN query gradients at padded lengths 64 (mod 128) (torch 2.11 and "
         "later with cuDNN before 9.26, compute capability 9.x: H100/H200): auto turns cuDNN attention off before "
