@@ -154,9 +154,14 @@ def test_docs_state_the_default_thresholds_and_a_usable_bounds_example():
     for f in dataclasses.fields(HealthThresholds):
         assert f"| `{f.name}` | {f.default} |" in doc, f.name
     schema = doc[doc.index("## The `health` block"):]
-    d = scale_verdict({"a.weight": 1.0}).to_dict()
-    for key in list(d) + list(d["floor"]["weights"]) + list(d["thresholds"]):
+    d = scale_verdict({"a.weight": 1.0}, history=[{"branch": "objective", "grad_norm": 1.0}], gamma=2.0).to_dict()
+    from fairseq_gradinit.core.health import BlockGradient
+
+    block = BlockGradient(name="b", rms_after=1.0, rms_before=2.0).to_dict()
+    for key in list(d) + list(d["floor"]["weights"]) + list(d["thresholds"]) + list(d["phase"]) + list(block):
         assert f'"{key}"' in schema, key
+    for key, value in d["thresholds"].items():
+        assert f'"{key}": {value}' in schema, key
     example = re.search(r'--gradinit-scale-bounds "(\[.*?\])"', doc).group(1)
     bounds = parse_scale_bounds(example)
     assert [b.select for b in bounds] == ["bias", "norm", "re:."] and bounds[2].min_scale == 0.1

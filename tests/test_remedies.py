@@ -85,7 +85,13 @@ def test_init_clamp_applies_clamped_scales_and_records_them(tmp_path):
     # the degenerate file's verdict is recorded with the clamped scales: no weight left at the floor
     from fairseq_gradinit.fairseq_plugin.analysis.health_report import measure_health
 
-    assert record["health"]["verdict"] == "ok", record["health"]
+    health = record["health"]
+    assert health["floor"]["weights"]["count"] == 0 and not health["pairs_off"], health
+    # what is left: every weight at 0.1 silences the encoder's gradient (through the decoder's two
+    # 0.1-scaled cross-attention projections), which the block check flags
+    assert [r.split(" ", 2)[1:2] for r in health["reasons"]] == [["blocks"]], health["reasons"]
+    quiet = {b["name"]: b["quieting"] for b in health["blocks"]}
+    assert min(quiet["encoder.layers.0"], quiet["encoder.layers.1"]) > 100 > quiet["decoder.layers.1"]
     # measured on a GradInit batch of this run: LayerNorm gains before and after the clamped scales
     assert record["health"]["batch"]["sentences"] > 0 and record["health"]["norms"]
     assert all(n["gain_before"] > 0 and n["gain_after"] > 0 for n in record["health"]["norms"])

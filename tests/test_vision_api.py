@@ -380,8 +380,11 @@ def test_result_has_a_health_check():
     assert {n.name + ".weight" for n in health.norms} == bn and {n.kind for n in health.norms} == {"batch_norm"}
     assert all(n.input_std_before > 0 and n.input_std_after > 0 for n in health.norms)
     assert pushed.to_dict()["health"]["verdict"] == "degenerate"
-    # a short run of a LayerNorm model from a one-shot iterator: measured on its last batch, ok
-    vit = gradinit(small_vit(), iter(batches(3, side=16)), lr=0.05, optimizer="adam", eta=1e-3, progress=False)
+    # a short run of a LayerNorm model from a one-shot iterator: measured on its last batch, ok (gamma
+    # from the gradient at the init, so that its objective iterations run)
+    vit = gradinit(small_vit(), iter(batches(3, side=16)), lr=0.05, optimizer="adam", eta=1e-3, gamma_init_factor=2,
+                   progress=False)
     assert len(vit.history) == 2 and vit.health.verdict == "ok", vit.health.reasons
+    assert vit.health.phase.objective == 2 and all(b.quieting < 10 for b in vit.health.blocks)
     kinds = {n.kind for n in vit.health.norms}
     assert "layer_norm" in kinds and all(n.gain_before is not None for n in vit.health.norms)

@@ -73,6 +73,26 @@ class HealthThresholds:
     after the scales exceeds ``max_gain`` AND ``max_gain_ratio`` times its gain before them (the
     ratio keeps a model that starts with high gains from being flagged for what GradInit did not
     cause; without a "before" measurement only ``max_gain`` applies).
+
+    ``max_block_quieting`` = 100: per block (``encoder.layers.3``...), the RMS of dL/dtheta on the
+    same batch before the scales over after them. Degenerate when one block's gradient is that many
+    times quieter: the scales' objective (the loss after one step) hardly depends on such a block, so
+    GradInit did not prepare its first steps; it barely moves at first and takes full-lr Adam steps
+    once the rest of the model makes its gradient coherent. In the collapsed run decoder layers 0-2
+    were 140-250 times quieter and froze, layers 4-5 (6-10 times) kept learning.
+
+    ``max_constraint_share`` = 0.6 and ``max_initial_norm_ratio`` = 10: constraint iterations only
+    push ||g|| down; the scales of a phase made mostly of them answer "how to cut ||g|| fastest", not
+    GradInit's objective. A phase that reaches gamma alternates between the two branches (at most
+    about half constraint iterations); a share above 0.6 needs a long run of constraint iterations,
+    as a ||g|| at iteration 1 far above gamma forces (the collapsed run: 18 times, 556 of 780). A
+    phase without any objective iteration is always flagged.
+
+    ``pair_floor_factor`` = 2: a multiplicative pair (``q_proj`` & ``k_proj``, ``v_proj`` &
+    ``out_proj``, ``fc1`` & ``fc2`` of one module) is switched off together when both scales are at
+    most twice their lower bound: the branch then carries the product of the two, at most 4e-4 of
+    its initial output at the floor 0.01, and each tensor's gradient is scaled by the other's scale.
+    Any such pair is flagged; the collapsed run had 11.
     """
 
     floor_fraction: float = 0.05
@@ -80,9 +100,14 @@ class HealthThresholds:
     min_layer_norm_scale: float = 0.1
     max_gain: float = 4.0
     max_gain_ratio: float = 4.0
+    max_block_quieting: float = 100.0
+    max_constraint_share: float = 0.6
+    max_initial_norm_ratio: float = 10.0
+    pair_floor_factor: float = 2.0
 
     def __post_init__(self):
-        for name in ("floor_fraction", "min_layer_norm_scale", "max_gain", "max_gain_ratio"):
+        for name in ("floor_fraction", "min_layer_norm_scale", "max_gain", "max_gain_ratio", "max_block_quieting",
+                     "max_constraint_share", "max_initial_norm_ratio", "pair_floor_factor"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"HealthThresholds.{name}={v!r} is invalid: expected a number >= 0")
@@ -118,6 +143,55 @@ class NormHealth:
 
 
 @dataclass
+class BlockGradient:
+    """One block's gradient root-mean-square on the same batch, before and after the scales."""
+
+    name: str
+    rms_after: float
+    rms_before: Optional[float] = None
+
+    @property
+    def quieting(self) -> Optional[float]:
+        """rms_before / rms_after: how many times quieter the scales made the block (None without before)."""
+        if self.rms_before is None or not self.rms_before > 0:
+            return None
+        return self.rms_before / self.rms_after if self.rms_after > 0 else math.inf
+
+    def to_dict(self) -> dict:
+        q = self.quieting
+        return {**asdict(self), "quieting": "inf" if q is not None and math.isinf(q) else q}
+
+
+@dataclass
+class PhaseHealth:
+    """How the GradInit phase went: its branches and ||g|| at iteration 1 against gamma."""
+
+    iterations: int
+    objective: int
+    constraint: int
+    skipped: int
+    #: ||g||_p of the first iteration with a finite gradient (at the initial weights).
+    first_grad_norm: Optional[float]
+    gamma: Optional[float]
+
+    @property
+    def constraint_share(self) -> Optional[float]:
+        """Constraint iterations over the iterations that were not skipped (None without any)."""
+        n = self.objective + self.constraint
+        return self.constraint / n if n else None
+
+    @property
+    def initial_norm_ratio(self) -> Optional[float]:
+        if self.first_grad_norm is None or not self.gamma:
+            return None
+        return self.first_grad_norm / self.gamma
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "constraint_share": self.constraint_share,
+                "initial_norm_ratio": self.initial_norm_ratio}
+
+
+@dataclass
 class ScaleHealth:
     """The health check of one set of scales (:func:`scale_health`); ``to_dict()`` is JSON-ready."""
 
@@ -138,6 +212,12 @@ class ScaleHealth:
     thresholds: HealthThresholds = field(default_factory=HealthThresholds)
     #: Things the check could not do (e.g. a bound it could not read), one sentence each.
     notes: List[str] = field(default_factory=list)
+    #: Per block, forward order: gradient RMS before and after the scales; None when not measured.
+    blocks: Optional[List[BlockGradient]] = None
+    #: The phase's branches and first gradient norm; None without its history.
+    phase: Optional[PhaseHealth] = None
+    #: Multiplicative pairs switched off together: [name_a, name_b, scale_a, scale_b].
+    pairs_off: List[list] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -160,6 +240,9 @@ class ScaleHealth:
             "norms": None if self.norms is None else [n.to_dict() for n in self.norms],
             "thresholds": asdict(self.thresholds),
             "notes": list(self.notes),
+            "blocks": None if self.blocks is None else [b.to_dict() for b in self.blocks],
+            "phase": None if self.phase is None else self.phase.to_dict(),
+            "pairs_off": [list(p) for p in self.pairs_off],
         }
 
     def table(self, k: int = 3) -> List[str]:
@@ -182,8 +265,30 @@ class ScaleHealth:
                              f"{fmt(n.input_std_after):>10} {fmt(n.gain_after):>10}")
         elif self.norms is None:
             lines.append("  LayerNorm gains: not measured")
+        lines += self._shock_lines()
         for note in self.notes:
             lines.append(f"  note: {note}")
+        return lines
+
+    def quietest_blocks(self, k: int = 3) -> List[BlockGradient]:
+        """The ``k`` blocks the scales made the most times quieter."""
+        measured = [b for b in self.blocks or () if b.quieting is not None]
+        return sorted(measured, key=lambda b: -b.quieting)[:k]
+
+    def _shock_lines(self) -> List[str]:
+        lines = []
+        quiet = self.quietest_blocks()
+        if quiet:
+            lines.append("  quietest blocks (gradient rms before / after the scales): " + ", ".join(
+                f"{b.name} {b.quieting:.3g}x" for b in quiet))
+        p = self.phase
+        if p is not None:
+            share = "-" if p.constraint_share is None else f"{100 * p.constraint_share:.0f}%"
+            ratio = "-" if p.initial_norm_ratio is None else f"{p.initial_norm_ratio:.3g}"
+            lines.append(f"  phase: {p.constraint} constraint / {p.objective} objective iterations ({share} "
+                         f"constraint), ||g|| at iteration 1 / gamma = {ratio}")
+        if self.pairs_off:
+            lines.append(f"  pairs switched off together: {len(self.pairs_off)}")
         return lines
 
 
@@ -233,8 +338,10 @@ def _tolerance(lo: float) -> float:
 
 def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, is_norm: Callable[[str], bool],
            is_layer_norm: Callable[[str], bool], params: Mapping[str, nn.Parameter],
-           norms: Optional[List[NormHealth]], th: HealthThresholds, notes: List[str]) -> ScaleHealth:
+           norms: Optional[List[NormHealth]], th: HealthThresholds, notes: List[str],
+           blocks: Optional[List[BlockGradient]] = None, phase: Optional[PhaseHealth] = None) -> ScaleHealth:
     floor_w: Dict[str, Tuple[float, float]] = {}
+    lows: Dict[str, float] = {}
     floor_b: Dict[str, Tuple[float, float]] = {}
     n_w = n_b = 0
     small: Dict[str, float] = {}
@@ -247,7 +354,7 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
             note = f"a scale bound's selector failed without the model ({type(e).__name__}); the global minimum is used"
             if note not in notes:
                 notes.append(note)
-        lo = min_scale if b is None or b.min_scale is None else float(b.min_scale)
+        lo = lows[name] = min_scale if b is None or b.min_scale is None else float(b.min_scale)
         bias = name.rsplit(".", 1)[-1] == "bias"
         n_b, n_w = n_b + bias, n_w + (not bias)
         if value <= _tolerance(lo):
@@ -284,17 +391,127 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
                            + f": {'; '.join(fmt(n) for n in high[:3])}"
                            + (" (their input std was shrunk by the scales of the layers before them)"
                               if small else ""))
+    pairs = pairs_switched_off(scales, lows, th.pair_floor_factor)
+    reasons += shock_reasons(blocks, phase, pairs, th)
     return ScaleHealth(verdict=DEGENERATE if reasons else OK, reasons=reasons, floor_weights=floor_w,
                        floor_biases=floor_b, num_weights=n_w, num_biases=n_b, small_layer_norm_scales=small,
-                       norms=norms, thresholds=th, notes=list(notes))
+                       norms=norms, thresholds=th, notes=list(notes), blocks=blocks, phase=phase, pairs_off=pairs)
+
+
+#: Sibling modules whose outputs multiply (attention logits q·k, values through the output
+#: projection, the FFN's two layers): scaling both down scales their branch by the product.
+MULTIPLICATIVE_PAIRS = (("q_proj", "k_proj"), ("v_proj", "out_proj"), ("fc1", "fc2"))
+
+
+def pairs_switched_off(scales: Mapping[str, float], lows: Mapping[str, float], factor: float) -> List[list]:
+    """[name_a, name_b, scale_a, scale_b] for every pair of :data:`MULTIPLICATIVE_PAIRS` (weights of
+    sibling modules) whose two scales are both at most ``factor`` times their lower bound."""
+    out = []
+    for name, value in scales.items():
+        parts = name.split(".")
+        if len(parts) < 2 or parts[-1] != "weight":
+            continue
+        for a, b in MULTIPLICATIVE_PAIRS:
+            if parts[-2] != a:
+                continue
+            other = ".".join(parts[:-2] + [b, "weight"])
+            if other not in scales:
+                continue
+            near = [float(scales[n]) <= _tolerance(factor * lows.get(n, 0.0)) for n in (name, other)]
+            if all(near):
+                out.append([name, other, float(value), float(scales[other])])
+    return out
+
+
+def shock_reasons(blocks: Optional[List[BlockGradient]], phase: Optional[PhaseHealth], pairs: List[list],
+                  th: HealthThresholds) -> List[str]:
+    """The reasons that predict a delayed no-warmup shock: silenced blocks, a constraint-bound phase,
+    multiplicative pairs switched off together (see :class:`HealthThresholds`)."""
+    reasons = []
+    quiet = [b for b in blocks or () if b.quieting is not None and b.quieting >= th.max_block_quieting]
+    if quiet:
+        quiet.sort(key=lambda b: -b.quieting)
+        reasons.append(f"{len(quiet)} blocks have a gradient rms at least {th.max_block_quieting:g} times below "
+                       "the same model's before the scales (" + ", ".join(f"{b.name} {b.quieting:.3g}x"
+                                                                        for b in quiet[:4])
+                       + "): the scales were not chosen for their first steps; they stay still, then take "
+                         "full-lr Adam steps without a warmup")
+    if phase is not None:
+        reasons += _phase_reasons(phase, th)
+    if pairs:
+        shown = ", ".join(f"{a.rsplit('.', 2)[0]} {a.split('.')[-2]}&{b.split('.')[-2]} ({x:.3g}, {y:.3g})"
+                          for a, b, x, y in pairs[:3])
+        reasons.append(f"{len(pairs)} multiplicative pairs are switched off together (both scales within "
+                       f"{th.pair_floor_factor:g} times their lower bound: {shown}): each branch starts at the "
+                       "product of two tiny scales")
+    return reasons
+
+
+def _phase_reasons(phase: PhaseHealth, th: HealthThresholds) -> List[str]:
+    if phase.constraint and not phase.objective:
+        return [f"no objective iteration ran: all {phase.constraint} iterations that were not skipped were "
+                "constraint iterations, so the loss after one step was never optimized"]
+    share, ratio = phase.constraint_share, phase.initial_norm_ratio
+    why = []
+    if share is not None and share > th.max_constraint_share:
+        why.append(f"{phase.constraint} of {phase.objective + phase.constraint} iterations were constraint "
+                   f"iterations ({100 * share:.0f}%, more than {100 * th.max_constraint_share:.0f}%)")
+    if ratio is not None and ratio > th.max_initial_norm_ratio:
+        why.append(f"||g|| at iteration 1 was {ratio:.3g} times gamma ({phase.first_grad_norm:.5g} against "
+                   f"{phase.gamma:.5g}; more than {th.max_initial_norm_ratio:g})")
+    if not why:
+        return []
+    return ["the phase was constraint-bound: " + " and ".join(why) + "; the scales mostly learned to cut ||g||, "
+            "not the loss after one step (a larger gamma, e.g. --gradinit-gamma-init-factor, lets it optimize)"]
+
+
+def phase_health(history: Optional[Sequence[Any]], gamma: Optional[float]) -> Optional[PhaseHealth]:
+    """:class:`PhaseHealth` of a GradInit history (``IterationRecord`` items or their dicts, as in
+    ``gradinit.json``) and the gamma it ran with; None without a history."""
+    if not history:
+        return None
+    get = lambda r, k: r.get(k) if isinstance(r, Mapping) else getattr(r, k, None)  # noqa: E731
+    branches = [get(r, "branch") for r in history]
+    norms = [get(r, "grad_norm") for r in history]
+    first = next((float(g) for g in norms if g is not None and math.isfinite(g)), None)
+    return PhaseHealth(iterations=len(history), objective=branches.count("objective"),
+                       constraint=branches.count("constraint"), skipped=branches.count("skipped"),
+                       first_grad_norm=first, gamma=None if gamma is None else float(gamma))
+
+
+def block_of(name: str) -> str:
+    """The block a parameter belongs to: its name up to the first numeric part (``encoder.layers.3``),
+    else its module (``encoder.embed_tokens``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part.isdigit():
+            return ".".join(parts[:i + 1])
+    return ".".join(parts[:-1]) or name
+
+
+def block_gradient_rms(model: nn.Module, loss: Callable[[nn.Module], torch.Tensor]) -> Dict[str, float]:
+    """Per block (:func:`block_of`, forward order of the parameters), the root-mean-square of
+    dL/dtheta over the block's trainable parameters, ``loss(model)`` run in GradInit's mode."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    with gradinit_mode(model), torch.enable_grad():  # also inside swapped_weights, which disables it
+        value = loss(model)
+        grads = torch.autograd.grad(value, [p for _, p in named], allow_unused=True)
+    sums: Dict[str, list] = {}
+    for (name, p), g in zip(named, grads):
+        acc = sums.setdefault(block_of(name), [0.0, 0])
+        acc[0] += 0.0 if g is None else float(g.detach().double().pow(2).sum())
+        acc[1] += p.numel()
+    return {b: math.sqrt(sq / n) for b, (sq, n) in sums.items() if n}
 
 
 def scale_verdict(scales: Mapping[str, float], *, config: Union[GradInitConfig, Mapping[str, Any], None] = None,
                   norm_weights: Optional[Callable[[str], bool]] = None,
                   layer_norm_weights: Optional[Callable[[str], bool]] = None,
-                  thresholds: Optional[HealthThresholds] = None) -> ScaleHealth:
-    """The health check from the scales alone (no model, no batch): tensors at their lower bound
-    and LayerNorm weights scaled far below 1.
+                  thresholds: Optional[HealthThresholds] = None, history: Optional[Sequence[Any]] = None,
+                  gamma: Optional[float] = None) -> ScaleHealth:
+    """The health check from the scales alone (no model, no batch): tensors at their lower bound,
+    LayerNorm weights scaled far below 1, multiplicative pairs switched off together and, with the
+    phase's ``history`` and ``gamma``, whether the phase was constraint-bound.
 
     Args:
         scales: name -> scale, e.g. ``gradinit.json``'s ``scales``.
@@ -303,11 +520,13 @@ def scale_verdict(scales: Mapping[str, float], *, config: Union[GradInitConfig, 
         norm_weights / layer_norm_weights: predicates on names for ``'norm'`` bounds and for the
             LayerNorm scale check; default: guessed from the names (:func:`guess_norm_weight`).
         thresholds: :class:`HealthThresholds`.
+        history / gamma: the phase's :class:`~.engine.IterationRecord` list (or ``gradinit.json``'s
+            ``history``) and the gamma it ran with (``GradInitResult.gamma``).
     """
     min_scale, bounds, notes = bounds_of_config(config)
     return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=norm_weights or guess_norm_weight,
                   is_layer_norm=layer_norm_weights or guess_layer_norm_weight, params={}, norms=None,
-                  th=thresholds or HealthThresholds(), notes=notes)
+                  th=thresholds or HealthThresholds(), notes=notes, phase=phase_health(history, gamma))
 
 
 def snapshot_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -349,7 +568,9 @@ def _measure(model: nn.Module, forward: Callable[[nn.Module], Any]) -> Dict[str,
 def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optional[Callable[[nn.Module], Any]], *,
                  initial: Optional[Mapping[str, torch.Tensor]] = None,
                  config: Union[GradInitConfig, Mapping[str, Any], None] = None,
-                 thresholds: Optional[HealthThresholds] = None) -> ScaleHealth:
+                 thresholds: Optional[HealthThresholds] = None,
+                 loss: Optional[Callable[[nn.Module], torch.Tensor]] = None,
+                 history: Optional[Sequence[Any]] = None, gamma: Optional[float] = None) -> ScaleHealth:
     """The health check of ``scales`` on ``model``, which holds the scaled weights alpha * W (as
     :func:`~.engine.gradinit` and :func:`~.scales.apply_scales` leave it).
 
@@ -364,6 +585,10 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
         config: the :class:`GradInitConfig` (or its dict) the scales were learned with: each
             tensor's lower bound.
         thresholds: :class:`HealthThresholds`.
+        loss: ``loss(model)`` -> the scalar loss of the same batch (e.g. ``lambda m: loss_fn(m, batch)``):
+            each block's gradient RMS after the scales and, with ``initial``, before them (run with
+            gradients, in GradInit's mode); None: not measured.
+        history / gamma: as in :func:`scale_verdict`.
 
     Returns:
         A :class:`ScaleHealth` (``verdict``, ``reasons``, ``to_dict()``, ``table()``).
@@ -389,6 +614,20 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
             norms.append(NormHealth(name=name, kind=kinds.get(name, "layer_norm"), input_std_after=s.input_std,
                                     gain_after=s.gain, input_std_before=None if b is None else b.input_std,
                                     gain_before=None if b is None else b.gain))
+    blocks = _blocks(inner, loss, initial)
     return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=lambda n: n in norm_names or (
         n not in params and guess_norm_weight(n)), is_layer_norm=lambda n: n in layer_norm_names,
-        params=params, norms=norms, th=th, notes=notes)
+        params=params, norms=norms, th=th, notes=notes, blocks=blocks, phase=phase_health(history, gamma))
+
+
+def _blocks(model: nn.Module, loss, initial) -> Optional[List[BlockGradient]]:
+    """Each block's gradient RMS after the scales and, with ``initial``, before them."""
+    if loss is None:
+        return None
+    after = block_gradient_rms(model, loss)
+    before = None
+    if initial is not None:
+        with swapped_weights(model, initial):
+            before = block_gradient_rms(model, loss)
+    return [BlockGradient(name=b, rms_after=rms, rms_before=None if before is None else before.get(b))
+            for b, rms in after.items()]

@@ -151,8 +151,9 @@ def _scales(model, pairs, criterion, gcfg, *, resume, resume_path: str, checkpoi
             if resume is None:
                 raise
             raise GradInitStop(f"{resume_path}: {e}; delete it to start GradInit anew") from None
-        health = measure_health(model, result.scales, criterion, getattr(last[0], "s", None),
-                                initial=initial, config=gcfg) if measure else None
+        health = measure_health(model, result.scales, criterion, getattr(last[0], "s", None), initial=initial,
+                                config=gcfg, loss_fn=mean_loss_fn(criterion), history=result.history,
+                                gamma=result.gamma) if measure else None
         last[0] = None
     return result, health
 
@@ -314,7 +315,8 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
     with torch.random.fork_rng(devices=[]):
         sample = _health_batch(task, plan, model) if measured else None
         health = measure_health(model, scales, criterion, sample, initial=initial if sample is not None else None,
-                                config=saved.get("config"))
+                                config=saved.get("config"), loss_fn=mean_loss_fn(criterion),
+                                history=saved.get("history"), gamma=saved_gamma(saved))
     np.random.set_state(np_state)
     del initial, sample
     if record is not None:
@@ -322,6 +324,12 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
         _write_clamped(plan, record)
     log_summary(scales)
     return None
+
+def saved_gamma(saved: dict) -> Optional[float]:
+    """The gamma a saved ``gradinit.json`` ran with (``gamma``, else its config's ``resolved_gamma``)."""
+    gamma = saved.get("gamma")
+    return gamma if gamma is not None else (saved.get("config") or {}).get("resolved_gamma")
+
 
 def _health_batch(task, plan: GradInitPlan, model):
     """The S batch of GradInit's first iteration for this run, on the model's device, or None (logged)

@@ -260,7 +260,8 @@ def gradinit(
                                         process_group=process_group, callback=on_record))
     if batches.last is not None:
         result.health = scale_health(model, result.scales, lambda m: loss(m, batches.last), initial=initial,
-                                     config=config)
+                                     config=config, loss=lambda m: loss(m, batches.last), history=result.history,
+                                     gamma=result.gamma)
         log = logger.info if result.health.ok else logger.warning
         for line in result.health.table():
             log("gradinit: %s", line)

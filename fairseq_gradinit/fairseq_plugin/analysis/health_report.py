@@ -8,7 +8,7 @@ plugin stores its ``to_dict()`` as the ``health`` block of ``gradinit.json``
 from __future__ import annotations
 
 import logging
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -29,15 +29,19 @@ def log_health(health: ScaleHealth, *, log: Optional[logging.Logger] = None) -> 
 
 
 def measure_health(model, scales: Mapping[str, float], criterion, sample: Any, *,
-                   initial: Optional[Mapping[str, torch.Tensor]], config) -> dict:
+                   initial: Optional[Mapping[str, torch.Tensor]], config, loss_fn=None,
+                   history: Optional[Sequence[Any]] = None, gamma: Optional[float] = None) -> dict:
     """The ``health`` block for ``model`` (holding the scaled weights) on one ``sample`` through
-    ``criterion(model, sample)``; logged. A failure of the check is logged and recorded
-    (``verdict`` "unknown", ``error``) instead of stopping the run."""
+    ``criterion(model, sample)``, with each block's gradient from ``loss_fn(model, sample)`` (the
+    mean loss GradInit differentiates) and the phase's ``history`` and ``gamma``; logged. A failure
+    of the check is logged and recorded (``verdict`` "unknown", ``error``) instead of stopping the run."""
     try:
         if sample is None:
-            health = scale_verdict(scales, config=config)
+            health = scale_verdict(scales, config=config, history=history, gamma=gamma)
         else:
-            health = scale_health(model, scales, lambda m: criterion(m, sample), initial=initial, config=config)
+            loss = None if loss_fn is None else (lambda m: loss_fn(m, sample))
+            health = scale_health(model, scales, lambda m: criterion(m, sample), initial=initial, config=config,
+                                  loss=loss, history=history, gamma=gamma)
     except Exception as e:  # noqa: BLE001 - the check must never cost the user the GradInit result
         logger.warning("gradinit: the health check failed (%s: %s); the scales are saved without it",
                        type(e).__name__, e)

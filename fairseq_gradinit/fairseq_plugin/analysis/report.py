@@ -31,7 +31,7 @@ from .groups import transformer_place
 from .health_report import batch_size, log_health
 from ..tied import apply_multiplier_scales
 from ..hook import GradInitTaskMixin
-from ..phase import mean_loss_fn
+from ..phase import mean_loss_fn, saved_gamma
 from ..training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
 logger = logging.getLogger(__name__)
@@ -174,7 +174,8 @@ def health_of_saved(fm, saved: Mapping[str, Any]) -> dict:
         with torch.no_grad():
             apply_scales(fm.model, apply_multiplier_scales(fm.model, saved["scales"]))
         health = scale_health(fm.model, saved["scales"], lambda m: fm.criterion(m, sample), initial=initial,
-                              config=saved.get("config"))
+                              config=saved.get("config"), loss=lambda m: mean_loss_fn(fm.criterion)(m, sample),
+                              history=saved.get("history"), gamma=saved_gamma(saved))
     if note:
         health.notes.append(note)
     log_health(health)
