@@ -1,8 +1,6 @@
 """--list-presets: a few lines per preset (what it answers, how long it takes, where it is documented),
 the full description with a name, and arm notes that state the settings the plugin resolves."""
-import io
 import re
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -33,12 +31,9 @@ def test_the_listing_says_in_a_few_lines_what_each_preset_answers_and_how_long_i
 
 def _main(argv):
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.study import cli as study_cli
+    from fairseq_helpers import study_main
 
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = study_cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
+    return study_main(argv)
 
 
 def test_list_presets_with_a_name_describes_that_preset_in_full():

@@ -1,9 +1,7 @@
 """Preset 'shock': its arms (each one change against the control), its calls' budgets, the seed
 twins of its repeat call, --dry-run's commands and estimate, and the commands docs/no-warmup.md states."""
-import io
 import json
 import re
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -124,12 +122,9 @@ def sep_bin(tmp_path_factory):
 
 
 def _dry_run(argv):
-    from fairseq_gradinit.study import cli as study_cli
+    from fairseq_helpers import study_main
 
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = study_cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
+    return study_main(argv)
 
 
 def test_dry_run_prints_every_call_and_its_estimate_fits(sep_bin, tmp_path):
