@@ -169,6 +169,17 @@ def test_docs_state_the_commands_and_estimates():
         assert f"| `{arm.name}` |" in section, arm.name
     assert "--preset shock --call A" in section and "--archive RESULTS/shock-A.tar.gz" in section
     assert "--call D --arms" in section and "--call D --prepare-arms" in section
-    a = SHOCK.call("A")
+    a, b = SHOCK.call("A"), SHOCK.call("B")
+    flat = " ".join(section.split())
     assert (f"`--parallel {a.parallel} --time-budget {a.time_budget:g} --bleu-budget {a.bleu_budget:g} "
-            f"--finish-margin {a.finish_margin:g}`") in section.replace("\n", " ")
+            f"--finish-margin {a.finish_margin:g}`, the other calls `--time-budget {b.time_budget:g} "
+            f"--bleu-budget {b.bleu_budget:g}`") in flat
+    assert all((c.time_budget, c.bleu_budget) == (b.time_budget, b.bleu_budget) for c in SHOCK.calls if c is not a)
+    # what hold's call A took: the study's own record and fairseq's
+    holda = REPO / "docs" / "evidence" / "nowarmup-d512-holdA-2026-11-27"
+    total = json.loads((holda / "study.json").read_text())["wall_s"]["total"]
+    trained = [float(m) for arm in sorted((holda / "arms").iterdir())
+               for m in re.findall(r"done training in ([\d.]+) seconds", (arm / "train.log").read_text())]
+    assert f"took {total:.0f} s in all" in flat and len(trained) == 3
+    assert f"~{sum(trained) / len(trained):.0f} s for 3000 updates" in flat
+    assert f"BLEU {(a.bleu_budget * 60):.0f} s" in flat and f"training {(a.time_budget - 7) * 60:.0f} s more" in flat
