@@ -19,8 +19,7 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_transformer import build, label_smoothed_loss  # noqa: E402
+from bench_transformer import build, label_smoothed_loss  # this folder is sys.path[0] when the benchmark runs
 
 REPO = Path(__file__).resolve().parents[1]
 SETTINGS = ("cudnn_on", "cudnn_off")

@@ -180,3 +180,16 @@ def test_detect_reads_this_process(monkeypatch):
     assert found.cudnn_sdp_enabled is torch.backends.cuda.cudnn_sdp_enabled()
     monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
     assert SdpaEnvironment.detect(None).cudnn_version is None  # a ROCm build has no cuDNN attention
+
+
+def test_the_kernel_test_through_torchs_own_dispatch_is_finite_on_a_cpu():
+    assert probe_kernel(torch.float32, torch.device("cpu"), cudnn_only=False) == {"nonfinite_grad_q": 0}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_after_the_guard_this_gpu_gives_finite_query_gradients_on_the_faulty_case(dtype):
+    precision = "fp16" if dtype == torch.float16 else "bf16"
+    decision = guard_cudnn_sdpa("auto", precision=precision, device=torch.device("cuda"))
+    result = probe_kernel(dtype, torch.device("cuda"), cudnn_only=False)
+    assert result == {"nonfinite_grad_q": 0}, (decision.to_dict(), result)

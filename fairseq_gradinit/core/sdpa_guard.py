@@ -20,6 +20,7 @@ process-wide: the efficient and math kernels are correct on the same inputs) and
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import re
@@ -113,10 +114,12 @@ def assess(env: SdpaEnvironment, precision: str) -> Tuple[Optional[bool], str]:
     return None, where
 
 
-def probe_kernel(dtype: torch.dtype = torch.float16, device: Optional[torch.device] = None) -> dict:
+def probe_kernel(dtype: torch.dtype = torch.float16, device: Optional[torch.device] = None, *,
+                 cudnn_only: bool = True) -> dict:
     """Run cuDNN attention's backward once on the reported case (one head, length 192, head size 64,
     an all-True mask, every logit about -120) and report ``{"nonfinite_grad_q": n}``, or
-    ``{"unavailable": message}`` when torch does not dispatch this case to cuDNN (then it cannot hit it)."""
+    ``{"unavailable": message}`` when torch does not dispatch this case to cuDNN (then it cannot hit it).
+    ``cudnn_only=False``: through torch's own choice of kernel instead, as training would run it."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     length, dim = 192, 64
@@ -128,7 +131,7 @@ def probe_kernel(dtype: torch.dtype = torch.float16, device: Optional[torch.devi
     q, k, v = (t.to(device=device, dtype=dtype).requires_grad_() for t in (q, k, v))
     mask = torch.ones(1, 1, length, length, dtype=torch.bool, device=device)
     try:
-        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]) if cudnn_only else contextlib.nullcontext():
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
             out.backward(torch.ones_like(out))
     except RuntimeError as e:
