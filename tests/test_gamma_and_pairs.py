@@ -76,7 +76,7 @@ def _pairs(data):
 
 
 def test_gamma_and_gamma_init_factor_exclude_each_other():
-    with pytest.raises(ValueError, match="both set gamma: pass one of them"):
+    with pytest.raises(ValueError, match="gamma_init_factor=2.0 is invalid: expected None when gamma is set"):
         GradInitConfig(gamma=10.0, gamma_init_factor=2.0)
     with pytest.raises(ValueError, match="gamma_init_factor"):
         GradInitConfig(gamma_init_factor=0.0)
@@ -194,6 +194,12 @@ def test_gradinit_runs_take_a_warmup_dropout_flags_and_the_new_options(tiny_data
     assert info["config"]["pairs"] == "authors" and info["config"]["gamma_init_factor"] == 2.0
     assert info["gamma"] == pytest.approx(2.0 * info["history"][0]["grad_norm"], rel=1e-6)
     assert info["config"]["resolved_gamma"] == info["gamma"] and info["history"][0]["branch"] == "objective"
+    # the health block judges this phase and measures every block on GradInit's last batch
+    phase = info["health"]["phase"]
+    assert phase["gamma"] == info["gamma"] and phase["iterations"] == 3 and phase["initial_norm_ratio"] == 0.5
+    blocks = {b["name"] for b in info["health"]["blocks"]}
+    assert {"encoder.layers.0", "decoder.layers.1", "encoder.embed_tokens"} <= blocks
+    assert all(b["rms_before"] > 0 and b["rms_after"] > 0 for b in info["health"]["blocks"])
     lrs = [float(m) for m in re.findall(r"num_updates=\d+, lr=([0-9.e-]+),", caplog.text)]  # one line per update
     assert len(lrs) == 7, caplog.text[-2000:]
     # inverse_sqrt: lr = 1e-7 + u * (1e-3 - 1e-7) / 5 during the warmup, then 1e-3 * sqrt(5 / u)
@@ -231,3 +237,20 @@ def test_the_doc_quotes_the_constraint_bound_phase_and_its_commands_parse():
                            "--lr", "5e-4"] + argv[3:]
         ns = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
         assert ns.gradinit_iters == 780
+
+
+def test_the_plugin_refuses_a_gamma_and_a_factor_when_parsing(capsys):
+    pytest.importorskip("fairseq")
+    from fairseq import options
+
+    import fairseq_gradinit.fairseq_plugin  # noqa: F401
+
+    argv = ["/nonexistent-data", "--task", "translation_gradinit", "--arch", "transformer", "--max-tokens", "100",
+            "--lr", "1e-3", "--gradinit-iters", "5", "--gradinit-gamma", "10", "--gradinit-gamma-init-factor", "2"]
+    with pytest.raises(SystemExit) as e:
+        options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+    assert e.value.code == 2
+    assert "argument --gradinit-gamma-init-factor: invalid value 2.0: expected None when gamma is set" in \
+        capsys.readouterr().err
+    ns = options.parse_args_and_arch(options.get_training_parser(), input_args=argv[:-4] + argv[-2:])
+    assert ns.gradinit_gamma is None and ns.gradinit_gamma_init_factor == 2.0  # not derived from eta

@@ -139,8 +139,10 @@ def test_a_short_gradinit_on_a_small_model_is_ok():
     cfg = GradInitConfig(iters=6, lr=0.01, eta=1e-3, gamma=100.0, optimizer="adam")
     result = gradinit(model, batches, loss_fn, cfg)
     assert min(result.scales.values()) > 0.5
-    health = scale_health(model, result.scales, lambda m: loss_fn(m, batches[-1]), initial=initial, config=cfg)
+    health = scale_health(model, result.scales, lambda m: loss_fn(m, batches[-1]), initial=initial, config=cfg,
+                          loss=lambda m: loss_fn(m, batches[-1]), history=result.history, gamma=result.gamma)
     assert health.verdict == OK and health.reasons == [] and not health.floor_weights
+    assert health.phase.objective > 0 and all(b.quieting < 2 for b in health.blocks) and not health.pairs_off
     assert all(n.gain_after < 4 for n in health.norms) and health.table()[0] == "health: OK"
 
 
@@ -170,8 +172,8 @@ def test_docs_state_the_default_thresholds_and_a_usable_bounds_example():
     health = measured["health"]
     assert health["verdict"] == DEGENERATE and health["floor"]["weights"]["count"] == 20
     by_name = {n["name"]: n for n in health["norms"]}
-    rows = [line.strip("|").split("|") for line in doc.splitlines() if line.startswith("| decoder.layers.")
-            or line.startswith("| encoder.layers.")]
+    rows = [line.strip("|").split("|") for line in doc.splitlines() if (line.startswith("| decoder.layers.")
+            or line.startswith("| encoder.layers.")) and line.count("|") == 6]  # the LayerNorm table
     assert len(rows) == 3
     for name, *values in rows:
         n = by_name[name.strip()]

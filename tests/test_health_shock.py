@@ -179,3 +179,32 @@ def test_the_collapsed_d512_scales_are_flagged_for_all_three(d512):
             ("encoder.layers.5", "fc1")} <= pairs and len(pairs) == 11
     assert "11 multiplicative pairs are switched off together" in text
     assert health.verdict == DEGENERATE
+
+
+def test_the_docs_quote_the_stored_d512_measurement():
+    doc = (REPO / "docs" / "health.md").read_text(encoding="utf-8")
+    stored = json.loads((REPO / "docs" / "health-authors-d512.json").read_text())
+    health = stored["health"]
+    quiet = {b["name"]: b["quieting"] for b in health["blocks"]}
+    rows = [line.strip("|").split("|") for line in doc.splitlines() if line.startswith("| decoder.layers.")
+            and line.count("|") == 3]
+    assert [r[0].strip() for r in rows] == [f"decoder.layers.{i}" for i in range(6)]
+    for name, value in rows:
+        assert value.strip() == f"{quiet[name.strip()]:.3g}", name
+    flagged = sorted(n for n, q in quiet.items() if q >= health["thresholds"]["max_block_quieting"])
+    assert flagged == ["decoder.layers.0", "decoder.layers.1", "decoder.layers.2"]
+    assert "Three blocks have a gradient at least 100 times quieter" in doc
+    encoder = max((n for n in quiet if n.startswith("encoder.layers.")), key=quiet.get)
+    assert f"The quietest encoder block is `{encoder}` ({quiet[encoder]:.1f})" in doc
+    p = health["phase"]
+    text = " ".join(doc.split())
+    assert (f"{p['constraint']} of its {p['iterations']} iterations ({100 * p['constraint_share']:.0f}%) were "
+            f"constraint iterations, and ‖g‖₁ at iteration 1 was {p['first_grad_norm']:,.0f}, which is "
+            f"{p['initial_norm_ratio']:.1f} times γ = {p['gamma']:.0f}") in text
+    by_kind = {}
+    for a, *_ in health["pairs_off"]:
+        by_kind.setdefault(a.split(".")[-2], []).append(int(a.split(".")[2]))
+    assert all(a.startswith("encoder.") for a, *_ in health["pairs_off"])
+    assert by_kind == {"q_proj": [0, 1, 4], "v_proj": [2, 3], "fc1": list(range(6))}
+    assert f"{len(health['pairs_off'])} multiplicative pairs were switched off together, all in the encoder" in text
+    assert f"took {stored['meta']['wall_time']:.0f} s on a CPU shared with other jobs" in text

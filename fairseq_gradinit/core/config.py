@@ -293,9 +293,9 @@ class GradInitConfig:
             if not is_positive(self.gamma_init_factor):
                 invalid(self, "gamma_init_factor", "None or a finite number > 0, e.g. 2 (gamma = 2 ||g|| at the init)")
             if self.gamma is not None:
-                raise ValueError(f"GradInitConfig: gamma={self.gamma!r} and gamma_init_factor="
-                                 f"{self.gamma_init_factor!r} both set gamma: pass one of them (gamma for a fixed "
-                                 "bound, gamma_init_factor for K times the gradient norm at the init)")
+                invalid(self, "gamma_init_factor", f"None when gamma is set (gamma={self.gamma!r}): both set gamma, "
+                                                   "pass one of them (gamma for a fixed bound, gamma_init_factor for "
+                                                   "K times the gradient norm at the init)")
         if self.pairs not in PAIRS:
             invalid(self, "pairs", f"one of {PAIRS}")
         if self.pairs == "authors" and self.overlap != 0.5:

@@ -1,4 +1,5 @@
-"""Is a GradInit result healthy? Scales at their lower bound and the LayerNorm gains they cause.
+"""Is a GradInit result healthy? Scales at their lower bound, the LayerNorm gains they cause, and
+the signs of a delayed no-warmup shock: silenced blocks, a constraint-bound phase, pairs switched off.
 
 GradInit can end in a result that starts well and then fails: on the d=512 Post-LN Transformer a
 run put 20 of its 128 weight scales at the floor 0.01 (the paper reports that only the final FC
@@ -8,7 +9,7 @@ LayerNorm divides by a tiny input standard deviation sigma: its gain |gamma| / s
 14.4 where Xavier's is about 0.8, and training fell apart after about 2000 updates. This module
 measures both on one batch, right after GradInit, and gives a verdict with its reasons.
 
-Three checks, each with a threshold in :class:`HealthThresholds` (the reasoning is in its
+Six checks, each with a threshold in :class:`HealthThresholds` (the reasoning is in its
 docstring):
 
 * tensors at their lower bound: each scale is compared with its OWN bound (the global
@@ -22,7 +23,12 @@ docstring):
   scales (the weights W) and after them (alpha * W), measured with
   :func:`~.norm_stats.norm_input_stats` in GradInit's mode (:func:`~.modes.gradinit_mode`: no
   dropout, batch statistics in BatchNorm). LayerNorm-like layers are judged; BatchNorm layers are
-  listed (a BatchNorm re-normalizes every batch, and the thresholds were set on LayerNorm evidence).
+  listed (a BatchNorm re-normalizes every batch, and the thresholds were set on LayerNorm evidence);
+* per block (:func:`block_of`), the root-mean-square of dL/dtheta before and after the scales on the
+  same batch (:func:`block_gradient_rms`);
+* the phase (:func:`phase_health`): the share of constraint iterations and ||g|| at iteration 1
+  against gamma; a phase without any objective iteration is always degenerate;
+* multiplicative pairs (:data:`MULTIPLICATIVE_PAIRS`) with both scales near their lower bound.
 """
 from __future__ import annotations
 
