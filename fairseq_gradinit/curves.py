@@ -155,7 +155,16 @@ MONITOR_SERIES = {
     "monitor_max_ln_gain_train": ("summary", "max_ln_gain_train"),
     "monitor_min_ln_input_std_eval": ("summary", "min_ln_input_std_eval"),
     "monitor_min_ln_input_std_train": ("summary", "min_ln_input_std_train"),
+    "monitor_eval_train_gap": ("eval_train_gap", "gap"),
+    "monitor_max_attn_logit_eval": ("summary", "max_attn_logit_eval"),
+    "monitor_max_attn_logit_train": ("summary", "max_attn_logit_train"),
+    "monitor_min_attn_entropy_eval": ("summary", "min_attn_entropy_eval"),
+    "monitor_min_attn_entropy_train": ("summary", "min_attn_entropy_train"),
+    "monitor_max_branch_ratio_eval": ("summary", "max_branch_ratio_eval"),
+    "monitor_max_branch_ratio_train": ("summary", "max_branch_ratio_train"),
 }
+#: Panels per row of a figure: more panels wrap into further rows.
+PANELS_PER_ROW = 4
 
 
 def parse_monitor(lines: Iterable[str]) -> Dict[str, Curve]:
@@ -234,12 +243,16 @@ def plot_panels(panels: Sequence[Tuple[str, Dict[str, Curve], bool]], path: Path
         return False
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its font search logs at DEBUG
     n = len(panels)
-    fig, axes = plt.subplots(1, n, figsize=(7 if n == 1 else 5.2 * n, 4.5), squeeze=False)
+    cols = min(n, PANELS_PER_ROW)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(7 if n == 1 else 5.2 * cols, 4.5 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
     labels: List[str] = []
     for _, curves, _ in panels:
         labels += [l for l in curves if l not in labels]
     colours = {l: f"C{i % 10}" for i, l in enumerate(labels)}
-    for ax, (ylabel, curves, logy) in zip(axes[0], panels):
+    for ax, (ylabel, curves, logy) in zip(axes.flat, panels):
         for label, curve in curves.items():
             curve = {u: v for u, v in curve.items() if math.isfinite(v)}
             if curve:

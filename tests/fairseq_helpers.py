@@ -103,3 +103,16 @@ def run_ranks(cmds: Sequence[Sequence[str]], *, cwd: Path, env: dict, timeout: f
     for p, out in zip(procs, outs):
         assert p.returncode == 0, out[-3000:]
     return outs
+
+
+def study_main(argv: Sequence[str]):
+    """``scripts/study.py ARGV`` in this process: (exit status, stdout, stderr)."""
+    import io
+    from contextlib import redirect_stderr, redirect_stdout
+
+    from fairseq_gradinit.study import cli as study_cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        rc = study_cli.main(list(argv))
+    return rc, out.getvalue(), err.getvalue()

@@ -314,7 +314,8 @@ def test_fixed_batch_passes_leave_batchnorm_statistics_alone(tmp_path):
     mon.fixed_batch = {"x": torch.randn(8, 4) * 3 + 1}
     mon.criterion = lambda m, s: (m(s["x"]).pow(2).sum(), 8, {})
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    norms, losses = mon.fixed_batch_stats(net, optimizer=None)
+    norms, losses, attention, branches = mon.fixed_batch_stats(net, optimizer=None)
+    assert attention == {} and branches == {}  # no Transformer layers
     assert set(norms) == {"1", "2"} and set(norms["1"]) == {"eval", "train"}
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k]), k
@@ -373,3 +374,232 @@ def test_docs_schema_lists_exactly_the_keys_of_each_record_type(tmp_path):
         section = doc.split(f"**`{kind}`**", 1)[1].split("**`", 1)[0]
         documented = set(re.findall(r"^\| `(\w+)` \|", section, flags=re.M))
         assert documented == seen[kind], (kind, documented ^ seen[kind])
+
+
+# ---- a tiny fairseq Transformer: where an overflow began, attention and branch statistics --------------
+def tiny_transformer(layers=2, dim=16, heads=2, words=20):
+    import argparse
+
+    from fairseq.data import Dictionary
+    from fairseq.models import transformer
+
+    d = Dictionary()
+    for i in range(words):
+        d.add_symbol(f"w{i}")
+    args = argparse.Namespace(encoder_layers=layers, decoder_layers=layers, encoder_embed_dim=dim,
+                              decoder_embed_dim=dim, encoder_ffn_embed_dim=2 * dim, decoder_ffn_embed_dim=2 * dim,
+                              encoder_attention_heads=heads, decoder_attention_heads=heads, dropout=0.1,
+                              max_source_positions=256, max_target_positions=256)
+    transformer.base_architecture(args)
+    torch.manual_seed(0)
+    return transformer.TransformerModel.build_model(args, SimpleNamespace(source_dictionary=d, target_dictionary=d)), d
+
+
+def seq_batch(d, *, bsz=3, src_len=7, tgt_len=6, seed=0):
+    """A translation batch: left-padded sources (the first sentence one token short), right-padded targets."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(d.nspecial, len(d), (bsz, src_len), generator=g)
+    src[0, 0] = d.pad()
+    tgt = torch.randint(d.nspecial, len(d), (bsz, tgt_len), generator=g)
+    tgt[-1, -1] = d.pad()
+    prev = torch.cat([torch.full((bsz, 1), d.eos()), tgt[:, :-1]], dim=1)
+    return {"net_input": {"src_tokens": src, "src_lengths": (src != d.pad()).sum(1), "prev_output_tokens": prev},
+            "target": tgt, "ntokens": int((tgt != d.pad()).sum()), "nsentences": bsz}
+
+
+def seq_criterion(model, sample):
+    logits, _ = model(**sample["net_input"])
+    loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), sample["target"].reshape(-1),
+                           ignore_index=1, reduction="sum")
+    return loss, sample["ntokens"], {}
+
+
+def seq_step(task, model, optimizer, sample, update):
+    optimizer.zero_grad()
+    model.train()
+    task.train_step(sample, model, seq_criterion, optimizer, update)
+    try:
+        optimizer.clip_grad_norm(0.0)
+        task.optimizer_step(optimizer, model, update)
+    except OverflowError:
+        optimizer.zero_grad()
+        return update
+    return update + 1
+
+
+def test_overflow_is_attributed_to_the_query_projection_it_began_in_not_to_parameter_order(tmp_path, monkeypatch):
+    """A NaN injected into one decoder self-attention's query gradient spreads to every parameter
+    upstream (the whole encoder, earlier in parameter order); the record names the q_proj, the lengths
+    and, at a target length of 64, the fault's signature."""
+    model, d = tiny_transformer()
+    attn = model.decoder.layers[1].self_attn
+    attn.skip_embed_dim_check = True  # fairseq's own projections instead of torch's fused call: q_proj runs as a module
+    inject = {"on": False}
+
+    def poison(module, inputs, out):
+        if inject["on"]:  # on q_proj's own output; the module returns a copy, which fairseq scales in place
+            out.register_hook(lambda g: g.index_fill(0, torch.tensor([1]), math.nan))
+            return out * 1.0
+
+    attn.q_proj.register_forward_hook(poison)
+    monkeypatch.setattr(monitor, "cudnn_attention_affected", lambda precision, device, guard: True)
+    task = make_task(tmp_path, interval=100)
+    opt = fp16_optimizer(list(model.parameters()))
+    update = seq_step(task, model, opt, seq_batch(d, seed=0), 0)
+    for tgt_len in (64, 65):
+        inject["on"] = True
+        assert seq_step(task, model, opt, seq_batch(d, src_len=9, tgt_len=tgt_len, seed=tgt_len), update) == update
+    first, second = [r for r in records(tmp_path) if r["type"] == "overflow"]
+    nf = first["nonfinite"]
+    assert nf["born_in"]["module"] == "decoder.layers.1.self_attn.q_proj"
+    assert nf["born_in"]["group"] == "decoder.1.self_attn.q"
+    assert nf["first"]["module"].startswith("encoder.")  # parameter order names where the NaN ended
+    names = [n for n, _ in model.named_parameters()]
+    assert names.index(nf["first"]["param"]) < names.index(nf["born_in"]["param"])
+    assert first["lengths"] == [{"source": 9, "target": 64}]
+    assert first["known_bug"] == {"q_proj_only": True, "half_precision": True, "length_64_mod_128": True,
+                                  "affected_torch": True, "match": True}
+    assert second["lengths"] == [{"source": 9, "target": 65}]
+    assert second["known_bug"]["length_64_mod_128"] is False and second["known_bug"]["match"] is False
+
+
+def test_an_overflow_born_outside_attention_has_no_signature_and_order_comes_from_backward(tmp_path):
+    model, d = tiny_transformer()
+    inject = {"on": False}
+
+    def poison(module, inputs, out):
+        if inject["on"]:
+            out.register_hook(lambda g: g * math.inf)
+
+    model.encoder.layers[0].fc2.register_forward_hook(poison)
+    task = make_task(tmp_path, interval=100)
+    opt = fp16_optimizer(list(model.parameters()))
+    update = seq_step(task, model, opt, seq_batch(d, seed=0), 0)
+    inject["on"] = True
+    seq_step(task, model, opt, seq_batch(d, seed=1), update)
+    (rec,) = [r for r in records(tmp_path) if r["type"] == "overflow"]
+    assert rec["nonfinite"]["born_in"]["module"] == "encoder.layers.0.fc2"
+    assert rec["known_bug"]["q_proj_only"] is False and rec["known_bug"]["match"] is False
+    order = task.gradinit_monitor.backward_order  # the decoder's output layers come before the encoder
+    assert order["decoder.layers.1.fc2.weight"] < order["decoder.layers.0.fc2.weight"] < \
+        order["encoder.layers.1.fc2.weight"] < order["encoder.layers.0.fc2.weight"]
+
+
+def test_attention_logits_match_fairseqs_own_attention():
+    """Logits, masks and probabilities against fairseq's MultiheadAttention (its own path with
+    before_softmax, and its returned per-head weights) for a decoder self-attention with a future mask
+    and padding, and an encoder one with left padding."""
+    from fairseq_gradinit.fairseq_plugin.monitor_stats import attention_logits, attention_summary
+
+    model, d = tiny_transformer()
+    model.eval()
+    sample = seq_batch(d, src_len=7, tgt_len=6)
+    x = torch.randn(6, 3, 16)
+    pad = sample["target"].eq(d.pad())
+    future = torch.triu(torch.full((6, 6), float("-inf")), 1)
+    for attn, mask in ((model.decoder.layers[0].self_attn, future), (model.encoder.layers[1].self_attn, None)):
+        attn.skip_embed_dim_check = True
+        with torch.no_grad():
+            ref_logits, _ = attn(x, x, x, key_padding_mask=pad, attn_mask=mask, before_softmax=True)
+            _, ref_probs = attn(x, x, x, key_padding_mask=pad, attn_mask=mask, need_head_weights=True)
+            logits, valid, rows = attention_logits(attn, x, x, pad, mask)
+        assert torch.equal(valid, torch.isfinite(ref_logits))
+        assert torch.allclose(logits[valid], ref_logits[valid], atol=1e-5)
+        probs = torch.softmax(logits.masked_fill(~valid, float("-inf")), -1).reshape(3, 2, 6, 6).transpose(0, 1)
+        assert torch.allclose(probs, ref_probs, atol=1e-5)
+        summary = attention_summary(logits, valid, rows)
+        p = ref_probs.transpose(0, 1).reshape(6, 6, 6)[rows]
+        entropy = -(p * torch.log(p.clamp_min(1e-30))).sum(-1).mean()
+        assert summary["entropy"] == pytest.approx(float(entropy), rel=1e-5)
+        assert summary["max_logit"] == pytest.approx(float(ref_logits[valid].max()), rel=1e-5)
+        assert rows.sum() == 2 * (6 * 3 - 1)  # the padded query of the last sentence, in both heads
+
+
+def test_branch_ratio_is_the_branch_output_norm_over_the_residual():
+    from fairseq_gradinit.fairseq_plugin.monitor_stats import recording_branches
+
+    model, d = tiny_transformer()
+    model.eval()
+    layer = model.encoder.layers[0]
+    x = torch.randn(7, 3, 16)
+    with torch.no_grad():
+        attn_out, _ = layer.self_attn(x, x, x, need_weights=False)
+        after_attn = layer.self_attn_layer_norm(x + attn_out)
+        ffn_out = layer.fc2(torch.relu(layer.fc1(after_attn)))
+        with recording_branches(model) as out:
+            layer(x, None)
+    assert set(out) == {"encoder.layers.0"}
+    assert out["encoder.layers.0"]["self_attn"] == pytest.approx(float(attn_out.norm() / x.norm()), rel=1e-5)
+    assert out["encoder.layers.0"]["ffn"] == pytest.approx(float(ffn_out.norm() / after_attn.norm()), rel=1e-5)
+    assert "residual_connection" not in vars(layer)  # the wrapper is gone after the context
+
+
+def test_eval_train_gap_warns_on_a_jump_once_per_step_up(tmp_path, caplog):
+    mon = monitor.TrainingMonitor(interval=1, path=str(tmp_path / MONITOR_JSONL))
+    caplog.set_level("INFO")
+    gaps = [-0.2, -0.1, -0.25, 0.1, 0.2, 0.9, 1.0, 1.4, 0.3]
+    out = [mon.eval_train_gap(100 * i, {"eval": 5.0 + g, "train": 5.0}) for i, g in enumerate(gaps)]
+    assert [o["warning"] for o in out] == [False, False, False, False, True, True, False, True, False]
+    assert out[0]["baseline"] is None and out[3]["baseline"] == pytest.approx(-0.25)
+    warned = [r.getMessage() for r in caplog.records if "eval mode is breaking away" in r.getMessage()]
+    assert len(warned) == 3 and "+0.200 bits at update 400" in warned[0]
+    assert monitor.gap_warning(0.3, -0.2, None) and not monitor.gap_warning(-0.1, -0.6, None)
+
+
+def test_interval_records_of_a_tiny_fairseq_run_hold_attention_branch_and_gap_statistics(tmp_path):
+    from fairseq_helpers import make_tiny_bin
+    from test_fairseq_plugin import TINY_MODEL, train_inprocess
+
+    data = make_tiny_bin(tmp_path, {"train": 120, "valid": 20, "test": 20}, 300)
+    save = tmp_path / "ck"
+    train_inprocess([str(data), "--user-dir", "fairseq_gradinit", *TINY_MODEL, "--lr", "1e-3", "--max-update", "4",
+                     "--save-dir", str(save), "--gradinit-monitor-interval", "2"])
+    start, *intervals = records(save)
+    assert [r["update"] for r in intervals] == [2, 4]
+    # the guard decides without GradInit too (here: fp32 on a CPU, nothing to do)
+    guard = start["cudnn_sdpa_guard"]
+    assert guard["mode"] == "auto" and guard["action"] == "kept" and guard["affected"] is False
+    attentions = {f"{side}.layers.{i}.self_attn" for side in ("encoder", "decoder") for i in (0, 1)}
+    for r in intervals:
+        assert set(r["attention"]) == attentions
+        for a in r["attention"].values():
+            for mode in ("eval", "train"):
+                # at most ln(longest sentence of the batch); heads of an untrained model attend almost evenly
+                assert 0 < a[mode]["entropy"] < math.log(400) and math.isfinite(a[mode]["max_logit"])
+        assert set(r["branches"]) == {f"{side}.layers.{i}" for side in ("encoder", "decoder") for i in (0, 1)}
+        assert set(r["branches"]["encoder.layers.0"]) == {"self_attn", "ffn"}
+        assert set(r["branches"]["decoder.layers.1"]) == {"self_attn", "encoder_attn", "ffn"}
+        assert all(0 < v[m] < 100 for b in r["branches"].values() for v in b.values() for m in ("eval", "train"))
+        losses = r["fixed_batch_loss"]
+        assert r["eval_train_gap"]["gap"] == pytest.approx(losses["eval"] - losses["train"], abs=1e-4)
+        assert r["eval_train_gap"]["warning"] is False
+        s = r["summary"]
+        assert s["max_attn_logit_eval_module"] in attentions and s["min_attn_entropy_train"] > 0
+        assert s["max_branch_ratio_eval"] == max(v["eval"] for b in r["branches"].values() for v in b.values())
+    assert intervals[0]["eval_train_gap"]["baseline"] is None
+    assert intervals[1]["eval_train_gap"]["baseline"] == pytest.approx(intervals[0]["eval_train_gap"]["gap"], abs=1e-5)
+    from fairseq_gradinit import curves
+
+    series = curves.parse_monitor_file(save / "monitor.jsonl")
+    for key, path in (("monitor_eval_train_gap", ("eval_train_gap", "gap")),
+                      ("monitor_max_attn_logit_train", ("summary", "max_attn_logit_train")),
+                      ("monitor_min_attn_entropy_eval", ("summary", "min_attn_entropy_eval")),
+                      ("monitor_max_branch_ratio_eval", ("summary", "max_branch_ratio_eval"))):
+        assert series[key] == {r["update"]: r[path[0]][path[1]] for r in intervals}, key
+
+
+def test_docs_name_every_curve_series_the_panels_and_the_warning_threshold():
+    import re
+    from pathlib import Path
+
+    from fairseq_gradinit import curves
+    from fairseq_gradinit.study.results import MONITOR_PANELS as STUDY_PANELS
+    from fairseq_gradinit.tools.plot_curves import MONITOR_PANELS as PLOT_PANELS
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "monitor.md").read_text(encoding="utf-8")
+    section = doc.split("## In the study's curves", 1)[1]
+    assert set(re.findall(r"`(monitor_\w+)`", section)) == set(curves.MONITOR_SERIES)
+    words = {2: "two", 3: "three", 4: "four", 5: "five", 6: "six"}
+    assert f"`curves.png` {words[len(STUDY_PANELS)]} more panels" in " ".join(section.split())
+    assert f"validation loss with {words[len(PLOT_PANELS)]} more panels" in " ".join(section.split())
+    assert f"at least {monitor.GAP_JUMP} bits above the" in " ".join(doc.split())

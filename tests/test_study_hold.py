@@ -1,10 +1,8 @@
 """The study's duration estimates (study.estimate), its one-file archive (--archive) and preset
 'hold': its calls' settings, --dry-run's commands and estimate, and the budget check."""
-import io
 import json
 import re
 import tarfile
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
@@ -95,12 +93,9 @@ def test_a_call_gives_its_settings_as_defaults():
 
 def _dry_run(argv):
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.study import cli as study_cli
+    from fairseq_helpers import study_main
 
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        rc = study_cli.main(argv)
-    return rc, out.getvalue(), err.getvalue()
+    return study_main(argv)
 
 
 @pytest.fixture(scope="module")

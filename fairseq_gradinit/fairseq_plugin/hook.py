@@ -23,6 +23,7 @@ from .plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
 from .preflight import training_setup_error
 from .provenance import fingerprint, model_arguments
 from .resume_checks import resume_error
+from .sdpa import guard_from_cfg
 from .tied import install_multipliers, install_multipliers_on_load, uncovered_ties
 
 logger = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class GradInitTaskMixin:
         self.gradinit_result = None
         self.gradinit_plan = None  # the run's GradInitPlan, resolved when the criterion is built
         self.gradinit_monitor = monitor_from_cfg(self.gradinit_cfg)  # --gradinit-monitor-interval; None: off
+        self.gradinit_sdpa_guard = None  # the cuDNN attention guard's decision, made when the model is built
 
     def train_step(self, sample, model, criterion, optimizer, update_num, *args, **kwargs):
         if self.gradinit_monitor is not None:
@@ -95,6 +97,12 @@ class GradInitTaskMixin:
             # The model's arguments as given: building fills in derived ones (e.g. the shared
             # output embedding), and the fingerprint must equal the one of the command line.
             self._gradinit_model_args = model_arguments(cfg)
+        if not from_checkpoint and self.gradinit_sdpa_guard is None:
+            # Before anything runs the model (Admin's profiling, GradInit, training).
+            decision = guard_from_cfg(self.gradinit_cfg)
+            self.gradinit_sdpa_guard = None if decision is None else decision.to_dict()
+            if self.gradinit_monitor is not None:
+                self.gradinit_monitor.sdpa_guard = self.gradinit_sdpa_guard
         model = super().build_model(cfg, **kwargs)
         install_multipliers_on_load(model)
         if not from_checkpoint and int(cfg_value(self.gradinit_cfg, "gradinit_iters", 0) or 0) > 0:

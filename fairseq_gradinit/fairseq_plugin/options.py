@@ -15,6 +15,7 @@ from omegaconf import II
 
 from ..core.config import LOSS_CHANGE_BOUNDS, option
 from ..core.options import Default, OptionSpec, options_of
+from ..core.sdpa_guard import GUARD_MODES
 
 #: The authors' IWSLT setting of the per-group bounds: biases may reach 0, LayerNorm weights capped at 100.
 AUTHORS_SCALE_BOUNDS = (("bias", 0, None), ("norm", None, 100))
@@ -84,9 +85,18 @@ class PluginOptions(FairseqDataclass):
         "gradinit.json holds other scales is refused)"))
     gradinit_monitor_interval: int = option(0, result=False, help=(
         "every N updates, append a record of the training's health to monitor.jsonl in --save-dir (0: off): fp16 "
-        "overflows, skipped updates and the loss scale, the parameters whose gradient was not finite at each "
-        "overflow, per layer the weight norm and the update/weight ratio of the last update, LayerNorm input "
-        "std and gain on a fixed batch in eval and train mode; with or without GradInit (docs/monitor.md)"))
+        "overflows, skipped updates and the loss scale; at each overflow the parameters whose gradient was not "
+        "finite, the module where it began (backward order), the batch's padded lengths and whether it has the "
+        "cuDNN attention fault's signature; per layer the weight norm and the update/weight ratio of the last "
+        "update; on a fixed batch in eval and train mode LayerNorm input std and gain, self-attention entropy "
+        "and largest logit, branch/residual norm ratios, and the eval - train loss gap (a warning when it jumps); "
+        "with or without GradInit (docs/monitor.md)"))
+    gradinit_cudnn_sdpa_guard: ChoiceEnum(list(GUARD_MODES)) = option("auto", result=False, choices=GUARD_MODES, help=(
+        "the guard against cuDNN attention's NaN query gradients at padded lengths 64 (mod 128) (torch 2.11 and "
+        "later with cuDNN before 9.26, compute capability 9.x: H100/H200): auto turns cuDNN attention off before "
+        "the model first runs when this combination trains in fp16/bf16/amp (a later torch: after a test of the "
+        "kernel), on always turns it off, off never does; with or without GradInit; logged once and recorded in "
+        "gradinit.json and monitor.jsonl (docs/reliability.md)"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
     # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.
@@ -99,6 +109,9 @@ class PluginOptions(FairseqDataclass):
     gradinit_disable_validation: Any = II("dataset.disable_validation")
     gradinit_fp16: Any = II("common.fp16")
     gradinit_memory_efficient_fp16: Any = II("common.memory_efficient_fp16")
+    gradinit_bf16: Any = II("common.bf16")
+    gradinit_memory_efficient_bf16: Any = II("common.memory_efficient_bf16")
+    gradinit_amp: Any = II("common.amp")
     gradinit_train_optimizer: Optional[str] = "${oc.select:optimizer._name,null}"
     gradinit_cpu: Any = II("common.cpu")
     gradinit_seed: Any = II("common.seed")

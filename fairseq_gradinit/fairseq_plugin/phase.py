@@ -245,7 +245,8 @@ def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dic
                 out = result.to_dict()
                 out.update(summary=summary, uses=effective_use_scales(model, result.scales),
                            max_tokens=max_tokens, derived=list(plan.derived), device=str(device),
-                           wall_time=time.time() - start, fingerprint=current, health=health)
+                           wall_time=time.time() - start, fingerprint=current, health=health,
+                           cudnn_sdpa_guard=getattr(task, "gradinit_sdpa_guard", None))
                 _write(path, out, resume_path)
         except KeyboardInterrupt as e:
             done = "the GradInit result" if task.gradinit_result is not None else \

@@ -43,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("data", nargs="?", help="the main fairseq data-bin")
     p.add_argument("--out", type=Path, help="output folder (arms/NAME/, gradinit/, curves.*, bleu.json, study.json)")
     p.add_argument("--preset", help="a preset's base and arms (see --list-presets)")
-    p.add_argument("--list-presets", action="store_true", help="describe the presets and exit")
+    p.add_argument("--list-presets", nargs="?", const="", default=None, metavar="NAME",
+                   help="say what each preset answers and how long it takes, or describe preset NAME in full "
+                        "(arms, calls, estimates), and exit")
     p.add_argument("--call", help="the preset's named GPU call: its arms and the arms it prepares")
     p.add_argument("--arms", help="comma-separated arm names to train (default: all arms given)")
     p.add_argument("--prepare-arms", help="comma-separated arms whose GradInit scales are computed into the "
@@ -106,6 +108,25 @@ def _select(arms: Sequence[Arm], names: Optional[str], what: str) -> List[Arm]:
     return [by_name[n] for n in wanted]
 
 
+def _seed_twins(preset, call, arms: Sequence[Arm], train_names: Optional[str], prepare_names: Optional[str]):
+    """A repeat call's arms: the seed twins of the arms named by --arms/--prepare-arms, and their names."""
+    from .presets import seed_twin
+
+    if not train_names and not prepare_names:
+        raise ValueError(f"call {call.name} of preset {preset.name} repeats the arms you name at seed "
+                         f"{call.repeat_seed}: pass --arms NAME[,NAME] (or --prepare-arms NAME[,NAME] to compute "
+                         "their GradInit scales into the cache first)")
+    twins = {}
+    for names, what in ((train_names, "--arms"), (prepare_names, "--prepare-arms")):
+        for arm in _select(arms, names, what) if names else []:
+            twins[arm.name] = seed_twin(preset, arm, call.repeat_seed)
+
+    def renamed(names):  # "" (none), not None (all)
+        return ",".join(twins[n.strip()].name for n in names.split(",") if n.strip()) if names else ""
+
+    return list(twins.values()), renamed(train_names), renamed(prepare_names)
+
+
 def config_from_args(args: argparse.Namespace) -> StudyConfig:
     from .presets import get_preset
 
@@ -120,9 +141,12 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         if preset is None:
             raise ValueError("--call needs --preset")
         call = preset.call(args.call)
-        if train_names or prepare_names:
+        if call.repeat_seed is not None:
+            arms, train_names, prepare_names = _seed_twins(preset, call, arms, train_names, prepare_names)
+        elif train_names or prepare_names:
             raise ValueError("--call already chooses the arms; drop --arms/--prepare-arms")
-        train_names, prepare_names = ",".join(call.arms), ",".join(call.prepare) or None
+        else:
+            train_names, prepare_names = ",".join(call.arms), ",".join(call.prepare) or None
     selected = _select(arms, train_names, "--arms")
     prepare = _select(arms, prepare_names, "--prepare-arms") if prepare_names else []
     if args.data is None:
@@ -215,10 +239,15 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
         args.bleu_script = bleu_script
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     from ..fairseq_plugin import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
-    from .presets import describe_presets, get_preset
+    from .presets import describe_presets, get_preset, list_presets
 
-    if args.list_presets:
-        print(describe_presets())  # noqa: T201 - command output
+    if args.list_presets is not None:
+        try:
+            text = describe_presets((get_preset(args.list_presets).name,)) if args.list_presets else list_presets()
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)  # noqa: T201
+            return 2
+        print(text)  # noqa: T201 - command output
         return 0
     cfg, result, handler = None, None, None
     try:

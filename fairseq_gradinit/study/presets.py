@@ -37,6 +37,9 @@ class StudyCall:
     bleu_budget: Optional[float] = None
     finish_margin: Optional[float] = None
     limit_s: Optional[float] = None
+    #: A call that repeats arms at another seed: ``--arms``/``--prepare-arms`` name the preset's arms
+    #: and the call trains/prepares their twins at this seed (:func:`seed_twin`) instead of ``arms``.
+    repeat_seed: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,14 @@ class Preset:
     #: How long the preset took where it was measured, for presets without throughput figures
     #: (printed by --list-presets and --dry-run).
     duration: str = ""
+    #: {file key: the GradInit arguments that computed that file}: a seed twin of an arm that applies
+    #: the file computes its own scales with them instead (:func:`seed_twin`).
+    recompute: Mapping[str, Tuple[str, ...]] = field(default_factory=dict)
+    #: What the preset answers, in a sentence, and where it is documented (``--list-presets``).
+    answers: str = ""
+    docs: str = ""
+    #: How long it takes, for presets whose calls have no estimate of their own (``--list-presets``).
+    takes: str = ""
 
     def call(self, name: str) -> StudyCall:
         for c in self.calls:
@@ -93,6 +104,10 @@ def _gi(*overrides: str) -> Tuple[str, ...]:
 
 EVIDENCE = Preset(
     name="evidence",
+    answers=("the first d=512 no-warmup evidence again: Xavier and GradInit with the paper's settings and shared "
+             "embeddings against a 4000-update warmup"),
+    docs="docs/no-warmup.md",
+    takes="two calls on one H100 (their settings: docs/no-warmup.md)",
     summary="the arms of the 2026-11-26 evidence (d=512, lr 5e-4, no warmup, fp16, seed 1) with its settings",
     base=D512_BASE,
     arms=(
@@ -131,6 +146,10 @@ G98_SCALES = ("--gradinit-init-file", "{g98}")
 
 SCREEN = Preset(
     name="screen",
+    answers=("which of eight differences from the authors' setup keeps GradInit on the unigram plateau at d=512 "
+             "without warmup"),
+    docs="docs/no-warmup.md",
+    takes="two calls of at most 7 minutes each on one H100 (planned, not run)",
     summary="differences 1-8 from the authors' setup, one arm each, plus warmup and Xavier "
             "references (d=512, one seed, 3000 updates, two GPU calls: --call A, then --call B)",
     base=D512_BASE,
@@ -206,13 +225,17 @@ GI_DEMO = ("--gradinit-iters", "200", "--gradinit-lr", "1e-2", "--gradinit-max-t
 
 DEMO = Preset(
     name="demo",
+    answers=("whether GradInit lets a small (d=128) Post-LN Transformer train without warmup, against Xavier and a"
+             " 200-update warmup"),
+    docs="docs/debian-demo.md",
     summary="docs/debian-demo.md: 6+6-layer d=128 Post-LN Transformer, lr 1e-3, Xavier / GradInit "
             "without warmup vs a 200-update warmup, 600 updates (CPU: add --cpu)",
     duration="with --cpu, most of a day on a 2-core VM (a 1024-token update took ~7 s on one thread there, a "
              "GradInit constraint iteration ~19 s: docs/debian-demo.md); on one GPU, about 3 minutes per arm",
     base=D128_BASE,
     arms=(
-        Arm("gradinit-s1", GI_DEMO + ("--seed", "1"), note="GradInit (eta = lr, gamma from eta*gamma = 0.1), seed 1"),
+        Arm("gradinit-s1", GI_DEMO + ("--seed", "1"), note="GradInit (the plugin's Adam defaults: eta = 2 x lr = 2e-3, "
+                                                        "gamma = 1/eta = 500), seed 1"),
         Arm("xavier-s1", ("--seed", "1"), note="Xavier, no warmup, seed 1"),
         Arm("warmup-s1", ("--seed", "1", "--warmup-updates", "200"), note="Xavier, 200-update linear warmup, seed 1"),
         Arm("gradinit-s2", GI_DEMO + ("--seed", "2"), note="GradInit, seed 2"),
@@ -251,6 +274,10 @@ def _gi_authors(*overrides: str, drop: Tuple[str, ...] = ()) -> Tuple[str, ...]:
 
 ABLATE = Preset(
     name="ablate",
+    answers=("which of the authors' settings make their GradInit setup learn without warmup at d=512 (one leave-"
+             "one-out arm each, 600 updates)"),
+    docs="docs/no-warmup.md",
+    takes="on one H100 about 6 minutes (call A) and 3 minutes (call B), estimated, not run",
     summary="the authors' whole setup ('authors') and one leave-one-out arm per setting "
             "(d=512, lr 5e-4 without warmup, fp16, seed 1, 600 updates, two GPU calls: --call A, then --call B)",
     base=D512_BASE,
@@ -323,6 +350,11 @@ def _confirm_arm(name: str, args: Tuple[str, ...], note: str) -> Arm:
 
 CONFIRM = Preset(
     name="confirm",
+    answers=("whether GradInit without warmup matches a 4000-update warmup over 3000 updates at d=512, with two "
+             "seeds, beta2 .999, SGD and BLEU"),
+    docs="docs/no-warmup.md",
+    takes=("on one H100 9-15 minutes for call A (more than one 7-minute call: give --time-budget or split it), "
+           "less for call B; estimated, not run"),
     summary="GradInit without warmup (beta2 .98 and .999) against a 4000-update warmup in the same "
             "setup and Xavier, seeds 1 and 2, plus SGD, 3000 updates, BLEU at 3000 (d=512, fp16)",
     base=D512_BASE,
@@ -383,6 +415,10 @@ ADMIN_INIT = ("--wskip-init", "admin", "--wskip-profile-seed", "1111")
 
 WSKIP = Preset(
     name="wskip",
+    answers=("how Admin's w_skip Transformer with the Admin authors' no-warmup recipe compares with GradInit on "
+             "the same model and recipe"),
+    docs="docs/wskip.md",
+    takes="one call on one H100 that stops itself within 9 minutes",
     summary="Admin's w_skip Transformer with the Admin authors' recipe (RAdam, linear decay, "
             "omega profiled with seed 1111) against GradInit on the same model and recipe, no warmup "
             "(d=512, fp16, 2500 updates, one GPU call)",
@@ -435,6 +471,9 @@ def _hold_arm(name: str, args: Tuple[str, ...], note: str, drop: Tuple[str, ...]
 
 HOLD = Preset(
     name="hold",
+    answers=("whether fp32, Admin's loss-scale flags, clamped scales or other GradInit settings keep the authors' "
+             "no-warmup run alive to 3000 updates (call A ran: none did)"),
+    docs="docs/no-warmup.md",
     summary="what keeps the authors' no-warmup run alive past update 2300-2700 (where it collapsed): "
             "their scales in fp16, fp32, with Admin's loss-scale flags and clamped at two levels, 3000 updates "
             "each in one call of at most 8 minutes on one H200 (call A); new GradInit phases and the warmup "
@@ -509,7 +548,112 @@ it exports into one archive (--archive).""",
 )
 
 
-PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP, HOLD)}
+# -- the decoder's delayed no-warmup shock and the eval-mode breakdown ----------------------------
+HOLDA_EVIDENCE_DIR = "docs/evidence/nowarmup-d512-holdA-2026-11-27"  # relative to the repository root
+#: cuDNN's fused attention off: on torch 2.11 with sm90 its backward returns NaN query gradients for
+#: sequence lengths of 64 mod 128 with a mask (every fp16 overflow of the holdA evidence after start-up).
+CUDNN_GUARD = ("--gradinit-cudnn-sdpa-guard", "on")
+NO_DROPOUT = ("--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0")
+#: polynomial_decay's warmup: the lr rises linearly from 0 to 5e-4 over 500 updates, then decays as before.
+WARMUP_500 = ("--warmup-updates", "500")
+#: gamma = K x the init's gradient norm: with K = 2 the first iteration is an objective step and the
+#: constraint binds only where the norm has doubled (the holdA evidence: ||g||_1 18,283 at iteration 1
+#: against gamma 1e3, 556 of 780 iterations constraint steps).
+GAMMA_INIT_FACTOR = ("--gradinit-gamma-init-factor", "2")
+#: The authors' S and S-tilde: the first and last two thirds of one unshuffled batch.
+AUTHORS_PAIRS = ("--gradinit-pairs", "authors")
+SHOCK_TRAIN = CONFIRM_RECIPE + MONITOR + CUDNN_GUARD
+SHOCK_SCALES = AUTHORS_SCALES + SHOCK_TRAIN
+
+
+def _shock_arm(name: str, args: Tuple[str, ...], note: str) -> Arm:
+    return Arm(name, args, drop=CONFIRM_BASE_DROP, data="separate", note=note)
+
+
+def _with(args: Tuple[str, ...], *overrides: str) -> Tuple[str, ...]:
+    """``args`` with some options replaced (each option once in the command)."""
+    from .arms import merge_args
+
+    return tuple(merge_args(args, overrides))
+
+
+SHOCK = Preset(
+    name="shock",
+    answers=("why no-warmup training breaks down in eval mode after ~2000 updates once the cuDNN attention bug is "
+             "guarded: dropout, the lower decoder's un-warmed Adam shock, or how GradInit learned its scales"),
+    docs="docs/no-warmup.md",
+    summary="why no-warmup training breaks after ~2000 updates once the cuDNN attention bug is guarded: "
+            "dropout, a short warmup after GradInit, and GradInit with a rarely binding gamma, the authors' "
+            "simulated step or their S/S-tilde (d=512, 3000 updates, calls of at most 8 minutes on one H200)",
+    base=D512_BASE,
+    arms=(
+        _shock_arm("ctl", SHOCK_SCALES, "control: the evidence's scales (authors.gradinit.json), the authors' "
+                                        "recipe, fp16, cuDNN attention guarded"),
+        _shock_arm("nodrop", _with(SHOCK_SCALES, *NO_DROPOUT), "the same without dropout, attention or activation "
+                                                               "dropout"),
+        _shock_arm("attdrop0", _with(SHOCK_SCALES, "--attention-dropout", "0"), "the same, attention dropout 0 only"),
+        _shock_arm("gi-warm500", _with(SHOCK_SCALES, *WARMUP_500), "the same scales, then 500 warmup updates"),
+        _shock_arm("warm-s1", WARMUP_RECIPE + MONITOR + CUDNN_GUARD,
+                   "reference: Xavier, inverse_sqrt with 4000 warmup updates (monitor on: the healthy values)"),
+        _shock_arm("x-warm500", _with(SHOCK_TRAIN, *WARMUP_500), "Xavier with the same 500 warmup updates "
+                                                                 "(the comparator of gi-warm500)"),
+        _shock_arm("gi-gamma", _gi_authors(*GAMMA_INIT_FACTOR, drop=("--gradinit-gamma",)) + SHOCK_TRAIN,
+                   "GradInit with the authors' settings but gamma = 2 x the init's gradient norm (rarely binds)"),
+        _shock_arm("gi-unstepped", _gi_authors("--gradinit-unstepped-uses", UNSTEPPED_OUTPUT) + SHOCK_TRAIN,
+                   "GradInit with the authors' simulated step: the tied output projection un-stepped"),
+        _shock_arm("gi-pairs", GI_AUTHORS + AUTHORS_PAIRS + SHOCK_TRAIN,
+                   "GradInit with the authors' S and S-tilde (two thirds of one unshuffled batch each)"),
+    ),
+    max_update=3000,
+    save_every=500,
+    files={"authors": f"{AUTHORS_EVIDENCE_DIR}/authors.gradinit.json"},
+    recompute={"authors": GI_AUTHORS},
+    calls=(
+        # The same shape as hold's call A, whose arms needed its whole 7-minute budget (about a minute to
+        # start, ~350 s to train): 30 s more for training, from a BLEU step too short to decode anyway.
+        StudyCall("A", ("ctl", "nodrop", "attdrop0", "gi-warm500", "warm-s1"),
+                  note="the five arms that need no GradInit phase",
+                  parallel=5, time_budget=7.5, bleu_budget=0.25, finish_margin=20.0, limit_s=480.0),
+        StudyCall("B", ("x-warm500",), ("gi-gamma", "gi-unstepped", "gi-pairs"),
+                  note="the three GradInit phases into the cache (exported in the archive) beside x-warm500",
+                  parallel=4, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("C", ("gi-gamma", "gi-unstepped", "gi-pairs"),
+                  note="the three GradInit arms from call B's cache (--gradinit-cache: the archive's gradinit/)",
+                  parallel=3, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("D", (), repeat_seed=2,
+                  note="a second seed of the arms named with --arms (trained) or --prepare-arms (GradInit "
+                       "scales computed into the cache, for a later --call D --arms)",
+                  parallel=5, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+    ),
+    throughput="h200",
+    doc="""\
+The recipe of preset 'hold' (separate dictionaries, weight decay 1e-4, attention/activation dropout
+0.1, linear decay, no warmup, seed 1, fp16), the training monitor every 100 updates and cuDNN's
+fused attention off in every arm (--gradinit-cudnn-sdpa-guard on). Needs --data-bin separate=PATH.
+Commands, predictions and estimates: docs/no-warmup.md.""",
+)
+
+
+def seed_twin(preset: Preset, arm: Arm, seed: int) -> Arm:
+    """``arm`` at another seed, named ``NAME-sSEED``. An arm that applies one of the preset's
+    ``recompute`` files computes its own scales at that seed with the settings that made the file,
+    as the file's scales fit only the initial weights of their own seed."""
+    from .arms import merge_args, option_groups
+
+    groups = option_groups(arm.args)
+    args, extra = [], []
+    for g in groups:
+        key = g[1].strip("{}") if g[0] == "--gradinit-init-file" and len(g) == 2 else None
+        if key is not None and key in preset.recompute:
+            extra += list(preset.recompute[key])
+        else:
+            args += g
+    twin = merge_args(extra + args, ["--seed", str(seed)])
+    return Arm(f"{arm.name}-s{seed}", tuple(twin), drop=arm.drop, data=arm.data,
+               note=f"{arm.name} at seed {seed}" + (" (its own GradInit scales)" if extra else ""))
+
+
+PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP, HOLD, SHOCK)}
 
 
 def get_preset(name: str) -> Preset:
@@ -523,8 +667,8 @@ def call_estimate(preset: Preset, call: StudyCall):
     throughput figures for the preset's setting); arms prepared by the preset's earlier calls are cached."""
     from .estimate import THROUGHPUT, call_jobs, estimate_call
 
-    if preset.throughput is None or call.parallel is None:
-        return None
+    if preset.throughput is None or call.parallel is None or call.repeat_seed is not None:
+        return None  # a repeat call's arms are named on its command line: --dry-run estimates them
     earlier = preset.calls[:preset.calls.index(call)]
     cached = {name for c in earlier for name in c.prepare}  # their scales come with the cache
     jobs = call_jobs(preset.arms, call.arms, call.prepare, preset.base, max_update=preset.max_update, cached=cached)
@@ -535,8 +679,37 @@ def call_estimate(preset: Preset, call: StudyCall):
                          bleu_s=bleu_s, bleu_budget_s=bleu_s, limit_s=call.limit_s)
 
 
+def how_long(preset: Preset) -> str:
+    """How long a preset takes, in a line: its calls' estimates, else what was measured or planned."""
+    parts, repeats = [], []
+    for c in preset.calls:
+        est = call_estimate(preset, c)
+        if est is not None:
+            parts.append(f"{c.name} ~{est.total_s:.0f} s")
+        elif c.repeat_seed is not None:
+            repeats.append(f"; call {c.name} (seed {c.repeat_seed} of the arms you name): --dry-run estimates it")
+    if parts:
+        limits = {c.limit_s for c in preset.calls if c.limit_s is not None}
+        limit = f" (each within {max(limits):.0f} s)" if limits else ""
+        return (f"calls {', '.join(parts)} on one {(preset.throughput or '').upper()} by the estimate{limit}"
+                + "".join(repeats))
+    return preset.takes or preset.duration or "not measured"
+
+
+def list_presets() -> str:
+    """What ``--list-presets`` prints: per preset what it answers, how long it takes and where it is
+    documented (``--list-presets NAME`` describes one in full)."""
+    out = ["Presets (scripts/study.py DATA --preset NAME; --list-presets NAME shows its arms and calls):", ""]
+    for p in PRESETS.values():
+        out.append(textwrap.fill(f"{p.name}: " + (p.answers or p.summary), 100, subsequent_indent="    "))
+        out.append(textwrap.fill("takes: " + how_long(p), 100, initial_indent="    ", subsequent_indent="      "))
+        if p.docs:
+            out.append(f"    docs: {p.docs}")
+    return "\n".join(out)
+
+
 def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
-    """What ``--list-presets`` prints: per preset its summary, base, arms, calls and notes."""
+    """What ``--list-presets NAME`` prints: per preset its summary, base, arms, calls and notes."""
     out = []
     for p in (PRESETS[n] for n in (names or tuple(PRESETS))):
         out.append(f"== {p.name}: {p.summary}")
@@ -550,7 +723,9 @@ def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
                 out.append(f"       {a.note}")
         for c in p.calls:
             prep = f"; prepares {','.join(c.prepare)}" if c.prepare else ""
-            out.append(f"   call {c.name}: trains {','.join(c.arms)}{prep}" + (f" ({c.note})" if c.note else ""))
+            trains = (f"the seed-{c.repeat_seed} twins of the arms you name" if c.repeat_seed is not None
+                      else ",".join(c.arms))
+            out.append(f"   call {c.name}: trains {trains}{prep}" + (f" ({c.note})" if c.note else ""))
             est = call_estimate(p, c)
             if est is not None:
                 bound = f", at most {est.upper_bound_s:.0f} s" if est.upper_bound_s is not None else ""
@@ -580,6 +755,9 @@ GI_LM = ("--gradinit-iters", "100", "--gradinit-lr", "1e-2", "--gradinit-max-tok
 
 LM = Preset(
     name="lm",
+    answers=("whether GradInit lets a small Post-LN decoder-only language model train without warmup, against "
+             "Xavier and a 300-update warmup"),
+    docs="docs/lm-nowarmup.md",
     duration="with --cpu --no-bleu, 12 minutes on a shared 2-core VM (GradInit phase 106 s, then the three arms "
              "one after another, 113-260 s each: docs/lm-nowarmup.md)",
     summary="docs/lm-nowarmup.md: 6-layer d=128 Post-LN decoder-only LM (transformer_lm_postln) on the target "
@@ -588,7 +766,8 @@ LM = Preset(
     base=LM_BASE,
     arms=(
         Arm("xavier", ("--seed", "1"), note="Xavier, no warmup"),
-        Arm("gradinit", GI_LM + ("--seed", "1"), note="GradInit (100 iterations, eta = lr), no warmup"),
+        Arm("gradinit", GI_LM + ("--seed", "1"), note="GradInit (100 iterations, the plugin's Adam defaults: eta = 2 x lr = "
+                                                       "6e-3, gamma = 1/eta), no warmup"),
         Arm("warmup", ("--seed", "1", "--warmup-updates", "300"), note="Xavier, 300-update linear warmup"),
     ),
     max_update=600,

@@ -24,6 +24,15 @@ CSV_FIELDS = ("arm", "num_updates", "valid_loss", "valid_nll_loss", "train_loss"
 #: Columns added when an arm's save dir has the training monitor's ``monitor.jsonl``
 #: (``--gradinit-monitor-interval``): its series, named as in :data:`~fairseq_gradinit.curves.MONITOR_SERIES`.
 MONITOR_FIELDS = tuple(curve_logs.MONITOR_SERIES)
+#: The monitor's panels of ``curves.png``: (y label, series, log-scale y).
+MONITOR_PANELS = (
+    ("max LayerNorm gain |w|/std (fixed batch, eval)", "monitor_max_ln_gain_eval", True),
+    ("max update/weight ratio of a group (last update)", "monitor_max_update_ratio", True),
+    ("eval - train loss, fixed batch (bits)", "monitor_eval_train_gap", False),
+    ("max self-attention logit (fixed batch, eval)", "monitor_max_attn_logit_eval", False),
+    ("min self-attention entropy, nats (fixed batch, eval)", "monitor_min_attn_entropy_eval", False),
+    ("max branch/residual norm ratio (fixed batch, eval)", "monitor_max_branch_ratio_eval", True),
+)
 MONITOR_JSONL = "monitor.jsonl"
 
 
@@ -57,9 +66,8 @@ def curve_rows(name: str, curves: Mapping[str, curve_logs.Curve]) -> List[dict]:
 
 
 def write_curves(out: Path, all_curves: Mapping[str, Mapping[str, curve_logs.Curve]]) -> Dict[str, str]:
-    """``curves.csv``, ``curves.md`` (validation loss table) and ``curves.png``: three panels, and two
-    more from the training monitor when an arm has one (the largest LayerNorm gain on the fixed batch in
-    eval mode, the largest update/weight ratio of a group)."""
+    """``curves.csv``, ``curves.md`` (validation loss table) and ``curves.png``: three panels, and
+    :data:`MONITOR_PANELS` from the training monitor when an arm has one."""
     written = {}
     csv_path = out / "curves.csv"
     monitored = any(has_monitor(c) for c in all_curves.values())
@@ -78,10 +86,8 @@ def write_curves(out: Path, all_curves: Mapping[str, Mapping[str, curve_logs.Cur
               ("train loss (dropout on)", {n: c.get("train_loss", {}) for n, c in all_curves.items()}, False),
               ("fp16 loss scale", {n: c.get("train_loss_scale", {}) for n, c in all_curves.items()}, True)]
     if monitored:
-        panels += [("max LayerNorm gain |w|/std (fixed batch, eval)",
-                    {n: c.get("monitor_max_ln_gain_eval", {}) for n, c in all_curves.items()}, True),
-                   ("max update/weight ratio of a group (last update)",
-                    {n: c.get("monitor_max_update_ratio", {}) for n, c in all_curves.items()}, True)]
+        panels += [(label, {n: c.get(key, {}) for n, c in all_curves.items()}, logy)
+                   for label, key, logy in MONITOR_PANELS]
     if curve_logs.plot_panels(panels, png):
         written["png"] = str(png)
     return written

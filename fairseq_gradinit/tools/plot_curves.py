@@ -51,7 +51,10 @@ from ..curves import (  # noqa: F401  (re-exported: this module's API)
 #: The monitor panels of the PNG: (y label, series, log scale).
 MONITOR_PANELS = (("loss scale (monitor)", "monitor_loss_scale", True),
                   ("max LayerNorm gain (fixed batch, eval)", "monitor_max_ln_gain_eval", True),
-                  ("max update/weight ratio (last update)", "monitor_max_update_ratio", True))
+                  ("max update/weight ratio (last update)", "monitor_max_update_ratio", True),
+                  ("eval - train loss, fixed batch (bits)", "monitor_eval_train_gap", False),
+                  ("max self-attention logit (fixed batch, eval)", "monitor_max_attn_logit_eval", False),
+                  ("max branch/residual norm ratio (fixed batch, eval)", "monitor_max_branch_ratio_eval", True))
 
 
 def parse_run_spec(spec: str) -> Tuple[str, Path]:
