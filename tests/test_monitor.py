@@ -603,3 +603,21 @@ def test_docs_name_every_curve_series_the_panels_and_the_warning_threshold():
     assert f"`curves.png` {words[len(STUDY_PANELS)]} more panels" in " ".join(section.split())
     assert f"validation loss with {words[len(PLOT_PANELS)]} more panels" in " ".join(section.split())
     assert f"at least {monitor.GAP_JUMP} bits above the" in " ".join(doc.split())
+
+
+def test_a_failing_attention_statistic_is_recorded_and_the_pass_goes_on(monkeypatch):
+    from fairseq_gradinit.fairseq_plugin import monitor_stats
+
+    model, d = tiny_transformer()
+    model.eval()
+
+    def broken(*args):
+        raise RuntimeError("no logits today")
+
+    monkeypatch.setattr(monitor_stats, "attention_logits", broken)
+    sample = seq_batch(d)
+    with torch.no_grad(), monitor_stats.recording_attention(model) as out:
+        logits, _ = model(**sample["net_input"])
+    assert torch.isfinite(logits).all()
+    assert out["encoder.layers.0.self_attn"] == {"error": "RuntimeError: no logits today"}
+    assert len(out) == 4

@@ -88,8 +88,9 @@ def recording_attention(model: nn.Module) -> Iterator[Dict[str, dict]]:
                 query = kwargs.get("query", args[0] if args else None)
                 key = kwargs.get("key", args[1] if len(args) > 1 else None)
                 key = query if key is None else key
-                out[name] = attention_summary(*attention_logits(
-                    module, query.detach(), key.detach(), kwargs.get("key_padding_mask"), kwargs.get("attn_mask")))
+                with torch.autocast(query.device.type, enabled=False):  # fp32, also in an AMP pass
+                    out[name] = attention_summary(*attention_logits(
+                        module, query.detach(), key.detach(), kwargs.get("key_padding_mask"), kwargs.get("attn_mask")))
             except Exception as e:  # a statistic must never stop the pass it watches
                 out[name] = {"error": f"{type(e).__name__}: {e}"[:200]}
         return hook
