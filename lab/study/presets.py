@@ -1,4 +1,4 @@
-"""Presets of the study runner (``scripts/study.py --preset NAME``; ``--list-presets`` prints this).
+"""Presets of the study runner (``python -m lab.study --preset NAME``; ``--list-presets`` prints this).
 
 - ``evidence``: the arms of ``docs/evidence/nowarmup-d512-2026-11-26`` with its settings.
 - ``screen``: eight differences from the authors' setup, one arm each, plus the warmup and
