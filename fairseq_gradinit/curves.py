@@ -1,7 +1,7 @@
 """Training curves from fairseq-train logs: validation and ``train_inner`` statistics by update.
 
 Pure Python (no torch, no fairseq), shared by ``scripts/plot_curves.py`` and the study runner
-(``fairseq_gradinit.study``). fairseq-train prints, through loggers named after
+of the research lab (``lab.study``). fairseq-train prints, through loggers named after
 the subset:
 
     simple/tqdm log format (default):

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""The study runner: named fairseq-train arms within a wall-time budget (the ``gradinit-study`` command of the installed package, :mod:`fairseq_gradinit.study.cli`)."""
+"""Moved: the study runner is the research lab's ``python -m lab.study`` (this prints where it went)."""
 import sys
 
-from fairseq_gradinit.study.cli import run
+from fairseq_gradinit.moved import study
 
 if __name__ == "__main__":
-    sys.exit(run())
+    sys.exit(study())

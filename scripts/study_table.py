@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""The per-seed table of a finished study (the ``gradinit-study-table`` command of the installed package, :mod:`fairseq_gradinit.tools.study_table`)."""
+"""Moved: the per-seed table of a study is the research lab's ``python -m lab.study_table`` (this prints where it
+went)."""
 import sys
 
-from fairseq_gradinit.tools.study_table import main
+from fairseq_gradinit.moved import study_table
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(study_table())

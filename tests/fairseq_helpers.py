@@ -106,11 +106,11 @@ def run_ranks(cmds: Sequence[Sequence[str]], *, cwd: Path, env: dict, timeout: f
 
 
 def study_main(argv: Sequence[str]):
-    """``scripts/study.py ARGV`` in this process: (exit status, stdout, stderr)."""
+    """``python -m lab.study ARGV`` in this process: (exit status, stdout, stderr)."""
     import io
     from contextlib import redirect_stderr, redirect_stdout
 
-    from fairseq_gradinit.study import cli as study_cli
+    from lab.study import cli as study_cli
 
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):

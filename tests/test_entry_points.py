@@ -13,14 +13,15 @@ import pytest
 
 import fairseq_gradinit
 from fairseq_gradinit.fairseq_plugin.user_dir import user_dir
-from fairseq_gradinit.study.arms import Arm
-from fairseq_gradinit.study.plan import BLEU_MODULE, ArmPlan, StudyConfig
-from fairseq_gradinit.study.runner import bleu_arm_command
-from fairseq_gradinit.study.scheduler import subprocess_env
+from fairseq_gradinit.moved import MOVED
+from lab.study.arms import Arm
+from lab.study.plan import BLEU_MODULE, ArmPlan, StudyConfig
+from lab.study.runner import bleu_arm_command
+from lab.study.scheduler import subprocess_env
 
 REPO = Path(__file__).resolve().parents[1]
 # The whole package, the scripts and the benchmarks: no function over MAX_FUNCTION_LINES lines.
-COMMAND_CODE = ("fairseq_gradinit", "scripts", "benchmarks")
+COMMAND_CODE = ("fairseq_gradinit", "lab", "scripts", "benchmarks")
 MAX_FUNCTION_LINES = 80
 
 
@@ -57,7 +58,7 @@ def target(spec: str):
 
 def test_every_readme_command_is_a_console_script_with_an_importable_function():
     listed, scripts = readme_commands(), console_scripts()
-    assert set(listed) == set(scripts), "README's command list and setup.py's console_scripts differ"
+    assert set(listed) == set(scripts) - set(MOVED), "README's command list and setup.py's console_scripts differ"
     for name, wrapper in listed.items():
         assert callable(target(scripts[name])), name
         if wrapper is not None:  # `python scripts/NAME.py` runs the same function
@@ -123,7 +124,18 @@ def test_functions_are_short(folder):
 
 def test_tests_and_code_name_behaviour_not_tracker_numbers():
     cited = re.compile(r"(?<!fairseq )\bissues?\s+#?\d", re.I)  # upstream projects' issues may be cited
-    found = [f"{p.relative_to(REPO)}:{i}" for folder in ("tests", "fairseq_gradinit", "scripts", "benchmarks")
+    found = [f"{p.relative_to(REPO)}:{i}" for folder in ("tests", "fairseq_gradinit", "lab", "scripts", "benchmarks")
              for p in sorted((REPO / folder).rglob("*.py"))
              for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if cited.search(line)]
     assert found == []
+
+
+@pytest.mark.parametrize("command", sorted(MOVED))
+def test_a_moved_command_says_in_one_line_where_it_went(command, capsys):
+    """Commands that moved to the research lab stay installed as one line that names the new command."""
+    assert console_scripts()[command].startswith("fairseq_gradinit.moved:")
+    assert target(console_scripts()[command])() == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"run `{MOVED[command]} ARGS`" in err and "lab/README.md" in err
+    module = MOVED[command].split()[-1]
+    assert (REPO / (module.replace(".", "/") + ".py")).is_file() or (REPO / module.replace(".", "/")).is_dir()

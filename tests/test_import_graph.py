@@ -1,16 +1,19 @@
-"""The import graph of the whole ``fairseq_gradinit`` package (read from the source, nothing imported):
-no cycle between our modules, and no private (``_name``) name imported from one of our modules into
-another. Imports inside functions count too: a lazy import does not make a cycle acceptable."""
+"""The import graph of the library (``fairseq_gradinit``) and the research lab (``lab``), read from the source,
+nothing imported: no cycle between our modules, no private (``_name``) name imported from one of our modules
+into another, and no arrow from the library to the lab. Imports inside functions count too: a lazy import does
+not make a cycle acceptable."""
 import ast
 import sys
 from pathlib import Path
 
 PACKAGE = "fairseq_gradinit"
-ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+LAB = "lab"
+REPO = Path(__file__).resolve().parents[1]
+ROOTS = (REPO / PACKAGE, REPO / LAB)
 
 
 def module_name(path: Path) -> str:
-    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -19,7 +22,7 @@ def package_of(path: Path, name: str) -> str:
 
 
 def our_modules():
-    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+    return {module_name(p): p for root in ROOTS for p in sorted(root.rglob("*.py"))}
 
 
 def imports_of(path: Path, name: str, modules):
@@ -84,11 +87,25 @@ def find_cycle(edges):
     return None
 
 
-def test_the_graph_sees_the_study_package():
+def test_the_graph_sees_the_lab_and_its_imports_of_the_library():
     edges, _ = import_graph()
-    assert "fairseq_gradinit.study.plan" in edges["fairseq_gradinit.study.runner"]
-    assert "fairseq_gradinit.fairseq_plugin.provenance" in edges["fairseq_gradinit.study.plan"]  # lazy import
-    assert "fairseq_gradinit.curves" in edges["fairseq_gradinit.study.results"]  # from .. import curves
+    assert "lab.study.plan" in edges["lab.study.runner"]
+    assert "fairseq_gradinit.fairseq_plugin.provenance" in edges["lab.study.plan"]  # lazy import
+    assert "fairseq_gradinit.curves" in edges["lab.study.results"]
+
+
+def test_the_library_never_imports_the_lab():
+    """The installed package holds what a GradInit user needs; the lab depends on it, never the reverse (and the
+    lab is not installed, so such an import would fail outside a checkout)."""
+    edges, _ = import_graph()
+    back = sorted(f"{a} -> {b}" for a, targets in edges.items() if a.startswith(PACKAGE)
+                  for b in targets if b.split(".")[0] == LAB)
+    assert not back, back
+    for path in (REPO / PACKAGE).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            assert not [n for n in names if n.split(".")[0] == LAB], path
 
 
 def test_the_checks_catch_a_cycle_and_a_private_import(tmp_path, monkeypatch):
@@ -98,7 +115,8 @@ def test_the_checks_catch_a_cycle_and_a_private_import(tmp_path, monkeypatch):
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "a.py").write_text("from .sub.b import public\n")
     (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import _hidden\n")
-    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "ROOTS", (pkg,))
     edges, private = import_graph()
     assert find_cycle(edges) == [f"{PACKAGE}.a", f"{PACKAGE}.sub.b", f"{PACKAGE}.a"]
     assert private == [f"{PACKAGE}.sub.b imports _hidden from {PACKAGE}.a"]
@@ -113,7 +131,7 @@ def test_package_import_graph_has_no_cycle_and_no_private_imports():
 
 def test_study_arms_and_presets_import_neither_the_planner_nor_fairseq_or_torch():
     for mod in ("arms", "presets", "tables"):
-        tree = ast.parse((ROOT / "study" / f"{mod}.py").read_text(encoding="utf-8"))
+        tree = ast.parse((REPO / LAB / "study" / f"{mod}.py").read_text(encoding="utf-8"))
         imported = set()
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

@@ -593,7 +593,7 @@ def test_docs_name_every_curve_series_the_panels_and_the_warning_threshold():
     from pathlib import Path
 
     from fairseq_gradinit import curves
-    from fairseq_gradinit.study.results import MONITOR_PANELS as STUDY_PANELS
+    from lab.study.results import MONITOR_PANELS as STUDY_PANELS
     from fairseq_gradinit.tools.plot_curves import MONITOR_PANELS as PLOT_PANELS
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "monitor.md").read_text(encoding="utf-8")

@@ -28,9 +28,9 @@ def preset_commands(root: Path, names=None) -> dict:
     presets ``names`` (default: all)."""
     from fairseq_helpers import make_tiny_bin, make_tiny_lm_bin
 
-    from fairseq_gradinit.study import plan as study_plan
-    from fairseq_gradinit.study.plan import StudyConfig
-    from fairseq_gradinit.study.presets import PRESETS
+    from lab.study import plan as study_plan
+    from lab.study.plan import StudyConfig
+    from lab.study.presets import PRESETS
 
     for sub in ("tr", "lm"):
         (root / sub).mkdir(parents=True, exist_ok=True)
@@ -57,7 +57,7 @@ def preset_commands(root: Path, names=None) -> dict:
 def test_every_recorded_preset_keeps_its_commands_and_cache_keys(tmp_path):
     pytest.importorskip("fairseq")
     recorded = json.loads(SNAPSHOT.read_text(encoding="utf-8"))
-    from fairseq_gradinit.study.presets import PRESETS
+    from lab.study.presets import PRESETS
 
     assert set(recorded) <= set(PRESETS), "a recorded preset was removed"
     now = preset_commands(tmp_path, tuple(recorded))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_gradinit.study.presets import PRESETS, call_estimate, how_long, list_presets
+from lab.study.presets import PRESETS, call_estimate, how_long, list_presets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,15 +59,15 @@ def _resolved(tiny_bin, base, args):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     from fairseq_gradinit.fairseq_plugin.option_values import gradinit_config_from_task
-    from fairseq_gradinit.study.arms import merge_args
-    from fairseq_gradinit.study.plan import _parse_fairseq_args
+    from lab.study.arms import merge_args
+    from lab.study.plan import _parse_fairseq_args
 
     ns = _parse_fairseq_args([str(tiny_bin), "--task", "translation_gradinit"] + merge_args(base, args), arm="x")
     return gradinit_config_from_task(convert_namespace_to_omegaconf(ns).task)
 
 
 def test_the_demo_and_lm_notes_state_the_eta_and_gamma_the_plugin_resolves(tiny_bin):
-    from fairseq_gradinit.study.presets import D128_BASE, GI_LM, LM_BASE
+    from lab.study.presets import D128_BASE, GI_LM, LM_BASE
 
     demo = next(a for a in PRESETS["demo"].arms if a.name == "gradinit-s1")
     cfg = _resolved(tiny_bin, PRESETS["demo"].base, demo.args)

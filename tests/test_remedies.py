@@ -194,7 +194,7 @@ def test_a_fingerprint_from_before_an_engine_setting_existed_matches_its_default
 
 
 def test_study_cache_keys_ignore_later_settings_at_their_default():
-    from fairseq_gradinit.study.plan import group_key
+    from lab.study.plan import group_key
 
     base = {"model": {"arch": "x"}, "seed": 1, "gradinit": {"resolved": {"eta": 1e-3}}}
     with_defaults = {**base, "gradinit": {"resolved": {"eta": 1e-3, "max_step_ratio": None, "dropout": False,

@@ -1,4 +1,4 @@
-"""The study runner (scripts/study.py, fairseq_gradinit/study/): arm specs, presets,
+"""The study runner (python -m lab.study, lab/study/): arm specs, presets,
 GradInit groups, the budgeted scheduler, and one end-to-end run on a tiny model on the CPU."""
 import csv
 import dataclasses
@@ -13,16 +13,16 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_gradinit.study import arms as study_arms  # noqa: E402
-from fairseq_gradinit.study import cli as study_cli  # noqa: E402
-from fairseq_gradinit.study import plan as study_plan  # noqa: E402
-from fairseq_gradinit.study import results as study_results  # noqa: E402
-from fairseq_gradinit.study import runner as study_runner  # noqa: E402
-from fairseq_gradinit.study import scheduler as study_scheduler  # noqa: E402
-from fairseq_gradinit.study.arms import Arm  # noqa: E402
-from fairseq_gradinit.study.plan import StudyConfig  # noqa: E402
-from fairseq_gradinit.study.scheduler import Job  # noqa: E402
-from fairseq_gradinit.study.presets import PRESETS, describe_presets  # noqa: E402
+from lab.study import arms as study_arms  # noqa: E402
+from lab.study import cli as study_cli  # noqa: E402
+from lab.study import plan as study_plan  # noqa: E402
+from lab.study import results as study_results  # noqa: E402
+from lab.study import runner as study_runner  # noqa: E402
+from lab.study import scheduler as study_scheduler  # noqa: E402
+from lab.study.arms import Arm  # noqa: E402
+from lab.study.plan import StudyConfig  # noqa: E402
+from lab.study.scheduler import Job  # noqa: E402
+from lab.study.presets import PRESETS, describe_presets  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.init_file import compute_only_flags  # noqa: E402
 
 from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
@@ -290,8 +290,10 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
             "--arm", "long=--max-update 100000",
             "--bleu-args", "--max-len-b 5", "--export", str(tmp_path / "export"),
             "--archive", str(tmp_path / "call.tar.gz")]
-    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "study.py"), *argv], capture_output=True,
-                          text=True, timeout=600, cwd=str(tmp_path))
+    # from another folder the lab is found through PYTHONPATH, as lab/README.md says
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-m", "lab.study", *argv], capture_output=True,
+                          text=True, timeout=600, cwd=str(tmp_path), env=env)
     result_file = out / "study.json"
     logs = "\n".join(p.read_text()[-2000:] for p in out.rglob("*.log")) if out.exists() else ""
     assert proc.returncode == 0 and result_file.is_file(), proc.stdout[-3000:] + proc.stderr[-5000:] + logs

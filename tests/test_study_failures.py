@@ -12,8 +12,8 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_gradinit.study import cli as study_cli  # noqa: E402
-from fairseq_gradinit.study import runner as study_runner  # noqa: E402
+from lab.study import cli as study_cli  # noqa: E402
+from lab.study import runner as study_runner  # noqa: E402
 
 TINY = "--arch transformer_iwslt_de_en --encoder-layers 1 --decoder-layers 1 --max-tokens 500 --lr 1e-3"
 VALID_LINE = ("2026-11-27 10:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.5 | nll_loss 9.1 | "
@@ -143,7 +143,7 @@ def test_sigterm_stops_the_study_and_its_jobs_and_leaves_no_temporary_folder(tmp
     cache = tmp_path / "cache"
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "scripts" / "study.py"), str(data), "--out", str(tmp_path / "out"), "--cpu",
+        [sys.executable, "-m", "lab.study", str(data), "--out", str(tmp_path / "out"), "--cpu",
          "--no-bleu", "--gradinit-cache", str(cache), "--base-args", TINY + " --encoder-embed-dim 16 "
          "--decoder-embed-dim 16 --encoder-ffn-embed-dim 32 --decoder-ffn-embed-dim 32 --encoder-attention-heads 2 "
          "--decoder-attention-heads 2 --share-all-embeddings --optimizer adam --num-workers 0",
@@ -190,9 +190,9 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_anything_runs(tm
 
 
 def test_a_damaged_cached_group_is_computed_again_and_said_so(tmp_path, caplog):
-    from fairseq_gradinit.study import plan as study_plan
-    from fairseq_gradinit.study.arms import Arm
-    from fairseq_gradinit.study.plan import StudyConfig
+    from lab.study import plan as study_plan
+    from lab.study.arms import Arm
+    from lab.study.plan import StudyConfig
     import shlex
 
     data = tmp_path / "bin"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_gradinit.study import archive as study_archive
-from fairseq_gradinit.study import estimate as est
-from fairseq_gradinit.study.presets import HOLD, call_estimate, describe_presets
+from lab.study import archive as study_archive
+from lab.study import estimate as est
+from lab.study.presets import HOLD, call_estimate, describe_presets
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +80,7 @@ def test_hold_calls_state_their_duration_and_fit_eight_minutes():
 
 
 def test_a_call_gives_its_settings_as_defaults():
-    from fairseq_gradinit.study import cli as study_cli
+    from lab.study import cli as study_cli
 
     args = study_cli.build_parser().parse_args(["data", "--out", "o", "--preset", "hold", "--call", "A"])
     cfg = study_cli.config_from_args(args)
@@ -191,7 +191,7 @@ def test_docs_state_the_hold_command_and_its_estimate():
 
 
 def test_cpu_presets_state_their_measured_duration_in_the_listing_and_the_dry_run(sep_bin, tmp_path):
-    from fairseq_gradinit.study.presets import PRESETS
+    from lab.study.presets import PRESETS
 
     listing = describe_presets(("demo", "lm"))
     assert listing.count("duration where measured:") == 2

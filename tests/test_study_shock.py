@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_gradinit.study.arms import option_groups
-from fairseq_gradinit.study.presets import SHOCK, call_estimate, describe_presets, seed_twin
+from lab.study.arms import option_groups
+from lab.study.presets import SHOCK, call_estimate, describe_presets, seed_twin
 
 REPO = Path(__file__).resolve().parents[1]
 ARMS = {arm.name: arm for arm in SHOCK.arms}
@@ -87,7 +87,7 @@ def test_seed_twins_compute_their_own_scales_where_the_arm_applied_seed_1_scales
 
 
 def test_a_repeat_call_needs_the_arms_named():
-    from fairseq_gradinit.study import cli as study_cli
+    from lab.study import cli as study_cli
 
     parser = study_cli.build_parser()
     with pytest.raises(ValueError, match="pass --arms NAME"):

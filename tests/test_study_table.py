@@ -1,4 +1,4 @@
-"""scripts/study_table.py and fairseq_gradinit.study.tables: the per-seed confirmation table."""
+"""python -m lab.study_table and lab.study.tables: the per-seed confirmation table."""
 import csv
 import json
 import subprocess
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_gradinit.study.tables import build_table, markdown, split_arm_name, to_json
+from lab.study.tables import build_table, markdown, split_arm_name, to_json
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "study_table.py"
+REPO = Path(__file__).resolve().parents[1]
+LAB_TABLE = [sys.executable, "-m", "lab.study_table"]  # run from the checkout's root
 FIELDS = ("arm", "num_updates", "valid_loss", "valid_nll_loss", "train_loss", "train_nll_loss",
           "loss_scale", "lr", "gnorm", "wall_s")
 
@@ -64,16 +65,16 @@ def test_mean_needs_every_seed(tmp_path):
 def test_cli(tmp_path):
     (tmp_path / "s").mkdir()
     d = _study(tmp_path / "s", {"g-s1": {100: (9.0, 9.5)}, "g-s2": {100: (8.0, 8.5)}})
-    out = subprocess.run([sys.executable, str(SCRIPT), str(d), "--updates", "100", "--json", str(tmp_path / "t.json")],
-                         capture_output=True, text=True)
+    out = subprocess.run([*LAB_TABLE, str(d), "--updates", "100", "--json", str(tmp_path / "t.json")],
+                         capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert "| `g` | **mean** | 8.50 |" in out.stdout
     assert json.loads((tmp_path / "t.json").read_text())["means"]["g"]["train"] == 9.0
-    bad = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True)
+    bad = subprocess.run([*LAB_TABLE, str(tmp_path)], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "has no curves.csv" in bad.stderr and "Traceback" not in bad.stderr
-    bad = subprocess.run([sys.executable, str(SCRIPT), str(d), "--updates", "x"], capture_output=True, text=True)
+    bad = subprocess.run([*LAB_TABLE, str(d), "--updates", "x"], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "--updates" in bad.stderr
-    bad = subprocess.run([sys.executable, str(SCRIPT), str(d), "--arms", "nope"], capture_output=True, text=True)
+    bad = subprocess.run([*LAB_TABLE, str(d), "--arms", "nope"], capture_output=True, text=True, cwd=REPO)
     assert bad.returncode == 2 and "arms not in" in bad.stderr
 
 
@@ -103,7 +104,7 @@ def test_partial_or_damaged_curves_csv_is_refused_naming_file_and_line(tmp_path,
     build_table(d, updates=[100])  # the whole file is fine
     csv_path = d / "curves.csv"
     csv_path.write_text(damage(csv_path.read_text()))
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(d), "--updates", "100"], capture_output=True, text=True)
+    proc = subprocess.run([*LAB_TABLE, str(d), "--updates", "100"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert proc.stderr.startswith("study_table: error: ") and proc.stderr.count("\n") == 1, proc.stderr
     assert expected in proc.stderr and str(csv_path) in proc.stderr, proc.stderr
@@ -112,7 +113,7 @@ def test_partial_or_damaged_curves_csv_is_refused_naming_file_and_line(tmp_path,
 def test_damaged_bleu_json_is_named(tmp_path):
     d = _study(tmp_path, {"g-s1": {100: (9.0, 8.5)}})
     (d / "bleu.json").write_text('{"update": 100, "arms": ')
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(d), "--updates", "100"], capture_output=True, text=True)
+    proc = subprocess.run([*LAB_TABLE, str(d), "--updates", "100"], capture_output=True, text=True, cwd=REPO)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
-    assert proc.stderr.startswith(f"study_table: error: {d / 'bleu.json'} is not a bleu.json of scripts/study.py (")
+    assert proc.stderr.startswith(f"study_table: error: {d / 'bleu.json'} is not a bleu.json of python -m lab.study (")
     assert proc.stderr.count("\n") == 1

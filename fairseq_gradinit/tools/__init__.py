@@ -6,7 +6,6 @@
 - ``gradinit-report`` (:mod:`.gradinit_report`): the per-layer report of a ``gradinit.json``.
 - ``gradinit-valid-loss-modes`` (:mod:`.valid_loss_modes`): a checkpoint's validation loss in eval and
   train mode.
-- ``gradinit-study-table`` (:mod:`.study_table`): the per-seed table of a finished study.
 - ``gradinit-plot-curves`` (:mod:`.plot_curves`): training curves of fairseq-train logs.
 - ``gradinit-train-vision`` (:mod:`.train_vision`): the paper's CIFAR recipe with GradInit or MetaInit.
 """

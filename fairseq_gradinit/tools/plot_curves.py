@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
-# The parsing and plotting live in the package (shared with the study runner, scripts/study.py);
+# The parsing and plotting live in the package (shared with the research lab's study runner);
 # importing fairseq_gradinit.curves needs neither torch nor fairseq.
 from ..curves import (  # noqa: F401  (re-exported: this module's API)
     Curve,

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .plan import PACKAGE_DIR, StudyConfig
+from .plan import PACKAGE_DIR, REPO_ROOT, StudyConfig
 
 logger = logging.getLogger(__name__)
 
@@ -136,8 +136,9 @@ def run_jobs(jobs: Sequence[Job], *, parallel: int, deadline: Optional[float] = 
 
 def subprocess_env(cfg: StudyConfig) -> Dict[str, str]:
     env = dict(os.environ)
-    # The subprocesses (python -m ...) import the same copy of the package as this process.
-    env["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_DIR.parent)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    # The subprocesses (python -m ...) import the same copies of the library and the lab as this process.
+    first = list(dict.fromkeys([str(PACKAGE_DIR.parent), str(REPO_ROOT)]))
+    env["PYTHONPATH"] = os.pathsep.join(first + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env.setdefault("PYTHONUNBUFFERED", "1")
     # The jobs run in the caller's folder (its relative paths mean what they meant to the caller);
     # this keeps `python -m` from importing a package of that folder instead of this one.

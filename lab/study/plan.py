@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+import fairseq_gradinit
+
 from .arms import Arm, has_option, merge_args, substitute_files
 
-#: The package this study runs from (its installed location): fairseq's ``--user-dir`` for the arms and
-#: the BLEU step, and the folder the subprocesses import it from.
-PACKAGE_DIR = Path(__file__).resolve().parents[1]
-REPO_ROOT = PACKAGE_DIR.parent  # the presets' evidence files are relative to the source checkout
+#: The library this study runs (its installed location): fairseq's ``--user-dir`` for the arms and the
+#: BLEU step, and the folder the subprocesses import it from.
+PACKAGE_DIR = Path(fairseq_gradinit.__file__).resolve().parent
+#: The checkout holding this lab: the presets' evidence files are relative to it, and the subprocesses
+#: import the lab from it.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 #: The BLEU step, run as ``python -m BLEU_MODULE``.
 BLEU_MODULE = "fairseq_gradinit.tools.evaluate_bleu"
 
@@ -126,7 +130,7 @@ def _parse_fairseq_args(argv: Sequence[str], *, arm: str):
     """fairseq's own parse of a fairseq-train command line (with the plugin's tasks and models)."""
     from fairseq import options
 
-    from .. import fairseq_plugin  # noqa: F401  (registers the plugin's tasks, options and models)
+    import fairseq_gradinit.fairseq_plugin  # noqa: F401  (registers the plugin's tasks, options and models)
 
     err = io.StringIO()
     try:
@@ -138,7 +142,7 @@ def _parse_fairseq_args(argv: Sequence[str], *, arm: str):
 
 
 def group_key(fp: Mapping) -> str:
-    from ..fairseq_plugin.provenance import COMPARED_KEYS, stable_fingerprint
+    from fairseq_gradinit.fairseq_plugin.provenance import COMPARED_KEYS, stable_fingerprint
 
     fp = stable_fingerprint(fp)
     compared = {k: fp.get(k) for k in COMPARED_KEYS}
@@ -148,7 +152,7 @@ def group_key(fp: Mapping) -> str:
 def cached_scales_match(group_dir: Path, fp: Mapping) -> bool:
     """Whether ``group_dir`` holds scales computed for fingerprint ``fp`` (the sidecar
     ``fingerprint.json``, and the one inside ``gradinit.json`` where the task records it)."""
-    from ..fairseq_plugin.provenance import fingerprint_diff
+    from fairseq_gradinit.fairseq_plugin.provenance import fingerprint_diff
 
     scales, side = group_dir / "gradinit.json", group_dir / "fingerprint.json"
     if not scales.is_file() or not side.is_file():
@@ -167,7 +171,7 @@ def cached_scales_match(group_dir: Path, fp: Mapping) -> bool:
 
 def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup]]:
     """Each arm's fairseq-train arguments (validated by fairseq's parser) and the GradInit groups."""
-    from ..fairseq_plugin.provenance import fingerprint_from_args
+    from fairseq_gradinit.fairseq_plugin.provenance import fingerprint_from_args
 
     base = merge_args(study_defaults(cfg), list(cfg.base))
     if cfg.cpu and not has_option(base, "--cpu"):
@@ -210,7 +214,7 @@ def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup
 def arm_command(cfg: StudyConfig, plan: ArmPlan, groups: Mapping[str, GradInitGroup]) -> List[str]:
     argv = list(plan.argv)
     if plan.group is not None:
-        from ..fairseq_plugin.init_file import compute_only_flags
+        from fairseq_gradinit.fairseq_plugin.init_file import compute_only_flags
 
         # The group's phase computed the scales with these settings; the arm only applies them.
         argv = merge_args(argv, ["--gradinit-init-file", str(groups[plan.group].scales_file)],
@@ -227,7 +231,7 @@ def bleu_command(cfg: StudyConfig) -> List[str]:
 
 
 def phase_command(cfg: StudyConfig, group: GradInitGroup, save_dir: Path) -> List[str]:
-    return [cfg.python, "-m", "fairseq_gradinit.study", "gradinit-phase",
+    return [cfg.python, "-m", "lab.study", "gradinit-phase",
             *group.phase_argv, "--save-dir", str(save_dir)]
 
 
@@ -244,7 +248,7 @@ def gradinit_phase_main(argv: Sequence[str]) -> int:
     from fairseq.dataclass.initialize import add_defaults
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from ..fairseq_plugin.training import build_from_config
+    from fairseq_gradinit.fairseq_plugin.training import build_from_config
 
     args = _parse_fairseq_args(argv, arm="gradinit-phase")
     cfg = convert_namespace_to_omegaconf(args)

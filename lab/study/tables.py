@@ -1,8 +1,8 @@
 """Per-seed tables of a finished study: validation loss at chosen updates, training loss, BLEU.
 
-Reads what ``scripts/study.py`` writes into its ``--out`` folder (``curves.csv``, ``bleu.json``) and
+Reads what ``python -m lab.study`` writes into its ``--out`` folder (``curves.csv``, ``bleu.json``) and
 groups arms named ``CONFIG-sN`` by configuration, so that seeds are shown one per row with their
-mean under them. Pure Python: used by ``scripts/study_table.py``.
+mean under them. Pure Python: used by ``python -m lab.study_table``.
 """
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def read_curves_csv(path: Path) -> Dict[str, Dict[str, Dict[int, float]]]:
     """
     out: Dict[str, Dict[str, Dict[int, float]]] = {}
     seen: Dict[Tuple[str, int], int] = {}
-    advice = "rewrite it with scripts/study.py (or restore it from the study's export)"
+    advice = "rewrite it with python -m lab.study (or restore it from the study's export)"
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)
@@ -72,7 +72,7 @@ def read_curves_csv(path: Path) -> Dict[str, Dict[str, Dict[int, float]]]:
             raise ValueError(f"{path} is empty (no header line): it is not a whole curves.csv; {advice}")
         if "arm" not in header or "num_updates" not in header:
             raise ValueError(f"{path}, line 1: the header {header[:4]} lacks the columns 'arm' and 'num_updates'; "
-                             f"it is not a curves.csv of scripts/study.py")
+                             f"it is not a curves.csv of python -m lab.study")
         for fields in reader:
             line = reader.line_num
             if not fields:
@@ -115,15 +115,15 @@ def check_against_study_json(curves: Mapping[str, Mapping[str, Mapping[int, floa
         arms = json.loads(study_json.read_text(encoding="utf-8"))["arms"]
         recorded = {name: int(a.get("last_update") or 0) for name, a in arms.items() if a.get("trained")}
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{study_json} is not a study.json of scripts/study.py ({type(e).__name__}: {e})") from None
+        raise ValueError(f"{study_json} is not a study.json of python -m lab.study ({type(e).__name__}: {e})") from None
     for name, last in recorded.items():
         logged = [u for col in curves.get(name, {}).values() for u in col]
         if last > 0 and not logged:
             raise ValueError(f"{csv_path} has no rows of arm {name!r}, which {study_json} says reached update "
-                             f"{last}: the file is incomplete; rewrite it with scripts/study.py")
+                             f"{last}: the file is incomplete; rewrite it with python -m lab.study")
         if logged and max(logged) < last:
             raise ValueError(f"{csv_path} ends arm {name!r} at update {max(logged)}, but {study_json} says it reached "
-                             f"update {last}: the file is incomplete; rewrite it with scripts/study.py")
+                             f"update {last}: the file is incomplete; rewrite it with python -m lab.study")
 
 
 def _at_or_before(curve: Mapping[int, float], update: int) -> Optional[float]:
@@ -139,7 +139,7 @@ def build_table(study_dir: Path, *, updates: Sequence[int], train_at: Optional[i
     study_dir = Path(study_dir)
     csv_path = study_dir / "curves.csv"
     if not csv_path.is_file():
-        raise ValueError(f"{study_dir} has no curves.csv: pass the --out folder of a finished scripts/study.py run")
+        raise ValueError(f"{study_dir} has no curves.csv: pass the --out folder of a finished python -m lab.study run")
     if not updates or any(int(u) <= 0 for u in updates):
         raise ValueError(f"updates must be positive integers, got {list(updates)}")
     updates = tuple(sorted(int(u) for u in updates))
@@ -155,8 +155,8 @@ def build_table(study_dir: Path, *, updates: Sequence[int], train_at: Optional[i
             if not isinstance(bleu, dict):
                 raise ValueError(f"'arms' is a {type(bleu).__name__}, not an object")
         except (ValueError, AttributeError) as e:
-            raise ValueError(f"{study_dir / 'bleu.json'} is not a bleu.json of scripts/study.py ({e}); rewrite it "
-                             "with scripts/study.py, or remove it for a table without BLEU") from None
+            raise ValueError(f"{study_dir / 'bleu.json'} is not a bleu.json of python -m lab.study ({e}); rewrite it "
+                             "with python -m lab.study, or remove it for a table without BLEU") from None
     names = list(arms) if arms else list(curves)
     unknown = [n for n in names if n not in curves]
     if unknown:

@@ -1,4 +1,4 @@
-"""Presets of the study runner (``scripts/study.py --preset NAME``; ``--list-presets`` prints this).
+"""Presets of the study runner (``python -m lab.study --preset NAME``; ``--list-presets`` prints this).
 
 - ``evidence``: the arms of ``docs/evidence/nowarmup-d512-2026-11-26`` with its settings.
 - ``screen``: eight differences from the authors' setup, one arm each, plus the warmup and
@@ -699,7 +699,7 @@ def how_long(preset: Preset) -> str:
 def list_presets() -> str:
     """What ``--list-presets`` prints: per preset what it answers, how long it takes and where it is
     documented (``--list-presets NAME`` describes one in full)."""
-    out = ["Presets (scripts/study.py DATA --preset NAME; --list-presets NAME shows its arms and calls):", ""]
+    out = ["Presets (python -m lab.study DATA --preset NAME; --list-presets NAME shows its arms and calls):", ""]
     for p in PRESETS.values():
         out.append(textwrap.fill(f"{p.name}: " + (p.answers or p.summary), 100, subsequent_indent="    "))
         out.append(textwrap.fill("takes: " + how_long(p), 100, initial_indent="    ", subsequent_indent="      "))

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Per-seed table of a finished study (``scripts/study.py --out DIR``): validation loss at chosen
+"""Per-seed table of a finished study (``python -m lab.study --out DIR``): validation loss at chosen
 updates, training loss, BLEU with its sacreBLEU signature, and the mean over seeds of arms named
 ``CONFIG-sN``. Writes Markdown (stdout or ``--md``) and JSON (``--json``).
 
-    python scripts/study_table.py runs/confirm-A --updates 500,1000,2000,3000 --md table.md --json table.json
+    python -m lab.study_table runs/confirm-A --updates 500,1000,2000,3000 --md table.md --json table.json
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..study.tables import build_table, markdown, to_json
+from .study.tables import build_table, markdown, to_json
 
 
 def _updates(text: str):
@@ -26,8 +26,8 @@ def _updates(text: str):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("study_dir", type=Path, help="the --out folder of scripts/study.py")
+    p = argparse.ArgumentParser(prog="python -m lab.study_table", description=__doc__.split("\n\n")[0])
+    p.add_argument("study_dir", type=Path, help="the --out folder of python -m lab.study")
     p.add_argument("--updates", type=_updates, default=[500, 1000, 2000, 3000],
                    help="validation updates to show (default: 500,1000,2000,3000)")
     p.add_argument("--train-at", type=int, help="update of the training-loss column (default: the last of --updates)")

@@ -1,4 +1,4 @@
-"""Command line of the study runner (``gradinit-study``, ``scripts/study.py``)."""
+"""Command line of the study runner (``python -m lab.study``)."""
 from __future__ import annotations
 
 import argparse
@@ -36,7 +36,7 @@ def _key_value(kind: str):
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="study.py",
+        prog="python -m lab.study",
         description="Run named fairseq-train arms (extra arguments on a common base) on one data-bin within a "
                     "wall-time budget; GradInit scales computed once per configuration and reused; curves "
                     "(CSV, PNG, Markdown) and BLEU at the largest common checkpoint, in the same run.")
@@ -153,7 +153,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         raise ValueError("the main data-bin (first argument) is required")
     if args.out is None:
         raise ValueError("--out DIR is required")
-    from ..fairseq_plugin.files import unwritable_folder_reason
+    from fairseq_gradinit.fairseq_plugin.files import unwritable_folder_reason
 
     for flag, folder in (("--out", args.out), ("--gradinit-cache", args.gradinit_cache)):
         reason = unwritable_folder_reason(str(folder)) if folder is not None else None
@@ -238,7 +238,7 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
     if bleu_script is not None:
         args.bleu_script = bleu_script
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
-    from ..fairseq_plugin import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
+    from fairseq_gradinit.fairseq_plugin import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
     from .presets import describe_presets, get_preset, list_presets
 
     if args.list_presets is not None:
@@ -357,8 +357,8 @@ def failed_arm_lines(result: Mapping) -> List[str]:
 
 
 def run() -> int:
-    """The ``gradinit-study`` command: :func:`main` with known third-party warnings hidden."""
-    from ..quiet import hide_known_noise
+    """``python -m lab.study``: :func:`main` with known third-party warnings hidden."""
+    from fairseq_gradinit.quiet import hide_known_noise
 
     hide_known_noise()
     return main()

@@ -8,7 +8,7 @@ import tarfile
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from .. import curves as curve_logs
+from fairseq_gradinit import curves as curve_logs
 from .archive import ARM_FILES
 from .scheduler import Job
 

@@ -1,5 +1,5 @@
 """How long a study call takes on one GPU, estimated from measured throughput of the d=512 setting
-(pure Python; what ``scripts/study.py --dry-run`` and ``--list-presets`` print).
+(pure Python; what ``python -m lab.study --dry-run`` and ``--list-presets`` print).
 
 The figures (:data:`THROUGHPUT`) come from the stored evidence: ``transformer_iwslt_de_en`` (d=512),
 4096-token batches, fp16, several processes sharing one GPU. Processes load the GPU unequally: a

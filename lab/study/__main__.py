@@ -1,8 +1,8 @@
-"""``python -m fairseq_gradinit.study gradinit-phase ARGS`` (a study's GradInit phase) or the study CLI."""
+"""``python -m lab.study gradinit-phase ARGS`` (a study's GradInit phase) or the study CLI."""
 import logging
 import sys
 
-from .cli import main
+from .cli import run
 from .plan import gradinit_phase_main
 
 if __name__ == "__main__":
@@ -10,4 +10,4 @@ if __name__ == "__main__":
         logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
                             stream=sys.stdout)
         sys.exit(gradinit_phase_main(sys.argv[2:]))
-    sys.exit(main())
+    sys.exit(run())

@@ -1,4 +1,4 @@
-"""One archive of everything a study exports (``scripts/study.py --archive PATH.tar.gz``): summaries,
+"""One archive of everything a study exports (``python -m lab.study --archive PATH.tar.gz``): summaries,
 curves, every arm's logs, monitor records and scales, and the GradInit groups it used, so that a call
 whose output must come back as few files returns one, and a later call can reuse its GradInit groups
 (unpack it and pass ``--gradinit-cache DIR/gradinit``). Checkpoints stay out."""
