@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .arms import merge_args
-from .plan import PACKAGE_DIR, ArmPlan, GradInitGroup, StudyConfig, arm_command, bleu_command, phase_command, plan_study
+from .plan import BLEU_LENGTH_LIMITS, PACKAGE_DIR, ArmPlan, GradInitGroup, StudyConfig, arm_command, bleu_command, phase_command, plan_study
 from .results import arm_curves, arm_outcome, checkpoint_updates, common_update, write_curves
 from .scheduler import Job, run_jobs, subprocess_env
 
@@ -40,9 +40,6 @@ def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
 #: ``parallel`` arms decoding at once (a default to override, sized for 1,500 length-limited test
 #: sentences of a d=512 model on one GPU; not a measurement).
 BLEU_SECONDS_PER_ROUND = 30.0
-#: fairseq-generate's length limits in the BLEU step, as the authors decode (untrained arms otherwise
-#: decode every sentence to fairseq's maximum length).
-BLEU_LENGTH_LIMITS = ("--max-len-a", "1.2", "--max-len-b", "10")
 #: Seconds of the BLEU budget left to a translation that stops itself (--time-limit) to write its result.
 BLEU_STOP_GRACE_S = 5.0
 

@@ -48,6 +48,8 @@ from ..curves import (  # noqa: F401  (re-exported: this module's API)
     plot_png,
 )
 
+from ..paths import PNG, TEXT, OutputError, check_output, json_result
+
 #: The monitor panels of the PNG: (y label, series, log scale).
 MONITOR_PANELS = (("loss scale (monitor)", "monitor_loss_scale", True),
                   ("max LayerNorm gain (fixed batch, eval)", "monitor_max_ln_gain_eval", True),
@@ -122,10 +124,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         monitors[label] = parse_monitor_file(path)
 
     out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
     json_path = out.with_name(out.name + ".json")
     md_path = out.with_name(out.name + ".md")
     png_path = out.with_name(out.name + ".png")
+    inputs = {"--run": [path for _, path in args.run], "--monitor": [path for _, path in args.monitor]}
+    try:
+        for path, kind in ((json_path, json_result("curves of gradinit-plot-curves", "metric", "runs")),
+                           (md_path, TEXT), (png_path, PNG)):
+            check_output("--out", path, kind, inputs=inputs)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
 
     json_path.write_text(
         json.dumps(curves_to_json(curves, args.metric, args.subset, sources, monitors), indent=2) + "\n",
