@@ -55,7 +55,8 @@ def test_a_failed_gradinit_phase_with_bleu_on_finishes_the_study_and_a_rerun_wor
     data.mkdir()
     for name in ("dict.de.txt", "dict.en.txt"):
         (data / name).write_text("a 1\n")
-    (data / "train.de-en.de.idx").write_bytes(b"")  # the split the GradInit arm reads (never read here)
+    for split in ("train", "test"):  # the split the GradInit arm reads, and BLEU's (never read here)
+        (data / f"{split}.de-en.de.idx").write_bytes(b"")
     out = tmp_path / "out"
     script = tmp_path / "bleu.py"
     script.write_text("")
@@ -94,7 +95,8 @@ def test_a_study_from_any_folder_resolves_paths_against_it(tmp_path, monkeypatch
     (work / "bin").mkdir(parents=True)
     for name in ("dict.de.txt", "dict.en.txt"):
         (work / "bin" / name).write_text("a 1\n")
-    (work / "bin" / "train.de-en.de.idx").write_bytes(b"")
+    for split in ("train", "test"):
+        (work / "bin" / f"{split}.de-en.de.idx").write_bytes(b"")
     (work / "scales.json").write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
     (work / "bleu.py").write_text("")
     seen = []

@@ -15,6 +15,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from ..paths import FOLDER, TAR_GZ, check_output
 from .archive import SUMMARY_FILES, check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
+from .merge import earlier_study
 from .estimate import THROUGHPUT, CallEstimate, estimate_call, plan_jobs
 from .plan import REPO_ROOT, ArmPlan, check_bleu_step, GradInitGroup, StudyConfig, arm_command, plan_study
 from .results import export_results, summary_table
@@ -186,6 +187,7 @@ def check_study_paths(args: argparse.Namespace, cfg: StudyConfig) -> None:
         check_output("--archive", args.archive, TAR_GZ, inputs={**inputs, "--out": cfg.out})
     if cfg.bleu and cfg.arms:
         check_bleu_step(cfg)
+    earlier_study(cfg)  # an earlier study in --out must be one whose arms can be merged with these
 
 
 def describe_plan(cfg: StudyConfig, plans: Sequence[ArmPlan], groups: Mapping[str, GradInitGroup]) -> str:

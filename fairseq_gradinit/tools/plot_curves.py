@@ -37,7 +37,9 @@ from typing import Dict, Optional, Sequence, Tuple
 # importing fairseq_gradinit.curves needs neither torch nor fairseq.
 from ..curves import (  # noqa: F401  (re-exported: this module's API)
     Curve,
+    log_file_problem,
     markdown_table,
+    monitor_file_problem,
     parse_log,
     parse_log_file,
     parse_monitor_file,
@@ -107,6 +109,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not path.is_file():
             print(f"error: log file not found for run {label!r}: {path}", file=sys.stderr)
             return 1
+        problem = log_file_problem(path)
+        if problem:
+            print(f"error: --run {label}={path} is not a fairseq-train log: {problem}; give the log fairseq-train "
+                  "printed (e.g. its stdout saved with tee)", file=sys.stderr)
+            return 2
         curves[label] = parse_log_file(path, metric=args.metric, subset=args.subset)
         sources[label] = str(path)
         if not curves[label]:
@@ -121,6 +128,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not path.is_file():
             print(f"error: monitor file not found for run {label!r}: {path}", file=sys.stderr)
             return 1
+        problem = monitor_file_problem(path)
+        if problem:
+            print(f"error: --monitor {label}={path} is not a monitor.jsonl of --gradinit-monitor-interval: {problem}; "
+                  "give the monitor.jsonl in the run's --save-dir", file=sys.stderr)
+            return 2
         monitors[label] = parse_monitor_file(path)
 
     out: Path = args.out
