@@ -244,7 +244,7 @@ def _tiny_bin(path: Path) -> Path:
     return path
 
 
-def test_a_second_study_into_the_same_out_merges_its_arms(tmp_path, monkeypatch, capsys):
+def test_a_second_study_into_the_same_out_merges_its_arms(tmp_path, monkeypatch, capsys, caplog):
     """The earlier arms stay in study.json, curves.csv and bleu.json; other settings are refused before
     anything runs."""
     data = _tiny_bin(tmp_path / "bin")
@@ -254,14 +254,17 @@ def test_a_second_study_into_the_same_out_merges_its_arms(tmp_path, monkeypatch,
     common = [str(data), "--out", str(out), "--cpu", "--base-args", TINY, "--max-update", "2", "--save-every", "2"]
     monkeypatch.setattr(study_runner, "run_jobs", fake_jobs(phase_fails=False))
     assert study_cli.main(common + ["--arm", "a=--seed 2"], bleu_script=script) == 0
+    caplog.set_level("INFO")
     assert study_cli.main(common + ["--arm", "b=--seed 3"], bleu_script=script) == 0
+    assert f"study: merged with the earlier study in {out} (its arms a)" in caplog.text
     result = json.loads((out / "study.json").read_text())
     assert list(result["arms"]) == ["a", "b"] and result["merged_arms"] == ["a"]
     assert result["arms"]["a"]["run"]["status"] == result["arms"]["b"]["run"]["status"] == "done"
     rows = (out / "curves.csv").read_text().splitlines()[1:]
     assert sorted({r.split(",")[0] for r in rows}) == ["a", "b"]
     bleu = json.loads((out / "bleu.json").read_text())
-    assert {n: e["bleu"] for n, e in bleu["arms"].items()} == {"a": 1.0, "b": 1.0} and bleu["update"] == 2
+    assert {n: (e["bleu"], e["update"]) for n, e in bleu["arms"].items()} == {"a": (1.0, 2), "b": (1.0, 2)}
+    assert bleu["update"] == 2
     assert result["bleu"] == bleu
     capsys.readouterr()
 
@@ -272,6 +275,16 @@ def test_a_second_study_into_the_same_out_merges_its_arms(tmp_path, monkeypatch,
     err = capsys.readouterr().err
     assert code == 2 and f"error: --out {out} holds a study with other settings (max_update 2 -> 4): its arms and " \
         "this study's would not be comparable in one table; use another --out" in err, err
+    for extra, differs in ((["--base-args", TINY + " --dropout 0.2"], "base arguments "),
+                           (["--bleu-subset", "train"], "BLEU on test against T- lines -> train against T- lines"),
+                           (["--no-bleu", "--valid-every", "50"], "valid_every 100 -> 50")):
+        code = study_cli.main(common + extra + ["--arm", "c=--seed 4"], bleu_script=script)
+        err = capsys.readouterr().err
+        assert code == 2 and "holds a study with other settings (" + differs in err, err
+    code = study_cli.main(common + ["--arm", "a=--seed 2"], bleu_script=script)  # an arm that ran: not again
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {out / 'arms' / 'a'} is not empty: fairseq would resume from it" in err, err
+    assert (out / "study.json").read_bytes() == before
     (out / "study.json").write_text('{"arms": ')  # cut off: not merged blindly, not overwritten
     code = study_cli.main(common + ["--arm", "c=--seed 4"], bleu_script=script)
     err = capsys.readouterr().err
@@ -292,6 +305,8 @@ def test_a_second_study_into_the_same_out_merges_its_arms(tmp_path, monkeypatch,
                                "them, or pass --no-bleu"),
     (["--bleu-ref", "{tmp}/latin1.en"], "--bleu-ref {tmp}/latin1.en, line 2: byte 0xe9 at byte 2 of the line is not "
                                         "UTF-8; the references must be UTF-8 text"),
+    (["--arm", "y=--dropout abc"], "arm y: fairseq-train rejects its arguments: __main__.py: error: argument "
+                                   "--dropout: invalid float value: 'abc'"),
     (["--bleu-ref", "{tmp}/short.en"], "--bleu-ref {tmp}/short.en has 2 lines, but the split 'test' of {tmp}/bin has "
                                        "3 sentences: line i of the references must be sentence i of the split"),
 ])
@@ -312,3 +327,14 @@ def test_what_would_fail_after_the_study_is_refused_before_anything_runs(tmp_pat
     err = capsys.readouterr().err
     assert code == 2 and f"error: {expected.format(**fill)}" in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists() and (tmp_path / "notes.tgz").read_text() == "my notes\n"
+
+
+def test_merged_bleu_names_one_update_only_when_every_score_is_at_it():
+    from fairseq_gradinit.study.merge import merge_bleu
+
+    earlier = {"update": 2, "arms": {"a": {"bleu": 1.0}, "gone": {"bleu": 3.0}}}
+    now = {"update": 4, "arms": {"b": {"bleu": 2.0}}}
+    merged = merge_bleu(earlier, now, kept={"a": {}})
+    assert merged["update"] is None and merged["arms"] == {"a": {"bleu": 1.0, "update": 2},
+                                                            "b": {"bleu": 2.0, "update": 4}}
+    assert merge_bleu(earlier, dict(now, update=2), kept={"a": {}})["update"] == 2

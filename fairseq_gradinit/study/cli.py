@@ -266,9 +266,9 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
                       file=sys.stderr)  # noqa: T201
                 return 1
             return 0
+        plans, groups = plan_study(cfg)  # each arm parsed by fairseq's parser before --out is created
         handler = _log_to_file(Path(cfg.out))
         if gpu is not None and not cfg.cpu:
-            plans, groups = plan_study(cfg)
             est, _ = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
             logger.info("study: %s", est.describe())
         with termination_signals_interrupt():
