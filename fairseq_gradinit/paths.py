@@ -123,7 +123,7 @@ def kind_problem(path: Path, kind: Kind) -> Optional[str]:
     return None
 
 
-def check_output(flag: str, path: PathLike, kind: Kind, *, inputs: Mapping[str, Any] = {},
+def check_output(flag: str, path: PathLike, kind: Kind, *, inputs: Optional[Mapping[str, Any]] = None,
                  writes: Sequence[str] = ()) -> None:
     """Refuse (:class:`OutputError`) to write ``path`` (given as ``flag``) when it is, or replaces, one of
     ``inputs`` (``{flag: path or paths}``), when an existing file there is not of ``kind``, or when no
@@ -131,7 +131,7 @@ def check_output(flag: str, path: PathLike, kind: Kind, *, inputs: Mapping[str, 
     input: an input inside them counts)."""
     target = resolved(path)
     written = [target / name for name in writes] if kind.folder else [target]
-    for inp_flag, inp in _flat_inputs(inputs):
+    for inp_flag, inp in _flat_inputs(inputs or {}):
         real = resolved(inp)
         for w in written:
             if _is_or_inside(real, w):

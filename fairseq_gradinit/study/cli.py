@@ -15,9 +15,9 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from ..paths import FOLDER, TAR_GZ, check_output
 from .archive import SUMMARY_FILES, check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
-from .merge import earlier_study
 from .estimate import THROUGHPUT, CallEstimate, estimate_call, plan_jobs
-from .plan import REPO_ROOT, ArmPlan, check_bleu_step, GradInitGroup, StudyConfig, arm_command, plan_study
+from .merge import earlier_study
+from .plan import REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, check_bleu_step, plan_study
 from .results import export_results, summary_table
 from .runner import bleu_budget_s, run_study
 
@@ -177,7 +177,8 @@ def check_study_paths(args: argparse.Namespace, cfg: StudyConfig) -> None:
     the BLEU step's inputs are usable (ValueError)."""
     inputs = {"data-bin": list(cfg.data.values()), "--file": list(cfg.files.values()), "--bleu-ref": cfg.bleu_ref,
               "--arms-file": args.arms_file}
-    check_output("--out", cfg.out, FOLDER, inputs=inputs, writes=SUMMARY_FILES + ("arms",))
+    arm_dirs = tuple(f"arms/{arm.name}" for arm in cfg.arms)  # an earlier arm's files may be inputs
+    check_output("--out", cfg.out, FOLDER, inputs=inputs, writes=SUMMARY_FILES + arm_dirs)
     if cfg.gradinit_cache is not None:
         check_output("--gradinit-cache", cfg.gradinit_cache, FOLDER, inputs=inputs)
     if args.export is not None:  # it gets copies of --out's summaries
