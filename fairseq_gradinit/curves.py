@@ -197,6 +197,37 @@ def parse_monitor_file(path: Path) -> Dict[str, Curve]:
         return parse_monitor(f)
 
 
+#: The start of every line fairseq's logging writes ("2024-01-01 12:00:00 | INFO | name | ...").
+_FAIRSEQ_LOG_LINE_RE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| [A-Z]+ \| [\w.]+ \| ")
+#: The record types of ``monitor.jsonl`` (docs/monitor.md); a file with none of them is another kind.
+MONITOR_TYPES = ("start", "interval", "overflow")
+
+
+def log_file_problem(path: Path) -> Optional[str]:
+    """Why ``path`` is not a fairseq-train log (no line in fairseq's logging format), or None."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        if any(_FAIRSEQ_LOG_LINE_RE.match(line) for line in f):
+            return None
+    return "no line of it is in fairseq's logging format ('DATE TIME | LEVEL | NAME | ...')"
+
+
+def monitor_file_problem(path: Path) -> Optional[str]:
+    """Why ``path`` is not a ``monitor.jsonl`` of the training monitor (no record with a ``type`` of
+    :data:`MONITOR_TYPES`, or a ``start`` record without the ``version`` that wrote it), or None."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for n, line in enumerate(f, 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if not isinstance(record, dict) or record.get("type") not in MONITOR_TYPES:
+                continue
+            if record["type"] == "start" and "version" not in record:
+                return f"its start record (line {n}) has no 'version'"
+            return None
+    return f"no line of it is a monitor record (a JSON object whose 'type' is one of {', '.join(MONITOR_TYPES)})"
+
+
 def _fmt(value: Optional[float]) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "–"

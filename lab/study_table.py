@@ -12,6 +12,8 @@ import json
 import sys
 from pathlib import Path
 
+from fairseq_gradinit.paths import TEXT, OutputError, check_output, json_result
+
 from .study.tables import build_table, markdown, to_json
 
 
@@ -35,7 +37,13 @@ def main(argv=None) -> int:
     p.add_argument("--md", type=Path, help="write the Markdown table here (default: print it)")
     p.add_argument("--json", type=Path, help="also write the numbers as JSON here")
     args = p.parse_args(argv)
+    inputs = {"study_dir": [args.study_dir / n for n in ("curves.csv", "study.json", "bleu.json")]}
     try:
+        if args.md:
+            check_output("--md", args.md, TEXT, inputs=inputs)
+        if args.json:
+            check_output("--json", args.json, json_result("a table of gradinit-study-table", "updates", "train_at"),
+                         inputs=inputs)
         table = build_table(args.study_dir, updates=args.updates, train_at=args.train_at,
                             arms=args.arms.split(",") if args.arms else None)
     except (ValueError, OSError) as e:

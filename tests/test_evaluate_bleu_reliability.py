@@ -87,3 +87,30 @@ def test_a_failing_generate_shows_its_traceback_once(tiny_data, tmp_path, capsys
     err = capsys.readouterr().err
     assert rc == 1 and err.count("Traceback (most recent call last)") == 1, err[-2000:]
     assert err.strip().splitlines()[-1].startswith("error: fairseq-generate failed (exit 1): ")
+
+
+@pytest.mark.parametrize("case", ["a line missing", "not UTF-8", "binary --from-output"])
+def test_unusable_references_and_outputs_are_refused_before_generate(tiny_data, tmp_path, monkeypatch, capsys, case):
+    """References that cannot be the split's line for line, or are not text, and a generate output that is not
+    text: one argument error before fairseq-generate starts (before: a UnicodeDecodeError traceback, or a
+    shifted --ref scored after the whole decode)."""
+    monkeypatch.setattr(evaluate_bleu, "run_generate", lambda *a, **k: pytest.fail("fairseq-generate was started"))
+    lines = (tiny_data.parent / "test.en").read_text(encoding="utf-8").splitlines()
+    ckpt = tmp_path / "checkpoint.pt"
+    ckpt.write_bytes(b"")
+    ref = tmp_path / "ref.en"
+    if case == "a line missing":
+        ref.write_text("\n".join(lines[1:]) + "\n", encoding="utf-8")
+        argv = [str(tiny_data), "--path", str(ckpt), "--ref", str(ref), "--cpu"]
+        expected = (f"error: argument --ref: {ref} has {len(lines) - 1} lines, but the split 'test' of {tiny_data} has "
+                    f"{len(lines)} sentences: line i of the references must be sentence i of the split")
+    elif case == "not UTF-8":
+        ref.write_bytes(b"ok\n" + "d\u00e9j\u00e0 vu".encode("latin-1") + b"\n")
+        argv = [str(tiny_data), "--path", str(ckpt), "--ref", str(ref), "--cpu"]
+        expected = f"error: argument --ref: {ref}, line 2: byte 0xe9 at byte 2 of the line is not UTF-8"
+    else:
+        ckpt.write_bytes(b"PK\x03\x04\x80\x81binary")
+        argv = [str(tiny_data), "--from-output", str(ckpt), "--output-json", str(tmp_path / "bleu.json")]
+        expected = f"error: argument --from-output: {ckpt}, line 1: byte 0x80 at byte 5 of the line is not UTF-8"
+    err = _refusal(argv, capsys)
+    assert expected in err, err

@@ -398,3 +398,37 @@ def test_train_vision_warns_about_init_flags_its_init_does_not_read(tmp_path, ca
     assert train_vision.check_init_options(meta) == ["--gradinit-gamma 2.0"]
     gi = tv_args(None, "--init", "gradinit", "--gradinit-gamma", "2", "--metainit-batch-size", "32")
     assert train_vision.check_init_options(gi) == ["--metainit-batch-size 32"]
+
+
+@pytest.mark.parametrize("width", ["0", "-1", "nan"])
+def test_train_vision_width_must_be_positive(tmp_path, capsys, width):
+    with pytest.raises(SystemExit) as exc:
+        train_vision.get_args_parser().parse_args(TINY + ["--output-dir", str(tmp_path / "run"), "--width", width])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err
+    assert "argument --width: invalid value" in err and "expected a finite number > 0" in err, err
+
+
+def test_plot_curves_refuses_a_log_or_monitor_file_of_another_kind(tmp_path, capsys):
+    """A --run that is no fairseq-train log, or a --monitor that is no monitor.jsonl (e.g. the two swapped):
+    one error, exit status 2, nothing written (before: an empty curve with a warning, or empty panels)."""
+    from fairseq_gradinit.tools import plot_curves
+
+    log = tmp_path / "train.log"
+    log.write_text("2026-11-27 10:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.5 | "
+                   "num_updates 2\n")
+    monitor = tmp_path / "monitor.jsonl"
+    monitor.write_text(json.dumps({"type": "start", "update": 0, "time": 1, "version": "0.5.0"}) + "\n" +
+                       json.dumps({"type": "interval", "update": 2, "loss_scale": 128.0}) + "\n")
+    out = tmp_path / "curves"
+    assert plot_curves.main(["--run", f"a={monitor}", "--out", str(out), "--no-png"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --run a={monitor} is not a fairseq-train log: no line of it is in fairseq's logging format" in err
+    assert plot_curves.main(["--run", f"a={log}", "--monitor", f"a={log}", "--out", str(out), "--no-png"]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --monitor a={log} is not a monitor.jsonl of --gradinit-monitor-interval: no line of it is a " \
+        "monitor record (a JSON object whose 'type' is one of start, interval, overflow)" in err, err
+    monitor.write_text(json.dumps({"type": "start", "update": 0}) + "\n")  # a record without its schema's version
+    assert plot_curves.main(["--run", f"a={log}", "--monitor", f"a={monitor}", "--out", str(out), "--no-png"]) == 2
+    assert "its start record (line 1) has no 'version'" in capsys.readouterr().err
+    assert not list(tmp_path.glob("curves.*"))

@@ -219,7 +219,7 @@ def test_plot_curves_main_writes_json_and_markdown(tmp_path, capsys):
 
 def test_plot_curves_adds_a_training_monitor(tmp_path, capsys):
     (tmp_path / "a.log").write_text(SIMPLE_LOG, encoding="utf-8")
-    records = [{"type": "start", "update": 0},
+    records = [{"type": "start", "update": 0, "time": 1, "version": "0.5.0"},
                {"type": "interval", "update": 100, "loss_scale": 64.0, "overflows": 0,
                 "summary": {"max_ln_gain_eval": 1.2, "max_update_ratio": 0.01}},
                {"type": "overflow", "update": 150},

@@ -55,7 +55,8 @@ def test_a_failed_gradinit_phase_with_bleu_on_finishes_the_study_and_a_rerun_wor
     data.mkdir()
     for name in ("dict.de.txt", "dict.en.txt"):
         (data / name).write_text("a 1\n")
-    (data / "train.de-en.de.idx").write_bytes(b"")  # the split the GradInit arm reads (never read here)
+    for split in ("train", "test"):  # the split the GradInit arm reads, and BLEU's (never read here)
+        (data / f"{split}.de-en.de.idx").write_bytes(b"")
     out = tmp_path / "out"
     script = tmp_path / "bleu.py"
     script.write_text("")
@@ -94,7 +95,8 @@ def test_a_study_from_any_folder_resolves_paths_against_it(tmp_path, monkeypatch
     (work / "bin").mkdir(parents=True)
     for name in ("dict.de.txt", "dict.en.txt"):
         (work / "bin" / name).write_text("a 1\n")
-    (work / "bin" / "train.de-en.de.idx").write_bytes(b"")
+    for split in ("train", "test"):
+        (work / "bin" / f"{split}.de-en.de.idx").write_bytes(b"")
     (work / "scales.json").write_text(json.dumps({"scales": {"encoder.embed_tokens.weight": 0.5}}))
     (work / "bleu.py").write_text("")
     seen = []
@@ -231,3 +233,108 @@ def test_bad_study_numbers_are_refused_before_anything_runs(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert code == 2 and f"error: {expected}" in err and "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
+
+
+def _tiny_bin(path: Path) -> Path:
+    path.mkdir()
+    for name in ("dict.de.txt", "dict.en.txt"):
+        (path / name).write_text("a 1\n")
+    for split in ("train", "test"):
+        (path / f"{split}.de-en.de.idx").write_bytes(b"")
+    return path
+
+
+def test_a_second_study_into_the_same_out_merges_its_arms(tmp_path, monkeypatch, capsys, caplog):
+    """The earlier arms stay in study.json, curves.csv and bleu.json; other settings are refused before
+    anything runs."""
+    data = _tiny_bin(tmp_path / "bin")
+    script = tmp_path / "bleu.py"
+    script.write_text("")
+    out = tmp_path / "out"
+    common = [str(data), "--out", str(out), "--cpu", "--base-args", TINY, "--max-update", "2", "--save-every", "2"]
+    monkeypatch.setattr(study_runner, "run_jobs", fake_jobs(phase_fails=False))
+    assert study_cli.main(common + ["--arm", "a=--seed 2"], bleu_script=script) == 0
+    caplog.set_level("INFO")
+    assert study_cli.main(common + ["--arm", "b=--seed 3"], bleu_script=script) == 0
+    assert f"study: merged with the earlier study in {out} (its arms a)" in caplog.text
+    result = json.loads((out / "study.json").read_text())
+    assert list(result["arms"]) == ["a", "b"] and result["merged_arms"] == ["a"]
+    assert result["arms"]["a"]["run"]["status"] == result["arms"]["b"]["run"]["status"] == "done"
+    rows = (out / "curves.csv").read_text().splitlines()[1:]
+    assert sorted({r.split(",")[0] for r in rows}) == ["a", "b"]
+    bleu = json.loads((out / "bleu.json").read_text())
+    assert {n: (e["bleu"], e["update"]) for n, e in bleu["arms"].items()} == {"a": (1.0, 2), "b": (1.0, 2)}
+    assert bleu["update"] == 2
+    assert result["bleu"] == bleu
+    capsys.readouterr()
+
+    monkeypatch.setattr(study_runner, "run_jobs", lambda *a, **k: pytest.fail("a job was started"))
+    before = (out / "study.json").read_bytes()
+    code = study_cli.main(common[:-4] + ["--max-update", "4", "--save-every", "2", "--arm", "c=--seed 4"],
+                          bleu_script=script)
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: --out {out} holds a study with other settings (max_update 2 -> 4): its arms and " \
+        "this study's would not be comparable in one table; use another --out" in err, err
+    for extra, differs in ((["--base-args", TINY + " --dropout 0.2"], "base arguments "),
+                           (["--bleu-subset", "train"], "BLEU on test against T- lines -> train against T- lines"),
+                           (["--no-bleu", "--valid-every", "50"], "valid_every 100 -> 50")):
+        code = study_cli.main(common + extra + ["--arm", "c=--seed 4"], bleu_script=script)
+        err = capsys.readouterr().err
+        assert code == 2 and "holds a study with other settings (" + differs in err, err
+    code = study_cli.main(common + ["--arm", "a=--seed 2"], bleu_script=script)  # an arm that ran: not again
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {out / 'arms' / 'a'} is not empty: fairseq would resume from it" in err, err
+    assert (out / "study.json").read_bytes() == before
+    (out / "study.json").write_text('{"arms": ')  # cut off: not merged blindly, not overwritten
+    code = study_cli.main(common + ["--arm", "c=--seed 4"], bleu_script=script)
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: --out {out} holds {out / 'study.json'}, which is not a study.json of this study " \
+        "runner (JSONDecodeError" in err, err
+    assert before != (out / "study.json").read_bytes() == b'{"arms": '
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--archive", "{blocker}/call.tar.gz"], "--archive {blocker}/call.tar.gz: {blocker} is a file, not a folder; "
+                                              "give a path you can write"),
+    (["--archive", "{tmp}/notes.tgz"], "--archive {tmp}/notes.tgz exists and it does not start as a .tar.gz "
+                                       "archive does"),
+    (["--export", "{tmp}/out"], "--export {tmp}/out (its study.json) is the input --out {tmp}/out/study.json"),
+    (["--bleu-args=--lenpen abc"], "--bleu-args: fairseq-generate rejects them: __main__.py: error: argument "
+                                   "--lenpen: invalid float value: 'abc'"),
+    (["--bleu-subset", "tst"], "--bleu-subset tst: {tmp}/bin has no such split (it has: test, train); pick one of "
+                               "them, or pass --no-bleu"),
+    (["--bleu-ref", "{tmp}/latin1.en"], "--bleu-ref {tmp}/latin1.en, line 2: byte 0xe9 at byte 2 of the line is not "
+                                        "UTF-8; the references must be UTF-8 text"),
+    (["--arm", "y=--dropout abc"], "arm y: fairseq-train rejects its arguments: __main__.py: error: argument "
+                                   "--dropout: invalid float value: 'abc'"),
+    (["--bleu-ref", "{tmp}/short.en"], "--bleu-ref {tmp}/short.en has 2 lines, but the split 'test' of {tmp}/bin has "
+                                       "3 sentences: line i of the references must be sentence i of the split"),
+])
+def test_what_would_fail_after_the_study_is_refused_before_anything_runs(tmp_path, monkeypatch, capsys, extra,
+                                                                         expected):
+    monkeypatch.setattr(study_runner, "run_jobs", lambda *a, **k: pytest.fail("a job was started"))
+    _tiny_bin(tmp_path / "bin")
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    (tmp_path / "notes.tgz").write_text("my notes\n")
+    (tmp_path / "latin1.en").write_bytes(b"fine\nd\xe9j\xe0 vu\n")
+    (tmp_path / "short.en").write_text("one\ntwo\n")
+    # the test split's index header: fairseq's mmap format, 3 sentences
+    (tmp_path / "bin" / "test.de-en.de.idx").write_bytes(b"MMIDIDX\x00\x00" + bytes(9) + (3).to_bytes(8, "little"))
+    fill = {"tmp": tmp_path, "blocker": blocker}
+    code = study_cli.main([str(tmp_path / "bin"), "--out", str(tmp_path / "out"), "--cpu", "--base-args", TINY,
+                           "--arm", "x=--seed 2", *[e.format(**fill) for e in extra]])
+    err = capsys.readouterr().err
+    assert code == 2 and f"error: {expected.format(**fill)}" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists() and (tmp_path / "notes.tgz").read_text() == "my notes\n"
+
+
+def test_merged_bleu_names_one_update_only_when_every_score_is_at_it():
+    from lab.study.merge import merge_bleu
+
+    earlier = {"update": 2, "arms": {"a": {"bleu": 1.0}, "gone": {"bleu": 3.0}}}
+    now = {"update": 4, "arms": {"b": {"bleu": 2.0}}}
+    merged = merge_bleu(earlier, now, kept={"a": {}})
+    assert merged["update"] is None and merged["arms"] == {"a": {"bleu": 1.0, "update": 2},
+                                                            "b": {"bleu": 2.0, "update": 4}}
+    assert merge_bleu(earlier, dict(now, update=2), kept={"a": {}})["update"] == 2

@@ -8,6 +8,8 @@ import os
 import tempfile
 from typing import List, Optional
 
+from ..paths import unwritable_folder_reason  # noqa: F401  (the one path check, shared with the commands)
+
 
 
 def _umask() -> int:
@@ -45,20 +47,6 @@ def remove_stale_temp_files(directory: str, name: str) -> List[str]:
             os.unlink(tmp)
             removed.append(tmp)
     return removed
-
-
-def unwritable_folder_reason(path: str) -> Optional[str]:
-    """Why no folder can be created or written at ``path`` ('D is a file', 'is below the file F',
-    'cannot write into D (permission denied)'), or None. Creates nothing."""
-    path = os.path.abspath(path)
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        return "is a file, not a folder" if existing == path else f"is below the file {existing}, not a folder"
-    if not os.access(existing, os.W_OK | os.X_OK):
-        return f"cannot be written: no permission to write into {existing}"
-    return None
 
 
 def write_result(path: str, obj: dict) -> Optional[str]:

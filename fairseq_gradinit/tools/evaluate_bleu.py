@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from ..argtypes import positive_int
 from ..checkpoints import load_trusted_checkpoint, trusted_loading_env
+from ..paths import TEXT, OutputError, check_output, json_result, utf8_problem
 from ..quiet import quiet_command
 
 #: The installed package, fairseq's ``--user-dir`` for this plugin.
@@ -330,6 +331,53 @@ def plugin_need(path: Path) -> Optional[str]:
     if arch.startswith(PLUGIN_ARCHS):
         return f"its architecture {arch} is the plugin's"
     return None
+
+
+def reference_problem(ref: Path, data: Optional[Path], subset: str) -> Optional[str]:
+    """Why ``ref`` cannot be the plain-text references of the split ``subset`` of ``data``: unreadable,
+    not UTF-8, or not one line per sentence of the split (line i is sentence i); None when it may be."""
+    if not ref.is_file():
+        return f"{ref} is not a file" if ref.exists() else f"{ref}: no such file"
+    problem = utf8_problem(ref)
+    if problem:
+        return f"{ref}, {problem}; the references must be UTF-8 text (convert them, e.g. iconv -f latin1 -t utf-8)"
+    expected = subset_size(data, subset) if data is not None and Path(data).is_dir() else None
+    if expected is not None:
+        n = len(read_reference_file(ref))
+        if n != expected:
+            return (f"{ref} has {n} lines, but the split {subset!r} of {data} has {expected} sentences: line i of the "
+                    "references must be sentence i of the split; pass the plain-text target file of that split")
+    return None
+
+
+def check_paths(args) -> None:
+    """Before any work: the files read are readable text, ``--ref`` has one line per sentence of the split
+    (when the split is translated here), and no file written is an input or a file of another kind
+    (``ArgumentProblem``)."""
+    if args.ref is not None:
+        problem = reference_problem(args.ref, None if args.from_output is not None else args.data, args.gen_subset)
+        if problem:
+            raise ArgumentProblem(f"argument --ref: {problem}")
+    if args.from_output is not None and args.from_output.is_file():
+        problem = utf8_problem(args.from_output)
+        if problem:
+            raise ArgumentProblem(f"argument --from-output: {args.from_output}, {problem}; give the text that "
+                                  "fairseq-generate printed (saved with --save-output)")
+    inputs = {"data": args.data, "--path": args.path, "--ref": args.ref, "--from-output": args.from_output}
+    out_json = args.output_json
+    if out_json is None and args.path is not None and args.from_output is None:
+        out_json = default_json_path(args.path, args.gen_subset)
+    try:
+        if out_json is not None:
+            check_output("--output-json", out_json, json_result("a BLEU result of gradinit-evaluate-bleu", "bleu"),
+                         inputs=inputs)
+        if args.save_output is not None:
+            check_output("--save-output", args.save_output, TEXT, inputs=inputs)
+        if args.progress_json is not None:
+            check_output("--progress-json", args.progress_json,
+                         json_result("a decode rate of gradinit-evaluate-bleu", "sentences_done"), inputs=inputs)
+    except OutputError as e:
+        raise ArgumentProblem(str(e)) from None
 
 
 #: Batches on a CUDA GPU: 16,384 tokens and up to 1,024 sentences fill one with a d=512 model at beam 5
@@ -688,6 +736,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
     args = parser.parse_args(own)
     try:
+        check_paths(args)
         return evaluate(args, extra)
     except ArgumentProblem as exc:
         parser.error(str(exc))

@@ -25,6 +25,7 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 from ..argtypes import int_at_least
+from ..paths import PNG, OutputError, check_output, json_result
 from ..quiet import quiet_command
 
 logger = logging.getLogger("gradinit_report")
@@ -32,6 +33,8 @@ logger = logging.getLogger("gradinit_report")
 
 def split_argv(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     argv = list(argv)
+    if "--" not in argv and ("-h" in argv or "--help" in argv):
+        return argv, []  # the parser prints the help and exits 0
     if "--" not in argv:
         raise SystemExit("error: put the fairseq-train arguments after '--', e.g. "
                          "gradinit_report.py --gradinit-json G --out O -- DATA --arch transformer_iwslt_de_en ...")
@@ -62,12 +65,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def check_report_outputs(args, train_argv: Sequence[str]) -> None:
+    """OUT.json and OUT.png are neither the ``--gradinit-json`` nor a file of the fairseq-train command line."""
+    inputs = {"--gradinit-json": args.gradinit_json,
+              "(fairseq-train argument)": [a for a in train_argv if not a.startswith("-") and os.path.exists(a)]}
+    check_output("--out", args.out + ".json", json_result("a report of gradinit-report", "meta"), inputs=inputs)
+    if not args.health_only:
+        check_output("--out", args.out + ".png", PNG, inputs=inputs)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, train_argv = split_argv(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(own)
     if args.health_only and args.no_health:
         parser.error("--health-only and --no-health exclude each other")
+    try:
+        check_report_outputs(args, train_argv)
+    except OutputError as e:
+        parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     if args.batches < 2:
         logger.error("--batches must be at least 2 (a standard deviation needs two minibatches)")

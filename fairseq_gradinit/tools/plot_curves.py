@@ -37,7 +37,9 @@ from typing import Dict, Optional, Sequence, Tuple
 # importing fairseq_gradinit.curves needs neither torch nor fairseq.
 from ..curves import (  # noqa: F401  (re-exported: this module's API)
     Curve,
+    log_file_problem,
     markdown_table,
+    monitor_file_problem,
     parse_log,
     parse_log_file,
     parse_monitor_file,
@@ -47,6 +49,8 @@ from ..curves import (  # noqa: F401  (re-exported: this module's API)
     plot_panels,
     plot_png,
 )
+
+from ..paths import PNG, TEXT, OutputError, check_output, json_result
 
 #: The monitor panels of the PNG: (y label, series, log scale).
 MONITOR_PANELS = (("loss scale (monitor)", "monitor_loss_scale", True),
@@ -108,6 +112,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not path.is_file():
             print(f"error: log file not found for run {label!r}: {path}", file=sys.stderr)
             return 1
+        problem = log_file_problem(path)
+        if problem:
+            print(f"error: --run {label}={path} is not a fairseq-train log: {problem}; give the log fairseq-train "
+                  "printed (e.g. its stdout saved with tee)", file=sys.stderr)
+            return 2
         curves[label] = parse_log_file(path, metric=args.metric, subset=args.subset)
         sources[label] = str(path)
         if not curves[label]:
@@ -122,13 +131,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if not path.is_file():
             print(f"error: monitor file not found for run {label!r}: {path}", file=sys.stderr)
             return 1
+        problem = monitor_file_problem(path)
+        if problem:
+            print(f"error: --monitor {label}={path} is not a monitor.jsonl of --gradinit-monitor-interval: {problem}; "
+                  "give the monitor.jsonl in the run's --save-dir", file=sys.stderr)
+            return 2
         monitors[label] = parse_monitor_file(path)
 
     out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
     json_path = out.with_name(out.name + ".json")
     md_path = out.with_name(out.name + ".md")
     png_path = out.with_name(out.name + ".png")
+    inputs = {"--run": [path for _, path in args.run], "--monitor": [path for _, path in args.monitor]}
+    try:
+        for path, kind in ((json_path, json_result("curves of gradinit-plot-curves", "metric", "runs")),
+                           (md_path, TEXT), (png_path, PNG)):
+            check_output("--out", path, kind, inputs=inputs)
+    except OutputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out.parent.mkdir(parents=True, exist_ok=True)
 
     json_path.write_text(
         json.dumps(curves_to_json(curves, args.metric, args.subset, sources, monitors), indent=2) + "\n",

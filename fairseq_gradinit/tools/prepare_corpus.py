@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence
 from ..argtypes import float_in, int_at_least
+from ..paths import FOLDER, OutputError, check_output, utf8_problem
 from ..quiet import quiet_command
 
 logger = logging.getLogger("prepare_corpus")
@@ -175,17 +176,11 @@ def count_lines(path: Path) -> int:
 def count_utf8_lines(path: Path) -> int:
     """Number of lines of ``path``; raises :class:`PrepareError` naming the first line that is not UTF-8
     (SentencePiece and fairseq would otherwise fail later with a decoding traceback)."""
-    n = 0
-    with open(path, "rb") as f:
-        for n, line in enumerate(f, 1):
-            try:
-                line.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise PrepareError(
-                    f"{path}, line {n}: byte 0x{line[e.start]:02x} at byte {e.start + 1} of the line is not "
-                    "UTF-8; the corpus must be UTF-8 text (convert it first, e.g. iconv -f latin1 -t utf-8)"
-                ) from None
-    return n
+    problem = utf8_problem(path)
+    if problem:
+        raise PrepareError(f"{path}, {problem}; the corpus must be UTF-8 text (convert it first, e.g. "
+                           "iconv -f latin1 -t utf-8)")
+    return count_lines(path)
 
 
 def read_lines(path: Path, limit: Optional[int] = None) -> Iterator[str]:
@@ -360,7 +355,7 @@ def prepare(args) -> dict:
                 ", ".join(f"{k} {v}" for k, v in input_counts.items()))
 
     out: Path = args.out
-    stage = check_out(out, overwrite=args.overwrite)
+    stage = check_out(out, overwrite=args.overwrite, corpus_dir=args.corpus_dir)
     try:
         summary = build(args, stage, out, t_start)
         swap_in(stage, out)
@@ -384,11 +379,15 @@ def staging_dir(out: Path) -> Path:
     return out.parent / f".{out.name}.partial"
 
 
-def check_out(out: Path, *, overwrite: bool) -> Path:
+def check_out(out: Path, *, overwrite: bool, corpus_dir: Optional[Path] = None) -> Path:
     """Refuse an unusable ``--out``; returns a fresh, empty staging folder."""
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise PrepareUsageError(f"--out {out}: {existing} is an existing file, not a folder; give a folder path")
+    try:  # what --overwrite replaces must not hold the corpus
+        check_output("--out", out, FOLDER, inputs={"corpus_dir": corpus_dir}, writes=("spm", "bin", SUMMARY))
+    except OutputError as e:
+        raise PrepareUsageError(str(e)) from None
     if (out / SUMMARY).is_file() and not overwrite:
         raise PrepareError(f"{out} already holds prepared data ({SUMMARY}); pass --overwrite to replace it")
     partial = [name for name in ("spm", "bin") if (out / name).exists()]

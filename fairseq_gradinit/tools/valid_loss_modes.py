@@ -21,6 +21,7 @@ from typing import Optional
 
 import torch
 from ..argtypes import positive_int
+from ..paths import OutputError, check_output, json_result
 
 
 
@@ -80,6 +81,13 @@ def main(argv=None) -> dict:
     error = data_error(Path(args.data), args.subset)
     if error:
         parser.error(error)
+    if args.output_json:
+        try:
+            check_output("--output-json", args.output_json,
+                         json_result("a result of gradinit-valid-loss-modes", "loss_eval", "loss_dropout_on"),
+                         inputs={"--path": ckpt, "data": args.data})
+        except OutputError as e:
+            parser.error(str(e))
     from fairseq import checkpoint_utils, utils
 
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (the task; checkpoint loading on torch >= 2.6)

@@ -12,10 +12,12 @@ import threading
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .archive import check_archive_path, pack_study
+from fairseq_gradinit.paths import FOLDER, TAR_GZ, check_output
+from .archive import SUMMARY_FILES, check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
 from .estimate import THROUGHPUT, CallEstimate, estimate_call, plan_jobs
-from .plan import REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, plan_study
+from .merge import earlier_study
+from .plan import REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, check_bleu_step, plan_study
 from .results import export_results, summary_table
 from .runner import bleu_budget_s, run_study
 
@@ -193,6 +195,26 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     )
 
 
+def check_study_paths(args: argparse.Namespace, cfg: StudyConfig) -> None:
+    """Before anything runs: no folder or file the study writes (``--out``, ``--gradinit-cache``,
+    ``--export``, ``--archive``) is one of its inputs or a file of another kind, each can be written, and
+    the BLEU step's inputs are usable (ValueError)."""
+    inputs = {"data-bin": list(cfg.data.values()), "--file": list(cfg.files.values()), "--bleu-ref": cfg.bleu_ref,
+              "--arms-file": args.arms_file}
+    arm_dirs = tuple(f"arms/{arm.name}" for arm in cfg.arms)  # an earlier arm's files may be inputs
+    check_output("--out", cfg.out, FOLDER, inputs=inputs, writes=SUMMARY_FILES + arm_dirs)
+    if cfg.gradinit_cache is not None:
+        check_output("--gradinit-cache", cfg.gradinit_cache, FOLDER, inputs=inputs)
+    if args.export is not None:  # it gets copies of --out's summaries
+        check_output("--export", args.export, FOLDER, writes=SUMMARY_FILES + ("logs.tar.gz", "gradinit.tar.gz"),
+                     inputs={**inputs, "--out": [cfg.out / name for name in SUMMARY_FILES]})
+    if args.archive is not None:
+        check_output("--archive", args.archive, TAR_GZ, inputs={**inputs, "--out": cfg.out})
+    if cfg.bleu and cfg.arms:
+        check_bleu_step(cfg)
+    earlier_study(cfg)  # an earlier study in --out must be one whose arms can be merged with these
+
+
 def describe_plan(cfg: StudyConfig, plans: Sequence[ArmPlan], groups: Mapping[str, GradInitGroup]) -> str:
     lines = []
     for key, g in groups.items():
@@ -254,6 +276,7 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
         if args.archive is not None:
             check_archive_path(args.archive)
         cfg = config_from_args(args)
+        check_study_paths(args, cfg)
         preset = get_preset(args.preset) if args.preset else None
         call = preset.call(args.call) if preset is not None and args.call else None
         gpu = args.gpu or (preset.throughput if preset is not None else None)
@@ -273,9 +296,9 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
                       file=sys.stderr)  # noqa: T201
                 return 1
             return 0
+        plans, groups = plan_study(cfg)  # each arm parsed by fairseq's parser before --out is created
         handler = _log_to_file(Path(cfg.out))
         if gpu is not None and not cfg.cpu:
-            plans, groups = plan_study(cfg)
             est, _ = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
             logger.info("study: %s", est.describe())
         with termination_signals_interrupt():

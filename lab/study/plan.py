@@ -27,6 +27,9 @@ BLEU_MODULE = "fairseq_gradinit.tools.evaluate_bleu"
 
 logger = logging.getLogger(__name__)
 
+#: fairseq-generate's length limits in the BLEU step, as the authors decode (untrained arms otherwise
+#: decode every sentence to fairseq's maximum length).
+BLEU_LENGTH_LIMITS = ("--max-len-a", "1.2", "--max-len-b", "10")
 #: Options the runner sets itself for every arm.
 RESERVED_OPTIONS = ("--save-dir", "--stop-time-hours", "--user-dir")
 
@@ -126,19 +129,41 @@ def study_defaults(cfg: StudyConfig) -> List[str]:
             "--no-save-optimizer-state"]
 
 
-def _parse_fairseq_args(argv: Sequence[str], *, arm: str):
-    """fairseq's own parse of a fairseq-train command line (with the plugin's tasks and models)."""
+def _parse_fairseq_args(argv: Sequence[str], *, arm: str, generate: bool = False):
+    """fairseq's own parse of a fairseq-train command line (with the plugin's tasks and models), or of a
+    fairseq-generate one (``generate``)."""
     from fairseq import options
 
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (registers the plugin's tasks, options and models)
 
     err = io.StringIO()
+    parser = options.get_generation_parser() if generate else options.get_training_parser()
     try:
         with contextlib.redirect_stderr(err):
-            return options.parse_args_and_arch(options.get_training_parser(), input_args=list(argv))
+            return options.parse_args_and_arch(parser, input_args=list(argv))
     except SystemExit:
         msg = err.getvalue().strip().splitlines()
-        raise ValueError(f"arm {arm}: fairseq-train rejects its arguments: {msg[-1] if msg else 'bad arguments'}")
+        who = f"{arm}: fairseq-generate rejects them" if generate else f"arm {arm}: fairseq-train rejects its arguments"
+        raise ValueError(f"{who}: {msg[-1] if msg else 'bad arguments'}")
+
+
+def check_bleu_step(cfg: StudyConfig) -> None:
+    """The BLEU step's inputs, checked before any arm trains (ValueError): its split is in the main
+    data-bin, ``--bleu-ref`` has one UTF-8 line per sentence of it, and fairseq-generate's parser takes
+    ``--bleu-args``."""
+    from fairseq_gradinit.tools.evaluate_bleu import data_subsets, reference_problem
+
+    data = Path(cfg.data["main"])
+    splits = data_subsets(data) if data.is_dir() else []
+    if splits and cfg.bleu_subset not in splits:
+        raise ValueError(f"--bleu-subset {cfg.bleu_subset}: {data} has no such split (it has: {', '.join(splits)}); "
+                         "pick one of them, or pass --no-bleu")
+    if cfg.bleu_ref:
+        problem = reference_problem(Path(cfg.bleu_ref), data, cfg.bleu_subset)
+        if problem:
+            raise ValueError(f"--bleu-ref {problem}")
+    _parse_fairseq_args([str(data), "--path", "checkpoint.pt", "--gen-subset", cfg.bleu_subset,
+                         *merge_args(BLEU_LENGTH_LIMITS, list(cfg.bleu_args))], arm="--bleu-args", generate=True)
 
 
 def group_key(fp: Mapping) -> str:

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .arms import merge_args
-from .plan import PACKAGE_DIR, ArmPlan, GradInitGroup, StudyConfig, arm_command, bleu_command, phase_command, plan_study
+from .merge import earlier_arms, earlier_study, merge_results
+from .plan import BLEU_LENGTH_LIMITS, PACKAGE_DIR, ArmPlan, GradInitGroup, StudyConfig, arm_command, bleu_command, phase_command, plan_study
 from .results import arm_curves, arm_outcome, checkpoint_updates, common_update, write_curves
 from .scheduler import Job, run_jobs, subprocess_env
 
@@ -40,9 +41,6 @@ def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
 #: ``parallel`` arms decoding at once (a default to override, sized for 1,500 length-limited test
 #: sentences of a d=512 model on one GPU; not a measurement).
 BLEU_SECONDS_PER_ROUND = 30.0
-#: fairseq-generate's length limits in the BLEU step, as the authors decode (untrained arms otherwise
-#: decode every sentence to fairseq's maximum length).
-BLEU_LENGTH_LIMITS = ("--max-len-a", "1.2", "--max-len-b", "10")
 #: Seconds of the BLEU budget left to a translation that stops itself (--time-limit) to write its result.
 BLEU_STOP_GRACE_S = 5.0
 
@@ -112,6 +110,7 @@ def run_study(cfg: StudyConfig) -> dict:
     """Plan, run (GradInit phases, arms, BLEU) and write the results; returns ``study.json``'s content."""
     out = Path(cfg.out)
     plans, groups = plan_study(cfg)
+    earlier = earlier_study(cfg)  # a study already in --out: its arms are merged with these
     out.mkdir(parents=True, exist_ok=True)
     (out / "arms").mkdir(exist_ok=True)
     for p in plans:
@@ -133,7 +132,9 @@ def run_study(cfg: StudyConfig) -> dict:
         _keep_failed_phase_logs(cfg, jobs)
     t_train = time.time()
 
-    all_curves = {name: arm_curves(job.log) for name, job in arm_jobs.items()}
+    all_curves = {name: arm_curves(out / "arms" / name / "train.log")
+                  for name, arm in earlier_arms(earlier, arm_jobs).items() if arm.get("trained")}
+    all_curves.update({name: arm_curves(job.log) for name, job in arm_jobs.items()})
     written = write_curves(out, all_curves) if arm_jobs else {}
     arms_out = {}
     for p in plans:
@@ -161,6 +162,9 @@ def run_study(cfg: StudyConfig) -> dict:
         "bleu": bleu,
         "wall_s": {"gradinit_and_training": round(t_train - t0, 1), "total": round(time.time() - t0, 1)},
     }
+    result = merge_results(earlier, result)
+    if earlier and result["bleu"] is not None:
+        (out / "bleu.json").write_text(json.dumps(result["bleu"], indent=1) + "\n", encoding="utf-8")
     (out / "study.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     return result
 

@@ -33,8 +33,9 @@ from .data import DATASETS, Limited, build_datasets
 from .errors import Interrupted, RunFailure, UsageError
 from .initialization import (GRADINIT_CLI_OPTIONS, INITS, build_model, check_batches, check_init_options,
                              check_model_options, has_batchnorm, run_initialization)
-from .loop import check_output_dir, default_output_dir, load_checkpoint, set_rng_state, train_epochs
-from ...argtypes import positive_int
+from .loop import RUN_FILES, check_output_dir, default_output_dir, load_checkpoint, set_rng_state, train_epochs
+from ...argtypes import float_in, positive_int
+from ...paths import FOLDER, OutputError, check_output
 
 logger = logging.getLogger("train_vision")
 
@@ -59,7 +60,7 @@ def add_model_and_data_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bn", default=None, action=argparse.BooleanOptionalAction,
                    help="with or without BN layers (without: learnable biases instead); default: the "
                    "model's default (BN, except fixup_resnet110)")
-    g.add_argument("--width", default=1.0, type=float, help="channel-width multiplier (1.0 = the paper's network; "
+    g.add_argument("--width", default=1.0, type=float_in(0.0, low_open=True), help="channel-width multiplier (1.0 = the paper's network; "
                    "e.g. 0.25 for quick CPU runs)")
     g.add_argument("--fixup-init", default=None, action=argparse.BooleanOptionalAction,
                    help="fixup_resnet110 only: FixUp's zero initialization (default) or, with --no-fixup-init, "
@@ -147,6 +148,11 @@ def main(args) -> Dict[str, Any]:
         args.batch_size = 64 if args.model.startswith("densenet") else 128
     out_dir = Path(args.output_dir or default_output_dir(args))
     resume = check_output_dir(out_dir, resume=args.resume, overwrite=args.overwrite)
+    try:  # before any data is loaded: a folder written only when the first epoch ends must be writable
+        check_output("--output-dir", out_dir, FOLDER, inputs={"--data-dir": args.data_dir},
+                     writes=RUN_FILES)
+    except OutputError as e:
+        raise UsageError(str(e)) from None
 
     random.seed(args.seed)
     np.random.seed(args.seed)
