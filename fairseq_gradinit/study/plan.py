@@ -52,6 +52,7 @@ class StudyConfig:
     bleu_subset: str = "test"
     bleu_args: Tuple[str, ...] = ()           # passed to fairseq-generate
     bleu_budget_s: Optional[float] = None
+    bleu_parallel: int = 1                    # BLEU decodes at once (each arm gets its share of the budget)
     bleu_script: Optional[Path] = None        # a script to run instead of BLEU_MODULE
     gradinit_cache: Optional[Path] = None     # default OUT/gradinit
     python: str = sys.executable
@@ -65,6 +66,8 @@ class StudyConfig:
             raise ValueError("no arms: pass --preset NAME, --arm NAME=ARGS or --arms-file FILE")
         if self.parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {self.parallel}")
+        if isinstance(self.bleu_parallel, bool) or not isinstance(self.bleu_parallel, int) or self.bleu_parallel < 1:
+            raise ValueError(f"--bleu-parallel must be an integer >= 1, got {self.bleu_parallel!r}")
         for opt in RESERVED_OPTIONS:
             if has_option(self.base, opt):
                 raise ValueError(f"the base arguments set {opt}: the study sets it for every arm; remove it")
