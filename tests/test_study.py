@@ -469,7 +469,9 @@ def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_p
     budgeted = dataclasses.replace(cfg, time_budget_s=600.0, bleu_parallel=2)
     assert [study_runner.bleu_budget_s(budgeted, n) for n in (1, 2, 3, 5)] == [30.0, 30.0, 60.0, 90.0]
     assert study_runner.bleu_budget_s(dataclasses.replace(budgeted, bleu_budget_s=12.0), 5) == 12.0
-    one_at_a_time = dataclasses.replace(cfg, time_budget_s=600.0, parallel=5)  # training parallel does not count
+    at_once = dataclasses.replace(cfg, time_budget_s=600.0, parallel=5)  # by default as many as train at once
+    assert at_once.bleu_at_once == 5 and study_runner.bleu_budget_s(at_once, 5) == 30.0
+    one_at_a_time = dataclasses.replace(at_once, bleu_parallel=1)
     assert [study_runner.bleu_budget_s(one_at_a_time, n) for n in (1, 2, 5)] == [30.0, 60.0, 150.0]
     # each translation's limit is its round's share, less the time to write its result
     assert study_runner.bleu_arm_limit_s(one_at_a_time, 150.0, 5) == 30.0 - study_runner.BLEU_STOP_GRACE_S
@@ -532,8 +534,8 @@ json.dump({"bleu": 3.0, "n_sentences": 6, "argv": sys.argv, "start": start, "end
 
 
 def test_bleu_step_decodes_one_arm_at_a_time_each_within_its_share(tmp_path, monkeypatch):
-    """By default the arms are translated one after the other with all cores each; each gets its share of
-    the budget as --time-limit; bleu.json records the schedule, each arm's batch settings, time and rates."""
+    """With --bleu-parallel 1 the arms are translated one after the other with all cores each; each gets its
+    share of the budget as --time-limit; bleu.json records the schedule, each arm's batch settings, time and rates."""
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     script = tmp_path / "timed_bleu.py"
     script.write_text(TIMED_BLEU)
@@ -544,8 +546,7 @@ def test_bleu_step_decodes_one_arm_at_a_time_each_within_its_share(tmp_path, mon
         (save / "checkpoint_1_10.pt").write_bytes(b"")
         plans.append(study_plan.ArmPlan(arm=Arm(name, ()), argv=[], data=str(tmp_path), save_dir=save))
     cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=tuple(p.arm for p in plans), bleu_script=script,
-                      bleu_budget_s=60.0, parallel=3)
-    assert cfg.bleu_parallel == 1
+                      bleu_budget_s=60.0, parallel=3, bleu_parallel=1)
     result = study_runner.run_bleu(cfg, plans, dict(os.environ, OMP_NUM_THREADS="1"))
     runs = [json.loads((tmp_path / n / "bleu.json").read_text()) for n in ("a", "b", "c")]
     spans = sorted((r["start"], r["end"]) for r in runs)

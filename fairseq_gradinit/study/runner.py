@@ -37,7 +37,7 @@ def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
 
 
 #: With a --time-budget and no --bleu-budget, the BLEU step gets this many seconds per round of
-#: ``bleu_parallel`` arms decoding at once (a default to override, sized for 1,500 length-limited test
+#: arms decoding at once (a default to override, sized for 1,500 length-limited test
 #: sentences of a d=512 model on one GPU, start-up included; not a measurement).
 BLEU_SECONDS_PER_ROUND = 30.0
 #: fairseq-generate's length limits in the BLEU step, as the authors decode (untrained arms otherwise
@@ -60,13 +60,13 @@ def group_entry(group: GradInitGroup, phase: Optional[Job], t0: float) -> dict:
 
 
 def bleu_rounds(cfg: StudyConfig, n_arms: int) -> int:
-    """How many rounds of ``bleu_parallel`` decodes at once the BLEU step of ``n_arms`` arms takes."""
-    return -(-n_arms // cfg.bleu_parallel)
+    """How many rounds of :attr:`~.plan.StudyConfig.bleu_at_once` translations the BLEU step of ``n_arms`` takes."""
+    return -(-n_arms // cfg.bleu_at_once)
 
 
 def bleu_budget_s(cfg: StudyConfig, n_arms: int) -> Optional[float]:
     """Seconds for the BLEU step: ``--bleu-budget``, else, in a run with a ``--time-budget``, sized from
-    the arms (:data:`BLEU_SECONDS_PER_ROUND` per round of ``bleu_parallel`` arms); else no limit."""
+    the arms (:data:`BLEU_SECONDS_PER_ROUND` per round of translations at once); else no limit."""
     if cfg.bleu_budget_s is not None:
         return cfg.bleu_budget_s
     if cfg.time_budget_s is None or n_arms == 0:
@@ -214,7 +214,7 @@ def _no_bleu(p: ArmPlan, reason: str, decode: Optional[dict] = None) -> None:
 def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str], *,
              not_run: Optional[Mapping[str, str]] = None) -> dict:
     """BLEU of every arm at the largest checkpoint update that all arms with checkpoints reached,
-    ``cfg.bleu_parallel`` translations at once, each within its share of the budget.
+    ``cfg.bleu_at_once`` translations at once, each within its round's share of the budget.
 
     ``not_run`` maps the arms that never started (their GradInit phase failed, the budget was
     spent) to why: they get their reason in the study's ``bleu.json`` and no folder of their own,
@@ -247,11 +247,11 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
     jobs = [Job(name=p.arm.name, kind="bleu", log=p.save_dir / "bleu.log",
                 cmd=bleu_arm_command(cfg, p, ckpts[p.arm.name][update], p.save_dir / "bleu.json", time_limit=limit,
                                      gen_args=gen_args)) for p in decoding]
-    step_env = bleu_env(env, cfg.bleu_parallel)
+    step_env = bleu_env(env, cfg.bleu_at_once)
     t0 = time.time()
-    run_jobs(jobs, parallel=cfg.bleu_parallel, env=step_env, cwd=Path.cwd(), deadline=t0 + budget if budget else None)
+    run_jobs(jobs, parallel=cfg.bleu_at_once, env=step_env, cwd=Path.cwd(), deadline=t0 + budget if budget else None)
     result.update(budget_s=budget, schedule={
-        "decodes_at_once": cfg.bleu_parallel, "rounds": bleu_rounds(cfg, len(decoding)), "arm_time_limit_s": limit,
+        "decodes_at_once": cfg.bleu_at_once, "rounds": bleu_rounds(cfg, len(decoding)), "arm_time_limit_s": limit,
         "omp_num_threads": step_env.get("OMP_NUM_THREADS"), "wall_s": round(time.time() - t0, 1)})
     for job in jobs:
         result["arms"][job.name] = _bleu_entry(job, next(p for p in decoding if p.arm.name == job.name),
