@@ -9,8 +9,9 @@ rate and batch settings, and the case's wall time. Cases run one after the other
         --case alone:1 --case alone-4x1k:1:16384:1024 --case five:5 --out bleu_decode.json -- \\
         --max-len-a 1.2 --max-len-b 10
 
-A case is ``NAME:AT_ONCE[:MAX_TOKENS:BATCH_SIZE]`` (no batch settings: evaluate_bleu's defaults for the
-device). Arguments after ``--`` go to fairseq-generate. Each decode gets ``OMP_NUM_THREADS`` = cores //
+A case is ``NAME:AT_ONCE[:MAX_TOKENS:BATCH_SIZE[:stock]]`` (no batch settings: evaluate_bleu's defaults for
+the device; ``stock``: fairseq's own ``fairseq_cli.generate``, which reads source tokens from the device one
+by one, instead of :mod:`fairseq_gradinit.tools.host_generate`). Arguments after ``--`` go to fairseq-generate. Each decode gets ``OMP_NUM_THREADS`` = cores //
 AT_ONCE unless the environment sets it (as the study's BLEU step does).
 """
 from __future__ import annotations
@@ -27,10 +28,15 @@ from typing import List, Optional, Sequence
 
 def parse_case(text: str) -> dict:
     parts = text.split(":")
-    if len(parts) not in (2, 4) or not all(p.isdigit() for p in parts[1:]) or int(parts[1]) < 1:
-        raise argparse.ArgumentTypeError(f"--case {text!r}: give NAME:AT_ONCE or NAME:AT_ONCE:MAX_TOKENS:BATCH_SIZE")
-    case = {"name": parts[0], "at_once": int(parts[1]), "max_tokens": None, "batch_size": None}
-    if len(parts) == 4:
+    stock = len(parts) == 5 and parts[4] == "stock"
+    numbers = parts[1:4 if stock else None]
+    if len(parts) not in (2, 4, 5) or (len(parts) == 5 and not stock) or not all(p.isdigit() for p in numbers) \
+            or int(parts[1]) < 1:
+        raise argparse.ArgumentTypeError(f"--case {text!r}: give NAME:AT_ONCE or NAME:AT_ONCE:MAX_TOKENS:BATCH_SIZE"
+                                         "[:stock]")
+    case = {"name": parts[0], "at_once": int(parts[1]), "max_tokens": None, "batch_size": None,
+            "generate_module": "fairseq_cli.generate" if stock else None}
+    if len(parts) >= 4:
         case.update(max_tokens=int(parts[2]), batch_size=int(parts[3]))
     return case
 
@@ -38,8 +44,9 @@ def parse_case(text: str) -> dict:
 def decode_command(args, case: dict, out_json: Path, extra: Sequence[str]) -> List[str]:
     cmd = [sys.executable, "-m", "fairseq_gradinit.tools.evaluate_bleu", str(args.data), "--path", str(args.path),
            "--beam", str(args.beam), "--gen-subset", args.gen_subset, "--output-json", str(out_json)]
-    for flag, value in (("--user-dir", args.user_dir), ("--ref", args.ref),
-                        ("--max-tokens", case["max_tokens"]), ("--batch-size", case["batch_size"])):
+    for flag, value in (("--user-dir", args.user_dir), ("--ref", args.ref), ("--time-limit", args.time_limit),
+                        ("--max-tokens", case["max_tokens"]), ("--batch-size", case["batch_size"]),
+                        ("--generate-module", case["generate_module"])):
         if value is not None:
             cmd += [flag, str(value)]
     cmd += ["--cpu"] if args.cpu else []
@@ -80,6 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gen-subset", default="test")
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--ref", type=Path, default=None, help="raw reference file (else the T- lines)")
+    p.add_argument("--time-limit", type=float, default=None, help="each decode's --time-limit (seconds)")
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--case", dest="cases", type=parse_case, action="append", required=True,

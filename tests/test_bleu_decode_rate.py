@@ -4,6 +4,7 @@ import json
 import os
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,8 @@ from test_fairseq_plugin import TINY_MODEL, tiny_data, train_inprocess  # noqa: 
 
 
 from fairseq_gradinit.tools import evaluate_bleu  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +67,9 @@ def test_fp16_and_gpu_batches_only_on_cuda(monkeypatch):
     assert "--fp16" in gpu_cmd
     assert gpu_cmd[gpu_cmd.index("--max-tokens") + 1] == str(evaluate_bleu.GPU_MAX_TOKENS)
     assert gpu_cmd[gpu_cmd.index("--batch-size") + 1] == str(evaluate_bleu.GPU_BATCH_SIZE)
+    docs = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8").replace("\n", " ")
+    assert (f"batches of up to {evaluate_bleu.GPU_MAX_TOKENS:,} tokens and {evaluate_bleu.GPU_BATCH_SIZE:,} "
+            "sentences on a GPU") in docs
     on_cpu = evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt", "--fp16", "--cpu"])
     assert evaluate_bleu.decode_device(on_cpu)[1] is False  # --cpu wins even where CUDA exists
 
@@ -164,3 +170,34 @@ def test_host_generate_builds_the_same_strings_from_lists():
     assert wrapped(d, rows[0].as_subclass(Spy)) == original(d, rows[0]) and not seen
     original(d, rows[0].as_subclass(Spy))
     assert seen == ["iter"]
+
+
+def test_decode_benchmark_times_alone_and_at_once(tiny_data, untrained, tmp_path):
+    """benchmarks/bench_bleu_decode.py on the CPU: a case with fairseq's own generate module and given batches
+    alone, then two decodes at once; each decode's result, batch settings and rate are in its JSON."""
+    import bench_bleu_decode  # benchmarks/ is on pytest's pythonpath
+
+    out = tmp_path / "bench.json"
+    rc = bench_bleu_decode.main([str(tiny_data), "--path", str(untrained), "--user-dir", "gradinit", "--cpu",
+                                 "--beam", "2", "--case", "stock:1:400:8:stock", "--case", "two:2", "--out", str(out),
+                                 *FAST_GEN])
+    report = json.loads(out.read_text())
+    assert rc == 0, report
+    stock, two = report["cases"]
+    assert (stock["name"], stock["at_once"], len(stock["decodes"])) == ("stock", 1, 1)
+    assert (two["at_once"], len(two["decodes"])) == (2, 2)
+    assert stock["decodes"][0]["batches"]["max_tokens"] == 400 and stock["decodes"][0]["batches"]["batch_size"] == 8
+    assert two["decodes"][0]["batches"]["max_tokens"] == evaluate_bleu.CPU_MAX_TOKENS
+    for case in (stock, two):
+        assert case["wall_s"] > 0 and case["sentences_per_s"] > 0
+        for d in case["decodes"]:
+            assert d["returncode"] == 0 and d["n_sentences"] == 40 and d["decode"]["sentences_done"] == 40
+            assert 0 < d["wall_s"] <= case["wall_s"]
+    def module(log):
+        running = next(line for line in (tmp_path / "bench" / log).read_text().splitlines() if line.startswith("running: "))
+        return running.split()[3]
+
+    assert module("stock.0.log") == "fairseq_cli.generate"
+    assert module("two.1.log") == "fairseq_gradinit.tools.host_generate"
+    with pytest.raises(SystemExit):
+        bench_bleu_decode.main([str(tiny_data), "--path", "x.pt", "--case", "bad:0", "--out", str(out)])

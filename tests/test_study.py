@@ -563,6 +563,13 @@ def test_bleu_step_decodes_one_arm_at_a_time_each_within_its_share(tmp_path, mon
     assert a["wall_s"] >= 0.3 and a["sentences_per_s_overall"] == round(6 / a["wall_s"], 2)
     assert result["budget_needed_s"] == 3 * (1.0 + study_runner.BLEU_STOP_GRACE_S)
     assert json.loads((tmp_path / "bleu.json").read_text())["schedule"] == schedule
+    # the user docs name these records
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "no-warmup.md").read_text(encoding="utf-8")
+    paragraph = docs[docs.index("**The BLEU step.**"):].split("\n\n")[0]
+    for key in ("schedule", "batches", "wall_s", "sentences_per_s_overall", "decode_rates", "budget_s",
+                "budget_needed_s"):
+        assert f"`{key}`" in paragraph and (key in result or key in a), key
+    assert set(schedule) == {"decodes_at_once", "rounds", "arm_time_limit_s", "omp_num_threads", "wall_s"}
     # two at once: two rounds, half the cores each, and a longer share per translation
     both = study_runner.run_bleu(dataclasses.replace(cfg, bleu_parallel=2), plans, dict(os.environ))
     assert both["schedule"]["rounds"] == 2 and both["schedule"]["omp_num_threads"] == str(max(1, int(cores) // 2))

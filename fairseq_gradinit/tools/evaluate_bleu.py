@@ -373,7 +373,7 @@ def build_generate_command(args, extra: Sequence[str], *, cuda: Optional[bool] =
     if cuda is None:
         cuda = not args.cpu and cuda_available()
     cmd = [
-        sys.executable, "-m", GENERATE_MODULE, str(args.data),
+        sys.executable, "-m", getattr(args, "generate_module", None) or GENERATE_MODULE, str(args.data),
         "--path", str(args.path),
         "--gen-subset", args.gen_subset,
         "--beam", str(args.beam),
@@ -727,6 +727,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "bleu.<checkpoint>.<subset>.json)")
     p.add_argument("--save-output", type=Path, default=None,
                    help="also save the raw fairseq-generate stdout to this file")
+    # benchmarks/bench_bleu_decode.py compares fairseq's own module (fairseq_cli.generate) with GENERATE_MODULE
+    p.add_argument("--generate-module", default=None, help=argparse.SUPPRESS)
     p.add_argument("--from-output", type=Path, default=None,
                    help="do not run fairseq-generate; score this saved generate output instead")
     return p
