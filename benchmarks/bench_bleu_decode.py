@@ -2,8 +2,8 @@
 """Time the BLEU step's translation: one decode alone and several at once, with given batch settings.
 
 Each case runs ``python -m fairseq_gradinit.tools.evaluate_bleu`` (what the study's BLEU step runs) once per
-decode at the same time, and records per decode its wall time (start-up included), its measured decode
-rate and batch settings, and the case's wall time. Cases run one after the other::
+decode at the same time, and records per decode its wall and processor time (start-up included), its
+measured decode rate and batch settings, and the case's wall time. Cases run one after the other::
 
     python benchmarks/bench_bleu_decode.py DATA-BIN --path CKPT --user-dir gradinit --fp16 \\
         --case alone:1 --case alone-4x1k:1:16384:1024 --case five:5 --out bleu_decode.json -- \\
@@ -67,10 +67,14 @@ def run_case(args, case: dict, work: Path, extra: Sequence[str]) -> dict:
                                        stderr=subprocess.STDOUT, env=env), out_json, log))
     decodes = []
     for proc, out_json, log in procs:
-        rc = proc.wait()
+        # the processor time of the decode and of fairseq-generate under it: on a shared host, the figure
+        # that the other processes' load does not stretch
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = rc = os.waitstatus_to_exitcode(status)
         log.close()
         result = json.loads(out_json.read_text()) if out_json.is_file() else {}
-        decodes.append({"returncode": rc, "wall_s": round(time.time() - t0, 2), "bleu": result.get("bleu"),
+        decodes.append({"returncode": rc, "wall_s": round(time.time() - t0, 2),
+                        "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "bleu": result.get("bleu"),
                         "n_sentences": result.get("n_sentences"), "batches": result.get("batches"),
                         "decode": result.get("decode"), "log": str(log.name)})
     wall = time.time() - t0

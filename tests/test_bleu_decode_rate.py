@@ -192,7 +192,7 @@ def test_decode_benchmark_times_alone_and_at_once(tiny_data, untrained, tmp_path
         assert case["wall_s"] > 0 and case["sentences_per_s"] > 0
         for d in case["decodes"]:
             assert d["returncode"] == 0 and d["n_sentences"] == 40 and d["decode"]["sentences_done"] == 40
-            assert 0 < d["wall_s"] <= case["wall_s"]
+            assert 0 < d["wall_s"] <= case["wall_s"] and d["cpu_s"] > 0
     def module(log):
         running = next(line for line in (tmp_path / "bench" / log).read_text().splitlines() if line.startswith("running: "))
         return running.split()[3]
