@@ -570,6 +570,7 @@ def test_bleu_step_decodes_one_arm_at_a_time_each_within_its_share(tmp_path, mon
                 "budget_needed_s"):
         assert f"`{key}`" in paragraph and (key in result or key in a), key
     assert set(schedule) == {"decodes_at_once", "rounds", "arm_time_limit_s", "omp_num_threads", "wall_s"}
+    assert "`benchmarks/bench_bleu_decode.py`" in paragraph and (REPO / "benchmarks" / "bench_bleu_decode.py").is_file()
     # two at once: two rounds, half the cores each, and a longer share per translation
     both = study_runner.run_bleu(dataclasses.replace(cfg, bleu_parallel=2), plans, dict(os.environ))
     assert both["schedule"]["rounds"] == 2 and both["schedule"]["omp_num_threads"] == str(max(1, int(cores) // 2))
