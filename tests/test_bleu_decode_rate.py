@@ -1,7 +1,10 @@
 """scripts/evaluate_bleu.py measures its decode rate while fairseq-generate runs, projects the run's
 length from it, stops at --time-limit, and decodes in fp16 only on a CUDA GPU."""
 import json
+import os
 import struct
+import time
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,8 @@ from test_fairseq_plugin import TINY_MODEL, tiny_data, train_inprocess  # noqa: 
 
 
 from fairseq_gradinit.tools import evaluate_bleu  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +67,9 @@ def test_fp16_and_gpu_batches_only_on_cuda(monkeypatch):
     assert "--fp16" in gpu_cmd
     assert gpu_cmd[gpu_cmd.index("--max-tokens") + 1] == str(evaluate_bleu.GPU_MAX_TOKENS)
     assert gpu_cmd[gpu_cmd.index("--batch-size") + 1] == str(evaluate_bleu.GPU_BATCH_SIZE)
+    docs = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8").replace("\n", " ")
+    assert (f"batches of up to {evaluate_bleu.GPU_MAX_TOKENS:,} tokens and {evaluate_bleu.GPU_BATCH_SIZE:,} "
+            "sentences on a GPU") in docs
     on_cpu = evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt", "--fp16", "--cpu"])
     assert evaluate_bleu.decode_device(on_cpu)[1] is False  # --cpu wins even where CUDA exists
 
@@ -85,6 +93,11 @@ def test_untrained_model_logs_its_rate_and_fp16_stays_fp32_on_the_cpu(tiny_data,
     assert decode["source_tokens_per_s"] > 0 and decode["time_limit_s"] == 300.0
     assert decode["first_chunk"]["sentences_done"] >= 8 and decode["first_chunk"]["projected_total_s"] > 0
     assert json.loads(progress.read_text())["sentences_done"] == 40
+    # the batch settings fairseq-generate ran with: as asked, fairseq's default token limit, no loader process
+    assert result["batches"] == {"max_tokens": None, "batch_size": 8, "num_workers": 0,
+                                 "required_batch_size_multiple": 1, "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+    cmd = result["generate_command"]
+    assert cmd[cmd.index("--batch-size") + 1] == "8" and cmd[cmd.index("--num-workers") + 1] == "0"
 
 
 def test_time_limit_stops_generate_and_keeps_the_rate(tiny_data, untrained, tmp_path, capsys):
@@ -96,3 +109,95 @@ def test_time_limit_stops_generate_and_keeps_the_rate(tiny_data, untrained, tmp_
     result = json.loads(out.read_text())
     assert result["bleu"] is None and "--time-limit 0.5" in result["reason"]
     assert result["decode"]["time_limit_s"] == 0.5 and result["decode"]["sentences_done"] < 40
+
+
+def batches_of_hypotheses(batches, pause_s):
+    """fairseq-generate's stdout as it comes: each batch's S/H lines at once, then a pause (the next batch)."""
+    sid = 0
+    for n in batches:
+        time.sleep(pause_s)
+        for _ in range(n):
+            yield f"S-{sid}\tsource\n"
+            yield f"H-{sid}\t-1.0\thypothesis\n"
+            sid += 1
+
+
+def test_rate_is_taken_over_whole_batches():
+    """fairseq prints a batch's hypotheses together once the batch is decoded: the first rate counts the
+    whole first batch, not the --rate-chunk sentences read first, and a stop comes only on such a rate."""
+    meter = evaluate_bleu.DecodeMeter(60, [10] * 60, chunk=5)
+    stops = []
+    lines = evaluate_bleu.read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=None,
+                                      progress_json=None, report_every_s=0.0, quiet_s=0.2)
+    assert len(lines) == 120 and meter.done == 60 and not stops
+    first = meter.first_report
+    assert first["sentences_done"] == 20  # the first batch, all of it
+    assert 0.25 < first["decode_s"] < 1.5
+    # a time limit that the whole-batch rate keeps is not broken by a chunk of the first batch
+    meter = evaluate_bleu.DecodeMeter(60, [10] * 60, chunk=5)
+    evaluate_bleu.read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=30.0,
+                              progress_json=None, report_every_s=0.0, quiet_s=0.2)
+    assert not stops and meter.first_report["sentences_done"] == 20
+    meter = evaluate_bleu.DecodeMeter(60, [10] * 60, chunk=5)
+    evaluate_bleu.read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=0.5,
+                              progress_json=None, report_every_s=0.0, quiet_s=0.2)
+    assert stops and "beyond --time-limit 0.5 s" in stops[0]
+
+
+def test_host_generate_builds_the_same_strings_from_lists():
+    import torch
+    from fairseq.data import Dictionary
+
+    from fairseq_gradinit.tools import host_generate
+
+    d = Dictionary()
+    for w in ("\u2581Hallo", "\u2581Welt", "en", "\u2581!"):
+        d.add_symbol(w)
+    rows = torch.tensor([[4, 5, 6, 3, 2], [7, 4, 1, 1, 2]])
+    original = Dictionary.string
+    wrapped = host_generate.string_from_host_list(original)
+    for kwargs in ({}, {"bpe_symbol": "sentencepiece"}, {"escape_unk": True, "extra_symbols_to_ignore": [1]},
+                   {"bpe_symbol": "sentencepiece", "include_eos": True}):
+        assert wrapped(d, rows[0], **kwargs) == original(d, rows[0], **kwargs)
+        assert wrapped(d, rows, **kwargs) == original(d, rows, **kwargs)
+    seen = []
+
+    class Spy(torch.Tensor):  # counts element reads: the list is made once, no element is read as a tensor
+        def __iter__(self):
+            seen.append("iter")
+            return super().__iter__()
+
+    assert wrapped(d, rows[0].as_subclass(Spy)) == original(d, rows[0]) and not seen
+    original(d, rows[0].as_subclass(Spy))
+    assert seen == ["iter"]
+
+
+def test_decode_benchmark_times_alone_and_at_once(tiny_data, untrained, tmp_path):
+    """benchmarks/bench_bleu_decode.py on the CPU: a case with fairseq's own generate module and given batches
+    alone, then two decodes at once; each decode's result, batch settings and rate are in its JSON."""
+    import bench_bleu_decode  # benchmarks/ is on pytest's pythonpath
+
+    out = tmp_path / "bench.json"
+    rc = bench_bleu_decode.main([str(tiny_data), "--path", str(untrained), "--user-dir", "gradinit", "--cpu",
+                                 "--beam", "2", "--case", "stock:1:400:8:stock", "--case", "two:2", "--out", str(out),
+                                 *FAST_GEN])
+    report = json.loads(out.read_text())
+    assert rc == 0, report
+    stock, two = report["cases"]
+    assert (stock["name"], stock["at_once"], len(stock["decodes"])) == ("stock", 1, 1)
+    assert (two["at_once"], len(two["decodes"])) == (2, 2)
+    assert stock["decodes"][0]["batches"]["max_tokens"] == 400 and stock["decodes"][0]["batches"]["batch_size"] == 8
+    assert two["decodes"][0]["batches"]["max_tokens"] == evaluate_bleu.CPU_MAX_TOKENS
+    for case in (stock, two):
+        assert case["wall_s"] > 0 and case["sentences_per_s"] > 0
+        for d in case["decodes"]:
+            assert d["returncode"] == 0 and d["n_sentences"] == 40 and d["decode"]["sentences_done"] == 40
+            assert 0 < d["wall_s"] <= case["wall_s"] and d["cpu_s"] > 0
+    def module(log):
+        running = next(line for line in (tmp_path / "bench" / log).read_text().splitlines() if line.startswith("running: "))
+        return running.split()[3]
+
+    assert module("stock.0.log") == "fairseq_cli.generate"
+    assert module("two.1.log") == "fairseq_gradinit.tools.host_generate"
+    with pytest.raises(SystemExit):
+        bench_bleu_decode.main([str(tiny_data), "--path", "x.pt", "--case", "bad:0", "--out", str(out)])

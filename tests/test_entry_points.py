@@ -81,7 +81,7 @@ def test_study_runs_its_bleu_step_from_the_installed_package(tmp_path):
     cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=(Arm("a", ()),), cpu=True)
     plan = ArmPlan(arm=Arm("a", ()), argv=[], data=str(tmp_path), save_dir=tmp_path / "a")
     cmd = bleu_arm_command(cfg, plan, tmp_path / "checkpoint_1_4.pt", tmp_path / "a" / "bleu.json",
-                           budget=None, gen_args=())
+                           time_limit=None, gen_args=())
     package = Path(fairseq_gradinit.__file__).resolve().parent
     assert cmd[:3] == [sys.executable, "-m", BLEU_MODULE]
     assert cmd[cmd.index("--user-dir") + 1] == str(package) == user_dir()
@@ -91,7 +91,7 @@ def test_study_runs_its_bleu_step_from_the_installed_package(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "--user-dir" in proc.stdout, proc.stderr
     with_script = StudyConfig(data=cfg.data, out=tmp_path, arms=cfg.arms, bleu_script=tmp_path / "bleu.py")
-    assert bleu_arm_command(with_script, plan, tmp_path / "c.pt", tmp_path / "b.json", budget=None,
+    assert bleu_arm_command(with_script, plan, tmp_path / "c.pt", tmp_path / "b.json", time_limit=None,
                             gen_args=())[:2] == [sys.executable, str(tmp_path / "bleu.py")]
 
 

@@ -123,7 +123,8 @@ def test_build_generate_command_and_passthrough(tmp_path):
     assert extra == ["--lenpen", "0.6", "--nbest", "1"]
     args = evaluate_bleu.build_parser().parse_args(own + ["--batch-size", "32", "--user-dir", "gradinit"])
     cmd = evaluate_bleu.build_generate_command(args, extra)
-    assert cmd[:4] == [sys.executable, "-m", "fairseq_cli.generate", "data"]
+    assert cmd[:4] == [sys.executable, "-m", "fairseq_gradinit.tools.host_generate", "data"]
+    assert cmd[cmd.index("--num-workers") + 1] == "0"  # no data-loader process to outlive a stop
     joined = " ".join(cmd)
     for piece in ("--path ck.pt", "--gen-subset test", "--beam 5", "--remove-bpe sentencepiece",
                   "--batch-size 32", "--cpu", "--lenpen 0.6"):
@@ -138,6 +139,9 @@ def test_build_generate_command_and_passthrough(tmp_path):
         evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]),
         ["--required-batch-size-multiple", "8"])
     assert custom.count("--required-batch-size-multiple") == 1 and custom[-1] == "8"
+    workers = evaluate_bleu.build_generate_command(
+        evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]), ["--num-workers", "2"])
+    assert workers.count("--num-workers") == 1 and evaluate_bleu.batch_settings(workers)["num_workers"] == 2
 
 
 def test_subset_size_reads_mmap_index_header(tmp_path):

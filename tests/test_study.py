@@ -467,10 +467,18 @@ def test_bleu_step_uses_length_limits_and_every_arm_gets_a_score_or_reason(tmp_p
     c = json.loads((tmp_path / "c" / "bleu.json").read_text())
     assert c["bleu"] is None and "no checkpoint" in c["reason"]
     assert result["budget_s"] is None  # no --time-budget: no limit
-    # with a time budget, the BLEU step is sized from the arms: 30 s per round of --parallel arms
-    budgeted = dataclasses.replace(cfg, time_budget_s=600.0, parallel=2)
+    # with a time budget, the BLEU step is sized from the arms: 30 s per round of --bleu-parallel arms
+    budgeted = dataclasses.replace(cfg, time_budget_s=600.0, bleu_parallel=2)
     assert [study_runner.bleu_budget_s(budgeted, n) for n in (1, 2, 3, 5)] == [30.0, 30.0, 60.0, 90.0]
     assert study_runner.bleu_budget_s(dataclasses.replace(budgeted, bleu_budget_s=12.0), 5) == 12.0
+    at_once = dataclasses.replace(cfg, time_budget_s=600.0, parallel=5)  # by default as many as train at once
+    assert at_once.bleu_at_once == 5 and study_runner.bleu_budget_s(at_once, 5) == 30.0
+    one_at_a_time = dataclasses.replace(at_once, bleu_parallel=1)
+    assert [study_runner.bleu_budget_s(one_at_a_time, n) for n in (1, 2, 5)] == [30.0, 60.0, 150.0]
+    # each translation's limit is its round's share, less the time to write its result
+    assert study_runner.bleu_arm_limit_s(one_at_a_time, 150.0, 5) == 30.0 - study_runner.BLEU_STOP_GRACE_S
+    assert study_runner.bleu_arm_limit_s(budgeted, 90.0, 5) == 30.0 - study_runner.BLEU_STOP_GRACE_S
+    assert study_runner.bleu_arm_limit_s(one_at_a_time, None, 5) is None
 
 
 RATE_BLEU = '''import json, sys
@@ -499,7 +507,7 @@ def test_bleu_step_decodes_fp16_arms_in_fp16_and_records_the_measured_rate(tmp_p
         (save / "checkpoint_1_10.pt").write_bytes(b"")
         plans.append(study_plan.ArmPlan(arm=Arm(name, ()), argv=argv, data=str(tmp_path), save_dir=save))
     cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=tuple(p.arm for p in plans), bleu_script=script,
-                      bleu_budget_s=30.0, parallel=3)
+                      bleu_budget_s=30.0, parallel=3, bleu_parallel=3)
     result = study_runner.run_bleu(cfg, plans, dict(os.environ))
     half = json.loads((tmp_path / "half" / "bleu.json").read_text())
     full = json.loads((tmp_path / "full" / "bleu.json").read_text())
@@ -514,3 +522,60 @@ def test_bleu_step_decodes_fp16_arms_in_fp16_and_records_the_measured_rate(tmp_p
         "half", "full", "slow"}
     assert result["budget_s"] == 30.0 and result["budget_needed_s"] == 90.0 + study_runner.BLEU_STOP_GRACE_S
     assert json.loads((tmp_path / "bleu.json").read_text())["budget_needed_s"] == result["budget_needed_s"]
+
+
+TIMED_BLEU = '''import json, os, sys, time
+out = sys.argv[sys.argv.index("--output-json") + 1]
+start = time.time()
+time.sleep(0.3)
+json.dump({"bleu": 3.0, "n_sentences": 6, "argv": sys.argv, "start": start, "end": time.time(),
+           "omp": os.environ.get("OMP_NUM_THREADS"),
+           "batches": {"max_tokens": 65536, "batch_size": 4096, "num_workers": 0},
+           "decode": {"sentences_per_s": 20.0, "projected_total_s": 1.0}}, open(out, "w"))
+'''
+
+
+def test_bleu_step_decodes_one_arm_at_a_time_each_within_its_share(tmp_path, monkeypatch):
+    """With --bleu-parallel 1 the arms are translated one after the other with all cores each; each gets its
+    share of the budget as --time-limit; bleu.json records the schedule, each arm's batch settings, time and rates."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    script = tmp_path / "timed_bleu.py"
+    script.write_text(TIMED_BLEU)
+    plans = []
+    for name in ("a", "b", "c"):
+        save = tmp_path / name
+        save.mkdir()
+        (save / "checkpoint_1_10.pt").write_bytes(b"")
+        plans.append(study_plan.ArmPlan(arm=Arm(name, ()), argv=[], data=str(tmp_path), save_dir=save))
+    cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=tuple(p.arm for p in plans), bleu_script=script,
+                      bleu_budget_s=60.0, parallel=3, bleu_parallel=1)
+    result = study_runner.run_bleu(cfg, plans, dict(os.environ, OMP_NUM_THREADS="1"))
+    runs = [json.loads((tmp_path / n / "bleu.json").read_text()) for n in ("a", "b", "c")]
+    spans = sorted((r["start"], r["end"]) for r in runs)
+    assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:]))  # never two at once
+    cores = str(os.cpu_count() or 1)
+    assert {r["omp"] for r in runs} == {cores}  # the study's own thread share of the arms is not the decode's
+    limits = {float(r["argv"][r["argv"].index("--time-limit") + 1]) for r in runs}
+    assert limits == {60.0 / 3 - study_runner.BLEU_STOP_GRACE_S}
+    schedule = result["schedule"]
+    assert schedule["decodes_at_once"] == 1 and schedule["rounds"] == 3 and schedule["omp_num_threads"] == cores
+    assert schedule["arm_time_limit_s"] == min(limits) and schedule["wall_s"] >= 0.9
+    a = result["arms"]["a"]
+    assert a["bleu"] == 3.0 and a["batches"]["max_tokens"] == 65536 and a["batches"]["batch_size"] == 4096
+    assert a["wall_s"] >= 0.3 and a["sentences_per_s_overall"] == round(6 / a["wall_s"], 2)
+    assert result["budget_needed_s"] == 3 * (1.0 + study_runner.BLEU_STOP_GRACE_S)
+    assert json.loads((tmp_path / "bleu.json").read_text())["schedule"] == schedule
+    # the user docs name these records
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "no-warmup.md").read_text(encoding="utf-8")
+    paragraph = docs[docs.index("**The BLEU step.**"):].split("\n\n")[0]
+    for key in ("schedule", "batches", "wall_s", "sentences_per_s_overall", "decode_rates", "budget_s",
+                "budget_needed_s"):
+        assert f"`{key}`" in paragraph and (key in result or key in a), key
+    assert set(schedule) == {"decodes_at_once", "rounds", "arm_time_limit_s", "omp_num_threads", "wall_s"}
+    assert "`benchmarks/bench_bleu_decode.py`" in paragraph and (REPO / "benchmarks" / "bench_bleu_decode.py").is_file()
+    # two at once: two rounds, half the cores each, and a longer share per translation
+    both = study_runner.run_bleu(dataclasses.replace(cfg, bleu_parallel=2), plans, dict(os.environ))
+    assert both["schedule"]["rounds"] == 2 and both["schedule"]["omp_num_threads"] == str(max(1, int(cores) // 2))
+    assert both["schedule"]["arm_time_limit_s"] == 60.0 / 2 - study_runner.BLEU_STOP_GRACE_S
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the caller's own setting stays
+    assert study_runner.bleu_env({"OMP_NUM_THREADS": "3"}, 2)["OMP_NUM_THREADS"] == "3"

@@ -89,6 +89,10 @@ def test_a_call_gives_its_settings_as_defaults():
                                                 "--parallel", "2", "--time-budget", "3"])
     cfg = study_cli.config_from_args(args)
     assert (cfg.parallel, cfg.time_budget_s) == (2, 180.0)
+    assert cfg.bleu_at_once == 2  # as many translations at once as arms train at once, unless --bleu-parallel
+    args = study_cli.build_parser().parse_args(["data", "--out", "o", "--preset", "hold", "--call", "A",
+                                                "--bleu-parallel", "1"])
+    assert study_cli.config_from_args(args).bleu_at_once == 1
 
 
 def _dry_run(argv):

@@ -3,10 +3,12 @@
 
 Runs::
 
-    python -m fairseq_cli.generate DATA --path CKPT --gen-subset SUBSET --beam 5 \\
-        --remove-bpe sentencepiece --max-tokens N [--batch-size B] [--user-dir D] [--cpu] [EXTRA...]
+    python -m fairseq_gradinit.tools.host_generate DATA --path CKPT --gen-subset SUBSET --beam 5 \\
+        --remove-bpe sentencepiece --max-tokens N [--batch-size B] [--user-dir D] [--cpu] \\
+        --num-workers 0 [EXTRA...]
 
-with the same Python interpreter, collects the ``H-<id>`` (hypothesis) and ``T-<id>`` (reference)
+(fairseq-generate, with token strings built from host lists: :mod:`.host_generate`) with the same
+Python interpreter, collects the ``H-<id>`` (hypothesis) and ``T-<id>`` (reference)
 lines, which ``--remove-bpe sentencepiece`` has already turned back into plain text, and computes
 corpus BLEU with ``sacrebleu.metrics.BLEU`` (13a tokenization by default). A JSON file with the
 score, its signature and the run details is written, and a one-line summary is printed.
@@ -21,11 +23,12 @@ lines, which come from the binarized data (SentencePiece-normalized, unknown wor
 ``<<unk>>``). The file is compared with the ``T-`` lines (letters and digits, lowercased) and
 refused when more than half of them differ (the target file of another split). ``--from-output FILE`` scores a saved fairseq-generate output without running it.
 
-On a CUDA GPU the batches are larger (``--max-tokens 16384``, up to 1024 sentences) and ``--fp16`` decodes in half precision (fairseq-generate
+On a CUDA GPU the batches are larger (``--max-tokens 65536``, up to 4096 sentences) and ``--fp16`` decodes in half precision (fairseq-generate
 ``--fp16``; asked for when the model trained in fp16). On the CPU ``--fp16`` is ignored with a note
 (fairseq's CPU decoding is fp32). The decode rate is measured while fairseq-generate runs (sentences and
-source tokens per second since its start-up ended), logged once the first ``--rate-chunk`` sentences are
-out and then every few seconds, written to ``--progress-json`` and kept in the result's ``decode`` block;
+source tokens per second since its start-up ended), logged once the batches holding the first
+``--rate-chunk`` sentences are out (fairseq prints a batch's hypotheses together when the batch is decoded)
+and then every few seconds, written to ``--progress-json`` and kept in the result's ``decode`` block;
 with ``--time-limit S`` the run stops as soon as that rate projects a total beyond S seconds (or at S),
 and the result file says so, with the rate.
 
@@ -45,6 +48,7 @@ import argparse
 import html
 import json
 import os
+import queue
 import re
 import struct
 import subprocess
@@ -380,11 +384,19 @@ def check_paths(args) -> None:
         raise ArgumentProblem(str(e)) from None
 
 
-#: Batches on a CUDA GPU: 16,384 tokens and up to 1,024 sentences fill one with a d=512 model at beam 5
-#: (the Debian test split is two batches); the CPU keeps fairseq's usual 4,096 tokens.
-GPU_MAX_TOKENS = 16384
-GPU_BATCH_SIZE = 1024
+#: Batches on a CUDA GPU. Decoding there is bound by the host's work per decoder step (beam search
+#: bookkeeping, kernel launches), which hardly grows with the batch, and each batch runs up to
+#: ``max-len-a * its longest source + max-len-b`` steps: fewer, larger batches take fewer steps. With
+#: the study's length limits the 1,500-sentence Debian test split is 2 batches and 206 steps at most
+#: (16,384 tokens and 1,024 sentences: 4 batches, 319 steps); its beam-5 decoder state stays a few GB.
+GPU_MAX_TOKENS = 65536
+GPU_BATCH_SIZE = 4096
 CPU_MAX_TOKENS = 4096
+#: fairseq-generate reads the batches in this process (its default, 1 worker, forks one more process
+#: per decode, which outlives a stop by seconds while holding the output open).
+GENERATE_NUM_WORKERS = 0
+#: The module run as fairseq-generate (fairseq_cli.generate with token strings built on the host).
+GENERATE_MODULE = "fairseq_gradinit.tools.host_generate"
 
 
 def cuda_available() -> bool:
@@ -409,7 +421,7 @@ def build_generate_command(args, extra: Sequence[str], *, cuda: Optional[bool] =
     if cuda is None:
         cuda = not args.cpu and cuda_available()
     cmd = [
-        sys.executable, "-m", "fairseq_cli.generate", str(args.data),
+        sys.executable, "-m", getattr(args, "generate_module", None) or GENERATE_MODULE, str(args.data),
         "--path", str(args.path),
         "--gen-subset", args.gen_subset,
         "--beam", str(args.beam),
@@ -429,11 +441,25 @@ def build_generate_command(args, extra: Sequence[str], *, cuda: Optional[bool] =
         cmd.append("--cpu")
     if fp16 and "--fp16" not in extra:
         cmd.append("--fp16")
+    if "--num-workers" not in extra:
+        cmd += ["--num-workers", str(GENERATE_NUM_WORKERS)]
     if "--required-batch-size-multiple" not in extra:
         # fairseq 0.12 drops the last batch when its size is not a multiple of this value
         # (default 8), silently leaving up to 7 sentences untranslated (fairseq issue #5036)
         cmd += ["--required-batch-size-multiple", "1"]
     return cmd + list(extra)
+
+
+def batch_settings(cmd: Sequence[str]) -> dict:
+    """The batching options of a fairseq-generate command line (the last value of each, as argparse
+    takes it; None where fairseq's default applies) and the intra-op threads it runs with."""
+    settings = {"max_tokens": None, "batch_size": None, "num_workers": None, "required_batch_size_multiple": None}
+    for i, arg in enumerate(cmd[:-1]):
+        key = arg[2:].replace("-", "_") if arg.startswith("--") else None
+        if key in settings:
+            settings[key] = int(cmd[i + 1])
+    settings["omp_num_threads"] = os.environ.get("OMP_NUM_THREADS")
+    return settings
 
 
 def generate_env() -> Dict[str, str]:
@@ -527,23 +553,54 @@ def write_json_atomic(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+#: Seconds without a new output line after which a batch's hypotheses are taken to be all out.
+BATCH_QUIET_S = 0.5
+
+
+def lines_with_pauses(stdout: Iterable[str], quiet_s: float):
+    """``stdout``'s lines, each as (line, time read), and ``(None, time)`` whenever no line came for
+    ``quiet_s`` seconds: fairseq-generate prints a whole batch's hypotheses at once, then decodes the next."""
+    lines: "queue.Queue" = queue.Queue()
+
+    def pump() -> None:
+        for raw in stdout:
+            lines.put((raw, time.time()))
+        lines.put(None)
+
+    threading.Thread(target=pump, daemon=True).start()
+    while True:
+        try:
+            item = lines.get(timeout=quiet_s)
+        except queue.Empty:
+            yield None, time.time()
+            continue
+        if item is None:
+            return
+        yield item
+
+
 def read_output(stdout: Iterable[str], meter: DecodeMeter, stop_generate, *, time_limit: Optional[float],
-                progress_json: Optional[Path], report_every_s: float) -> List[str]:
-    """fairseq-generate's stdout lines, each hypothesis timed by ``meter``; the rate is reported every
-    ``report_every_s`` seconds and ``stop_generate(reason)`` called once it projects beyond ``time_limit``."""
+                progress_json: Optional[Path], report_every_s: float, quiet_s: float = BATCH_QUIET_S) -> List[str]:
+    """fairseq-generate's stdout lines, each hypothesis timed by ``meter``. The rate is reported, at most every
+    ``report_every_s`` seconds, once a batch's hypotheses are all out (the output pauses for ``quiet_s``):
+    counted in the middle of a batch, a rate would take the batch's decode time for a fraction of its
+    sentences. ``stop_generate(reason)`` is called once the rate projects beyond ``time_limit``."""
     out_lines: List[str] = []
-    next_report = None
-    for raw in stdout:
-        now = time.time()
-        line = raw.rstrip("\n")
-        out_lines.append(line)
-        m = _HYP_RE.match(line)
-        if not m:
+    next_report, last_hypothesis, reported = None, None, 0
+    for raw, now in lines_with_pauses(stdout, quiet_s):
+        if raw is not None:
+            line = raw.rstrip("\n")
+            out_lines.append(line)
+            m = _HYP_RE.match(line)
+            if m:
+                meter.hypothesis(int(m.group(1)), now)
+                last_hypothesis = now
             continue
-        meter.hypothesis(int(m.group(1)), now)
-        if not meter.measured or (next_report is not None and now < next_report):
+        if (last_hypothesis is None or meter.done == reported or not meter.measured
+                or (next_report is not None and now < next_report)):
             continue
-        report = meter.report(now)
+        reported = meter.done
+        report = meter.report(last_hypothesis)
         if meter.first_report is None:
             meter.first_report = report
         next_report = now + report_every_s
@@ -691,8 +748,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--beam", type=positive_int, default=5, help="beam size")
     p.add_argument("--batch-size", type=positive_int, default=None, help="sentences per batch")
     p.add_argument("--max-tokens", type=positive_int, default=None,
-                   help="tokens per batch (when neither this nor --batch-size is given: 4096 on the CPU, "
-                        "16384 tokens and up to 1024 sentences on a CUDA GPU)")
+                   help=f"tokens per batch (when neither this nor --batch-size is given: {CPU_MAX_TOKENS} on the CPU, "
+                        f"{GPU_MAX_TOKENS} tokens and up to {GPU_BATCH_SIZE} sentences on a CUDA GPU)")
     p.add_argument("--user-dir", default=None,
                    help="fairseq --user-dir, as given to fairseq-train (fairseq_gradinit, from any "
                         "folder, or 'gradinit' mean this repository's package; needed for checkpoints "
@@ -718,6 +775,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "bleu.<checkpoint>.<subset>.json)")
     p.add_argument("--save-output", type=Path, default=None,
                    help="also save the raw fairseq-generate stdout to this file")
+    # benchmarks/bench_bleu_decode.py compares fairseq's own module (fairseq_cli.generate) with GENERATE_MODULE
+    p.add_argument("--generate-module", default=None, help=argparse.SUPPRESS)
     p.add_argument("--from-output", type=Path, default=None,
                    help="do not run fairseq-generate; score this saved generate output instead")
     return p
@@ -756,7 +815,7 @@ def write_stopped(args, cmd, stopped: "TimeLimitReached", fp16: bool, note: Opti
     write_json_atomic(out_json, {
         "bleu": None, "reason": str(stopped), "checkpoint": str(args.path), "data": str(args.data),
         "subset": args.gen_subset, "beam": args.beam, "generate_command": cmd,
-        "precision": "fp16" if fp16 else "fp32", "precision_note": note,
+        "precision": "fp16" if fp16 else "fp32", "precision_note": note, "batches": batch_settings(cmd),
         "decode": {**stopped.report, "first_chunk": meter.first_report, "time_limit_s": args.time_limit},
     })
 
@@ -830,6 +889,7 @@ def evaluate(args, extra: Sequence[str]) -> int:
         "generate_output": str(args.from_output or args.save_output or "") or None,
         "precision": None if cmd is None else ("fp16" if fp16 else "fp32"),
         "precision_note": device_note,
+        "batches": None if cmd is None else batch_settings(cmd),
         "decode": None if meter is None else decode_block(meter, args.time_limit),
     }
     out_json = args.output_json or default_json_path(

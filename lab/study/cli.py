@@ -79,9 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bleu-subset", default="test", help="binarized split BLEU translates (default: test)")
     p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50' "
                    "(default length limits: --max-len-a 1.2 --max-len-b 10)")
-    p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step (each translation stops once its "
-                   "measured rate cannot finish in it; default: the --call's, else with --time-budget 0.5 per round "
-                   "of --parallel arms, else no limit)")
+    p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step; each translation gets its round's "
+                   "share and stops once its measured rate cannot finish in it (default: the --call's, else with "
+                   "--time-budget 0.5 per round of --bleu-parallel translations, else no limit)")
+    p.add_argument("--bleu-parallel", type=int, default=None,
+                   help="translations at once in the BLEU step; each gets an equal share of the host's cores "
+                        "(default: --parallel; 1: one at a time, each with the whole GPU and host)")
     p.add_argument("--gradinit-cache", type=Path, help="folder of computed GradInit groups (default OUT/gradinit); "
                                                        "share it between studies to reuse scales")
     p.add_argument("--export", type=Path, help="also copy the summaries and pack logs and scales here (few files)")
@@ -189,7 +192,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         save_every=pick(args.save_every, "save_every", 500), cpu=args.cpu, bleu=not args.no_bleu,
         bleu_ref=os.path.abspath(args.bleu_ref) if args.bleu_ref else None, bleu_subset=args.bleu_subset,
         bleu_args=tuple(shlex.split(args.bleu_args)),
-        bleu_budget_s=bleu_budget * 60 if bleu_budget is not None else None,
+        bleu_budget_s=bleu_budget * 60 if bleu_budget is not None else None, bleu_parallel=args.bleu_parallel,
         bleu_script=Path(os.path.abspath(args.bleu_script)) if args.bleu_script is not None else None,
         gradinit_cache=Path(os.path.abspath(args.gradinit_cache)) if args.gradinit_cache else None,
     )

@@ -59,6 +59,7 @@ class StudyConfig:
     bleu_subset: str = "test"
     bleu_args: Tuple[str, ...] = ()           # passed to fairseq-generate
     bleu_budget_s: Optional[float] = None
+    bleu_parallel: Optional[int] = None       # BLEU translations at once (None: as parallel)
     bleu_script: Optional[Path] = None        # a script to run instead of BLEU_MODULE
     gradinit_cache: Optional[Path] = None     # default OUT/gradinit
     python: str = sys.executable
@@ -72,6 +73,9 @@ class StudyConfig:
             raise ValueError("no arms: pass --preset NAME, --arm NAME=ARGS or --arms-file FILE")
         if self.parallel < 1:
             raise ValueError(f"--parallel must be >= 1, got {self.parallel}")
+        if self.bleu_parallel is not None and (isinstance(self.bleu_parallel, bool)
+                                               or not isinstance(self.bleu_parallel, int) or self.bleu_parallel < 1):
+            raise ValueError(f"--bleu-parallel must be an integer >= 1, got {self.bleu_parallel!r}")
         for opt in RESERVED_OPTIONS:
             if has_option(self.base, opt):
                 raise ValueError(f"the base arguments set {opt}: the study sets it for every arm; remove it")
@@ -85,6 +89,11 @@ class StudyConfig:
             raise ValueError(f"--finish-margin must be >= 0 seconds, got {self.finish_margin_s!r}")
         if self.bleu_budget_s is not None and not (self.bleu_budget_s > 0 and self.bleu_budget_s != float("inf")):
             raise ValueError(f"--bleu-budget must be a positive number of minutes, got {self.bleu_budget_s / 60!r}")
+
+    @property
+    def bleu_at_once(self) -> int:
+        """BLEU translations at once: ``bleu_parallel``, else ``parallel`` (the budgets are sized for it)."""
+        return self.bleu_parallel if self.bleu_parallel is not None else self.parallel
 
     @property
     def cache_dir(self) -> Path:

@@ -38,8 +38,8 @@ def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
 
 
 #: With a --time-budget and no --bleu-budget, the BLEU step gets this many seconds per round of
-#: ``parallel`` arms decoding at once (a default to override, sized for 1,500 length-limited test
-#: sentences of a d=512 model on one GPU; not a measurement).
+#: arms decoding at once (a default to override, sized for 1,500 length-limited test
+#: sentences of a d=512 model on one GPU, start-up included; not a measurement).
 BLEU_SECONDS_PER_ROUND = 30.0
 #: Seconds of the BLEU budget left to a translation that stops itself (--time-limit) to write its result.
 BLEU_STOP_GRACE_S = 5.0
@@ -57,14 +57,37 @@ def group_entry(group: GradInitGroup, phase: Optional[Job], t0: float) -> dict:
     return entry
 
 
+def bleu_rounds(cfg: StudyConfig, n_arms: int) -> int:
+    """How many rounds of :attr:`~.plan.StudyConfig.bleu_at_once` translations the BLEU step of ``n_arms`` takes."""
+    return -(-n_arms // cfg.bleu_at_once)
+
+
 def bleu_budget_s(cfg: StudyConfig, n_arms: int) -> Optional[float]:
     """Seconds for the BLEU step: ``--bleu-budget``, else, in a run with a ``--time-budget``, sized from
-    the arms (:data:`BLEU_SECONDS_PER_ROUND` per round of ``parallel`` arms); else no limit."""
+    the arms (:data:`BLEU_SECONDS_PER_ROUND` per round of translations at once); else no limit."""
     if cfg.bleu_budget_s is not None:
         return cfg.bleu_budget_s
     if cfg.time_budget_s is None or n_arms == 0:
         return None
-    return BLEU_SECONDS_PER_ROUND * -(-n_arms // cfg.parallel)
+    return BLEU_SECONDS_PER_ROUND * bleu_rounds(cfg, n_arms)
+
+
+def bleu_arm_limit_s(cfg: StudyConfig, budget: Optional[float], n_arms: int) -> Optional[float]:
+    """One translation's ``--time-limit``: its round's share of the budget, less the time to write its result
+    (rounds run one after the other, so a round that ran over would leave the later ones nothing)."""
+    if not budget or n_arms == 0:
+        return None
+    return max(budget / bleu_rounds(cfg, n_arms) - BLEU_STOP_GRACE_S, 1.0)
+
+
+def bleu_env(env: Mapping[str, str], decodes_at_once: int) -> Dict[str, str]:
+    """The BLEU step's environment: each decode gets an equal share of the cores for its intra-op threads
+    (``OMP_NUM_THREADS``) unless the caller's own environment sets them, so that decodes at once do not
+    oversubscribe the host their decoding loops run on."""
+    out = dict(env)
+    if "OMP_NUM_THREADS" not in os.environ:
+        out["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // decodes_at_once))
+    return out
 
 
 def _study_jobs(cfg: StudyConfig, plans: Sequence[ArmPlan],
@@ -169,8 +192,8 @@ def run_study(cfg: StudyConfig) -> dict:
     return result
 
 
-def bleu_arm_command(cfg: StudyConfig, p: ArmPlan, checkpoint: Path, out_json: Path, *, budget: Optional[float],
-                     gen_args: Sequence[str]) -> List[str]:
+def bleu_arm_command(cfg: StudyConfig, p: ArmPlan, checkpoint: Path, out_json: Path, *,
+                     time_limit: Optional[float], gen_args: Sequence[str]) -> List[str]:
     """The BLEU step of one arm: the package's BLEU module (or ``--bleu-script``) with the package as ``--user-dir``."""
     cmd = [*bleu_command(cfg), p.data, "--path", str(checkpoint),
            "--user-dir", str(PACKAGE_DIR), "--beam", "5", "--gen-subset", cfg.bleu_subset,
@@ -179,17 +202,23 @@ def bleu_arm_command(cfg: StudyConfig, p: ArmPlan, checkpoint: Path, out_json: P
         cmd.append("--cpu")
     if "--fp16" in p.argv:  # decoded as trained (fp32 on the CPU, where the script says so)
         cmd.append("--fp16")
-    if budget:
-        # the script stops itself once its measured rate cannot finish in the budget and says so
-        cmd += ["--time-limit", f"{max(budget - BLEU_STOP_GRACE_S, 1.0):g}"]
+    if time_limit:
+        # the script stops itself once its measured rate cannot finish in its share and says so
+        cmd += ["--time-limit", f"{time_limit:g}"]
     if cfg.bleu_ref:
         cmd += ["--ref", str(cfg.bleu_ref)]
     return cmd + ["--", *gen_args]
 
 
+def _no_bleu(p: ArmPlan, reason: str, decode: Optional[dict] = None) -> None:
+    entry = {"bleu": None, "reason": reason, **({"decode": decode} if decode else {})}
+    (p.save_dir / "bleu.json").write_text(json.dumps(entry, indent=1) + "\n")
+
+
 def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str], *,
              not_run: Optional[Mapping[str, str]] = None) -> dict:
-    """BLEU of every arm at the largest checkpoint update that all arms with checkpoints reached.
+    """BLEU of every arm at the largest checkpoint update that all arms with checkpoints reached,
+    ``cfg.bleu_at_once`` translations at once, each within its round's share of the budget.
 
     ``not_run`` maps the arms that never started (their GradInit phase failed, the budget was
     spent) to why: they get their reason in the study's ``bleu.json`` and no folder of their own,
@@ -203,57 +232,66 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
     result = {"update": update, "beam": 5, "subset": cfg.bleu_subset, "reference": cfg.bleu_ref or "T- lines",
               "generate_args": gen_args, "no_checkpoint": without,
               "arms": {name: {"bleu": None, "reason": f"the arm did not run ({why})"} for name, why in not_run.items()}}
-
-    def no_score(p: ArmPlan, reason: str, decode: Optional[dict] = None) -> None:
-        entry = {"bleu": None, "reason": reason, **({"decode": decode} if decode else {})}
-        (p.save_dir / "bleu.json").write_text(json.dumps(entry, indent=1) + "\n")
-
     for p in trained:
         if p.arm.name in without:
-            no_score(p, "no checkpoint was saved (the arm ended before --save-every updates)")
+            _no_bleu(p, "no checkpoint was saved (the arm ended before --save-every updates)")
     if update is None:
         result["error"] = "no checkpoint update common to all arms; lower --save-every"
         for p in trained:
             if p.arm.name not in without:
-                no_score(p, result["error"])
+                _no_bleu(p, result["error"])
         (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n")
         return result
     if cfg.bleu_script is not None and not Path(cfg.bleu_script).is_file():
         raise ValueError(f"--bleu-script {cfg.bleu_script}: no such file; give a BLEU script, or leave it out "
                          "for the package's own")
-    budget = bleu_budget_s(cfg, len(trained) - len(without))
-    result["budget_s"] = budget
-    jobs, outputs = [], {}
-    for p in trained:
-        if p.arm.name in without:
-            continue
-        out_json = outputs[p.arm.name] = p.save_dir / "bleu.json"
-        cmd = bleu_arm_command(cfg, p, ckpts[p.arm.name][update], out_json, budget=budget, gen_args=gen_args)
-        jobs.append(Job(name=p.arm.name, kind="bleu", cmd=cmd, log=p.save_dir / "bleu.log"))
+    decoding = [p for p in trained if p.arm.name not in without]
+    budget = bleu_budget_s(cfg, len(decoding))
+    limit = bleu_arm_limit_s(cfg, budget, len(decoding))
+    jobs = [Job(name=p.arm.name, kind="bleu", log=p.save_dir / "bleu.log",
+                cmd=bleu_arm_command(cfg, p, ckpts[p.arm.name][update], p.save_dir / "bleu.json", time_limit=limit,
+                                     gen_args=gen_args)) for p in decoding]
+    step_env = bleu_env(env, cfg.bleu_at_once)
     t0 = time.time()
-    run_jobs(jobs, parallel=cfg.parallel, env=env, cwd=Path.cwd(), deadline=t0 + budget if budget else None)
-    rates = {}
+    run_jobs(jobs, parallel=cfg.bleu_at_once, env=step_env, cwd=Path.cwd(), deadline=t0 + budget if budget else None)
+    result.update(budget_s=budget, schedule={
+        "decodes_at_once": cfg.bleu_at_once, "rounds": bleu_rounds(cfg, len(decoding)), "arm_time_limit_s": limit,
+        "omp_num_threads": step_env.get("OMP_NUM_THREADS"), "wall_s": round(time.time() - t0, 1)})
     for job in jobs:
-        entry = {"checkpoint": str(ckpts[job.name][update]), **job.summary(t0)}
-        out_json = outputs[job.name]
-        scored = json.loads(out_json.read_text()) if out_json.is_file() else {}
-        progress = job.log.parent / "bleu.progress.json"
-        decode = scored.get("decode") or (json.loads(progress.read_text()) if progress.is_file() else None)
-        entry.update(precision=scored.get("precision"), decode=decode)
-        if decode and decode.get("sentences_per_s"):
-            rates[job.name] = decode
-        if job.status == "done" and scored.get("bleu") is not None:
-            entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "bleu_string")})
-        else:
-            entry["reason"] = (scored.get("reason") or f"BLEU step {job.status}" + (f" ({job.reason})" if job.reason else "")) \
-                + f"; see {job.log}"
-            no_score(next(p for p in trained if p.arm.name == job.name), entry["reason"], decode)
-        result["arms"][job.name] = entry
+        result["arms"][job.name] = _bleu_entry(job, next(p for p in decoding if p.arm.name == job.name),
+                                               ckpts[job.name][update], t0)
+    _summarize_rates(result, cfg, len(decoding))
+    (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    return result
+
+
+def _bleu_entry(job: Job, p: ArmPlan, checkpoint: Path, t0: float) -> dict:
+    """``bleu.json``'s entry of one translation: its job, score or reason, batch settings, rates and time."""
+    entry = {"checkpoint": str(checkpoint), **job.summary(t0)}
+    out_json = p.save_dir / "bleu.json"
+    scored = json.loads(out_json.read_text()) if out_json.is_file() else {}
+    progress = job.log.parent / "bleu.progress.json"
+    decode = scored.get("decode") or (json.loads(progress.read_text()) if progress.is_file() else None)
+    entry.update(precision=scored.get("precision"), batches=scored.get("batches"), decode=decode)
+    if job.status == "done" and scored.get("bleu") is not None:
+        entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "bleu_string")})
+        wall, n = entry.get("wall_s"), scored.get("n_sentences")
+        # start-up included: what one arm costs the BLEU step
+        entry["sentences_per_s_overall"] = round(n / wall, 2) if wall and n else None
+    else:
+        entry["reason"] = (scored.get("reason") or f"BLEU step {job.status}" + (f" ({job.reason})" if job.reason else "")) \
+            + f"; see {job.log}"
+        _no_bleu(p, entry["reason"], decode)
+    return entry
+
+
+def _summarize_rates(result: dict, cfg: StudyConfig, n_arms: int) -> None:
+    """Each arm's measured decode rate (``decode_rates``) and the budget those rates ask for next time."""
+    rates = {n: e["decode"] for n, e in result["arms"].items() if (e.get("decode") or {}).get("sentences_per_s")}
     result["decode_rates"] = {n: {k: d.get(k) for k in ("sentences_per_s", "source_tokens_per_s", "startup_s",
                                                        "projected_total_s", "sentences_done", "sentences_total")}
                               for n, d in rates.items()}
     projected = [d["projected_total_s"] for d in rates.values() if d.get("projected_total_s")]
-    # what the same step needs next time at the rates measured now (the arms decode at once)
-    result["budget_needed_s"] = round(max(projected) + BLEU_STOP_GRACE_S, 1) if projected else None
-    (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    return result
+    # what the same step needs next time at the rates measured now: its rounds one after the other
+    result["budget_needed_s"] = (round(bleu_rounds(cfg, n_arms) * (max(projected) + BLEU_STOP_GRACE_S), 1)
+                                 if projected else None)

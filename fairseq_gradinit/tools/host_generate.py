@@ -1,0 +1,48 @@
+"""fairseq-generate, with token strings built from host lists instead of device tensors.
+
+``python -m fairseq_gradinit.tools.host_generate ARGS`` runs ``fairseq_cli.generate`` with ARGS after
+one change for this process only: ``Dictionary.string`` turns a one-dimensional tensor into a Python list
+(one copy) before it looks up its tokens. fairseq-generate passes each sentence's source tokens to it as a
+slice of the batch on the decoding device; iterating that tensor element by element costs several
+device round trips per token (``.item()``, comparisons, indexing), and on the CPU too a 0-d tensor per
+token costs far more host time than a list's int. The strings are the same.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional, Sequence
+
+
+def string_from_host_list(string):
+    """Wrap ``Dictionary.string`` so that a 1-D tensor is read once as a list (same result)."""
+    import torch
+
+    def string_of_list(self, tensor, *args, **kwargs):
+        if torch.is_tensor(tensor) and tensor.dim() == 1:
+            tensor = tensor.tolist()
+        return string(self, tensor, *args, **kwargs)
+
+    string_of_list.host_list = True
+    string_of_list.__doc__ = string.__doc__
+    return string_of_list
+
+
+def patch_dictionary_string() -> None:
+    """Make ``fairseq.data.Dictionary.string`` read 1-D tensors as lists (once per process)."""
+    from fairseq.data.dictionary import Dictionary
+
+    if not getattr(Dictionary.string, "host_list", False):
+        Dictionary.string = string_from_host_list(Dictionary.string)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    from fairseq_cli import generate
+
+    patch_dictionary_string()
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    generate.cli_main()
+
+
+if __name__ == "__main__":
+    main()
