@@ -46,6 +46,7 @@ setup(
             "gradinit-study-table=fairseq_gradinit.tools.study_table:main",
             "gradinit-plot-curves=fairseq_gradinit.tools.plot_curves:main",
             "gradinit-train-vision=fairseq_gradinit.tools.train_vision.cli:run",
+            "gradinit-compare-vision=fairseq_gradinit.tools.compare_vision:run",
         ],
     },
 )

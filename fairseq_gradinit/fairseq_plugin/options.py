@@ -86,6 +86,10 @@ class PluginOptions(FairseqDataclass):
         "overflows, skipped updates and the loss scale, the parameters whose gradient was not finite at each "
         "overflow, per layer the weight norm and the update/weight ratio of the last update, LayerNorm input "
         "std and gain on a fixed batch in eval and train mode; with or without GradInit (docs/monitor.md)"))
+    gradinit_progress_seconds: float = option(60.0, result=False, help=(
+        "with GradInit (or an init file): during training, log a progress line (update, updates per second, mean "
+        "loss since the last line) whenever this many seconds of wall time have passed, whatever --log-interval "
+        "says; 0: off"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
     # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.

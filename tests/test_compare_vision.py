@@ -1,0 +1,71 @@
+"""gradinit-compare-vision end to end at tiny size: the quick start's command path, on Fashion-MNIST when the
+Debian package is installed and on synthetic images otherwise."""
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from fairseq_gradinit.tools import compare_vision as cv
+from fairseq_gradinit.tools.train_vision import cli as tv
+from fairseq_gradinit.tools.train_vision.data import find_fashion_mnist
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_LINE = 300
+
+
+def fashion_mnist_installed() -> bool:
+    try:
+        find_fashion_mnist(None)
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def tiny_argv(tmp_path):
+    data = (["--dataset", "fashion-mnist"] if fashion_mnist_installed() else
+            ["--dataset", "synthetic", "--synthetic-train-size", "96", "--synthetic-test-size", "32"])
+    return [*data, "--width", "0.125", "--batch-size", "8", "--steps", "6", "--gradinit-iters", "3",
+            "--test-batches", "2", "--test-batch-size", "16", "--log-interval", "2", "--threads", "1",
+            "--no-progress", "--output-dir", str(tmp_path / "cmp")]
+
+
+def test_compare_prints_the_difference_and_writes_json_and_plot(tmp_path, capsys):
+    assert cv.main(tiny_argv(tmp_path)) == 0
+    out = capsys.readouterr().out
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    runs = result["runs"]
+    assert list(runs) == ["kaiming", "gradinit"]
+    for r in runs.values():
+        assert r["steps"] == 6 and r["test_images"] == 32 and 0 <= r["test_acc"] <= 100
+        assert [p["step"] for p in r["curve"]] == [2, 4, 6]
+        assert all(math.isfinite(p["loss"]) and 0 <= p["acc"] <= 100 for p in r["curve"])
+        assert json.loads((Path(r["output_dir"]) / "log.json").read_text())["epochs"][-1]["test_acc"] == r["test_acc"]
+    assert runs["kaiming"]["init_wall_time"] is None and runs["kaiming"]["gradinit_iterations"] is None
+    assert sum(runs["gradinit"]["gradinit_iterations"].values()) == 3 and runs["gradinit"]["init_wall_time"] > 0
+    diff = runs["gradinit"]["test_acc"] - runs["kaiming"]["test_acc"]
+    assert f"GradInit - Kaiming: {diff:+.1f} points of test accuracy after 6 steps" in out
+    assert result["conditions"]["torch_threads"] == 1
+    png = (tmp_path / "cmp" / "compare.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert max(len(line) for line in out.splitlines()) <= MAX_LINE
+
+
+def test_kaiming_run_is_the_train_vision_run_of_the_same_flags(tmp_path):
+    """The comparison's baseline is exactly gradinit-train-vision --init kaiming with the same settings."""
+    args = cv.get_args_parser().parse_known_args(tiny_argv(tmp_path))
+    argv = cv.arm_argv(*args[:1], "kaiming", args[1])
+    argv[argv.index("--output-dir") + 1] = str(tmp_path / "direct")
+    direct = tv.main(tv.get_args_parser().parse_args(argv))
+    assert cv.main(tiny_argv(tmp_path)) == 0
+    result = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert result["runs"]["kaiming"]["test_acc"] == direct["epochs"][-1]["test_acc"]
+    assert result["runs"]["kaiming"]["curve"] == [{k: r[k] for k in ("step", "loss", "acc")} for r in direct["steps"]]
+
+
+def test_a_mistyped_flag_stops_before_any_training(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        cv.main([*tiny_argv(tmp_path), "--no-such-flag"])
+    assert e.value.code == 2
+    assert "--no-such-flag" in capsys.readouterr().err
+    assert not (tmp_path / "cmp").exists()
