@@ -2,7 +2,7 @@
 
 fairseq prints training statistics every ``--log-interval`` updates, which can be many minutes apart (or
 not at all before the run ends) when the output goes to a file. With GradInit on, the plugin adds a
-progress line whenever ``--gradinit-train-log-seconds`` of wall time have passed (update number, updates
+progress line whenever ``--gradinit-progress-seconds`` of wall time have passed (update number, updates
 per second, the mean loss since the last line) and, when the process ends, one summary line of the
 GradInit phase read from ``gradinit.json`` (iterations by branch, health verdict, where the files are).
 The model printout and the full configuration that fairseq-train logs first go to the debug level
@@ -21,6 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from ..core.progress import format_duration
+from .cfg import cfg_value
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,8 @@ class TrainingProgress:
                 f"{rate:.3g} updates/s")
         if self.loss_sum is not None and self.sample_size > 0:
             loss = float(self.loss_sum) / self.sample_size / math.log(2)
-            text += f", loss {loss:.4g} over the last {len(self.updates)} updates (base 2, as fairseq's loss)"
+            n = len(self.updates)
+            text += f", loss {loss:.4g} over the last {n} update{'' if n == 1 else 's'} (base 2, as fairseq's loss)"
         self.last_time = now
         self._reset()
         return text
@@ -77,7 +79,7 @@ class TrainingProgress:
 
 def progress_from_cfg(cfg, enabled: bool) -> Optional[TrainingProgress]:
     """The run's :class:`TrainingProgress`, or None when GradInit is off or the interval is 0."""
-    seconds = getattr(cfg, "gradinit_train_log_seconds", 0) or 0
+    seconds = cfg_value(cfg, "gradinit_progress_seconds", 0) or 0
     return TrainingProgress(float(seconds)) if enabled and seconds > 0 else None
 
 
