@@ -69,3 +69,21 @@ def test_a_mistyped_flag_stops_before_any_training(tmp_path, capsys):
     assert e.value.code == 2
     assert "--no-such-flag" in capsys.readouterr().err
     assert not (tmp_path / "cmp").exists()
+
+
+def test_quick_start_page_quotes_the_stored_run():
+    """docs/quickstart-vision.md: its table is the stored run's, its command the one that made it, and its
+    GPU figures are those of docs/fmnist-gpu-results.json."""
+    doc = (REPO / "docs" / "quickstart-vision.md").read_text(encoding="utf-8")
+    stored = json.loads((REPO / "docs" / "compare-vision.json").read_text(encoding="utf-8"))
+    assert cv.result_table(stored) in doc
+    assert (REPO / "docs" / "compare-vision.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    defaults = cv.get_args_parser().parse_args([])
+    for key in ("model", "bn", "width", "batch_size", "steps", "gradinit_iters", "seed"):
+        assert stored[key] == getattr(defaults, key), key
+    assert stored["extra_flags"] == [] and stored["conditions"]["torch_threads"] == 1
+    assert "OMP_NUM_THREADS=1 gradinit-compare-vision --output-dir runs/compare-vision" in doc
+    gpu = json.loads((REPO / "docs" / "fmnist-gpu-results.json").read_text(encoding="utf-8"))
+    gi = [v["acc_1"] for k, v in gpu.items() if k.startswith("resnet110--no-bn-gradinit")]
+    km = [v["acc_1"] for k, v in gpu.items() if k.startswith("resnet110--no-bn-kaiming")]
+    assert f"reached\n{min(gi):.0f} % after one epoch against Kaiming's {max(km):.0f} %" in doc
