@@ -83,6 +83,12 @@ def test_quick_start_page_quotes_the_stored_run():
         assert stored[key] == getattr(defaults, key), key
     assert stored["extra_flags"] == [] and stored["conditions"]["torch_threads"] == 1
     assert "OMP_NUM_THREADS=1 gradinit-compare-vision --output-dir runs/compare-vision" in doc
+    runs = stored["runs"]
+    diff = runs["gradinit"]["test_acc"] - runs["kaiming"]["test_acc"]
+    assert f"GradInit ends {diff:.0f} points of test accuracy above Kaiming's\ninitialization after the same " \
+           f"{stored['steps']} steps, and its training loss is below Kaiming's from step 30 on." in doc
+    kaiming = {p["step"]: p["loss"] for p in runs["kaiming"]["curve"]}
+    assert all(p["loss"] < kaiming[p["step"]] for p in runs["gradinit"]["curve"] if p["step"] >= 30)
     gpu = json.loads((REPO / "docs" / "fmnist-gpu-results.json").read_text(encoding="utf-8"))
     gi = [v["acc_1"] for k, v in gpu.items() if k.startswith("resnet110--no-bn-gradinit")]
     km = [v["acc_1"] for k, v in gpu.items() if k.startswith("resnet110--no-bn-kaiming")]

@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from ..core.progress import format_duration
 from ..quiet import hide_known_noise
 from .train_vision.cli import get_args_parser as train_parser
 from .train_vision.cli import main as train_main
@@ -135,6 +136,9 @@ def result_table(result: Dict[str, Any]) -> str:
         init_time = "-" if r["init_wall_time"] is None else f"{r['init_wall_time']:.0f} s"
         lines.append(f"| {LABELS[init]} | {r['test_acc']:.1f} % | {r['test_loss']:.3f} | {init_time} | "
                      f"{r['train_wall_time']:.0f} s |")
+    threads = result["conditions"]["torch_threads"]
+    lines += ["", f"Both runs, GradInit included, took {format_duration(result['wall_time'])} on {threads} "
+              f"thread{'' if threads == 1 else 's'}."]
     return "\n".join(lines)
 
 
@@ -156,8 +160,11 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
         label = f"{LABELS[init]}: test accuracy {r['test_acc']:.1f} %"
         ax_loss.plot(steps, [p["loss"] for p in r["curve"]], color=f"C{i}", lw=2, label=label)
         ax_acc.plot(steps, [p["acc"] for p in r["curve"]], color=f"C{i}", lw=2, label=label)
-    ax_loss.set_yscale("log")
-    ax_loss.set_ylabel("training loss (log scale)", fontsize=13)
+    losses = [p["loss"] for r in result["runs"].values() for p in r["curve"] if p["loss"] > 0]
+    log_scale = bool(losses) and max(losses) > 20 * min(losses)  # Kaiming's exploding start without BN
+    if log_scale:
+        ax_loss.set_yscale("log")
+    ax_loss.set_ylabel("training loss" + (" (log scale)" if log_scale else ""), fontsize=13)
     ax_acc.set_ylabel("training accuracy (%)", fontsize=13)
     for ax in (ax_loss, ax_acc):
         ax.set_xlabel(f"training step (batch of {result['batch_size']})", fontsize=13)
