@@ -71,6 +71,19 @@ def summarize(rows: List[Dict]) -> Dict[str, float]:
     return out
 
 
+def markdown(result: Dict) -> str:
+    """The runs as a Markdown table: mean seconds per setting and load condition, and their ratio."""
+    lines = ["| other load | default threads | `OMP_NUM_THREADS=1` | default / one thread |", "|---|---|---|---|"]
+    for busy, label in ((False, "no extra load"), (True, "one core busy")):
+        times = {name: [r["seconds"] for r in result["runs"] if r["one_core_busy"] == busy and r["setting"] == name]
+                 for name in SETTINGS}
+        if all(times.values()):
+            mean = {name: sum(t) / len(t) for name, t in times.items()}
+            lines.append(f"| {label} | {mean['default threads']:.0f} s | {mean['OMP_NUM_THREADS=1']:.0f} s | "
+                         f"{result['default_over_one_thread'][label]:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="the JSON to write")

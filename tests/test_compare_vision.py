@@ -93,3 +93,19 @@ def test_quick_start_page_quotes_the_stored_run():
     gi = [v["acc_1"] for k, v in gpu.items() if k.startswith("resnet110--no-bn-gradinit")]
     km = [v["acc_1"] for k, v in gpu.items() if k.startswith("resnet110--no-bn-kaiming")]
     assert f"reached\n{min(gi):.0f} % after one epoch against Kaiming's {max(km):.0f} %" in doc
+
+
+def test_quick_start_page_quotes_the_thread_measurement():
+    import bench_threads
+
+    doc = (REPO / "docs" / "quickstart-vision.md").read_text(encoding="utf-8")
+    stored = json.loads((REPO / "docs" / "threads-quickstart.json").read_text(encoding="utf-8"))
+    assert bench_threads.markdown(stored) in doc
+    assert stored["command"][:2] == ["python", "scripts/compare_vision.py"]
+    flags = stored["command"][2:stored["command"].index("--output-dir")]
+    assert f"`gradinit-compare-vision {' '.join(flags)}`" in doc.replace("\n", " ")
+    runs = stored["runs"]
+    assert f"one core busy) was {runs[3]['load_average_1min_before']:.1f}, against " \
+           f"{min(r['load_average_1min_before'] for r in runs[:3]):.1f}–" \
+           f"{max(r['load_average_1min_before'] for r in runs[:3]):.1f} before the others" in doc
+    assert min(stored["default_over_one_thread"].values()) > 1  # what the page advises
