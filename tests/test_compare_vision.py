@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fairseq_gradinit.core.progress import format_duration
 from fairseq_gradinit.tools import compare_vision as cv
 from fairseq_gradinit.tools.train_vision import cli as tv
 from fairseq_gradinit.tools.train_vision.data import find_fashion_mnist
@@ -85,8 +86,11 @@ def test_quick_start_page_quotes_the_stored_run():
     assert "OMP_NUM_THREADS=1 gradinit-compare-vision --output-dir runs/compare-vision" in doc
     runs = stored["runs"]
     diff = runs["gradinit"]["test_acc"] - runs["kaiming"]["test_acc"]
-    assert f"GradInit ends {diff:.0f} points of test accuracy above Kaiming's\ninitialization after the same " \
-           f"{stored['steps']} steps, and its training loss is below Kaiming's from step 30 on." in doc
+    assert f"GradInit ends {diff:.0f} points of test accuracy above Kaiming's initialization after the same " \
+           f"{stored['steps']} steps,\nand its training loss is below Kaiming's from step 30 on." in doc
+    loaded = json.loads((REPO / "docs" / "compare-vision-loaded.json").read_text(encoding="utf-8"))
+    assert all(loaded["runs"][i]["test_acc"] == r["test_acc"] for i, r in runs.items())  # same run, another load
+    assert f"gave the same accuracies in {format_duration(loaded['wall_time'])} (" in doc
     kaiming = {p["step"]: p["loss"] for p in runs["kaiming"]["curve"]}
     assert all(p["loss"] < kaiming[p["step"]] for p in runs["gradinit"]["curve"] if p["step"] >= 30)
     gpu = json.loads((REPO / "docs" / "fmnist-gpu-results.json").read_text(encoding="utf-8"))
