@@ -47,6 +47,7 @@ setup(
             "gradinit-study-table=fairseq_gradinit.moved:study_table",
             "gradinit-plot-curves=fairseq_gradinit.tools.plot_curves:main",
             "gradinit-train-vision=fairseq_gradinit.tools.train_vision.cli:run",
+            "gradinit-compare-vision=fairseq_gradinit.tools.compare_vision:run",
         ],
     },
 )

@@ -47,3 +47,33 @@ def test_readme_bibtex_is_the_citation_file():
     assert fields["year"] == str(cff["year"]) and fields["volume"] == str(cff["volume"])
     assert [a.split(",")[0].strip() for a in fields["author"].split(" and ")] == \
         [a["family-names"] for a in cff["authors"]]
+
+
+def test_readme_front_page_numbers_are_the_stored_runs():
+    """The front page's payoff, thread and GPU numbers are those of the stored result files."""
+    import json
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").replace("\n", " ")
+    docs = ROOT / "docs"
+    runs = json.loads((docs / "compare-vision.json").read_text(encoding="utf-8"))
+    acc = {name: run["test_acc"] for name, run in runs["runs"].items()}
+    wall = runs["wall_time"]
+    assert f"**Kaiming {acc['kaiming']:.1f} %, GradInit {acc['gradinit']:.1f} %**" in readme
+    assert f"in {int(wall // 60)}m{wall % 60:.0f}s on one thread" in readme
+    assert (runs["model"], runs["bn"], runs["width"], runs["steps"], runs["batch_size"], runs["gradinit_iters"]) == \
+        ("vgg19", True, 0.25, 120, 128, 39)
+    assert "120 steps of 128 images each" in readme and "after 39 GradInit iterations" in readme
+    ratios = []
+    for name in ("threads-quickstart.json", "threads-quickstart-loaded.json"):
+        rows = json.loads((docs / name).read_text(encoding="utf-8"))["runs"]
+        for busy in (False, True):
+            t = {r["setting"]: r["seconds"] for r in rows if r["one_core_busy"] == busy}
+            ratios.append(t["default threads"] / t["OMP_NUM_THREADS=1"])
+    # the last loaded row is inflated by a load change during it (docs/quickstart-vision.md says so)
+    kept = ratios[:3]
+    assert f"{min(kept):.1f}–{max(kept):.1f}× faster" in readme
+    gpu = json.loads((docs / "fmnist-gpu-results.json").read_text(encoding="utf-8"))
+    assert gpu["resnet110--no-bn-kaiming-s0"]["acc_1"] == gpu["resnet110--no-bn-kaiming-s1"]["acc_1"] == 10.0
+    assert "chance level (10.00 %)" in readme
+    g = sorted(gpu[f"resnet110--no-bn-gradinit-s{s}"]["acc_1"] for s in (0, 1))
+    assert f"reaches {g[0]:.2f} % and {g[1]:.2f} % (two seeds)" in readme

@@ -8,6 +8,7 @@ criterion with a fresh model), so they never run it; nor does a run that resumes
 checkpoint. The phase itself is :mod:`.phase`; the run's settings, :class:`~.plan.GradInitPlan`.
 """
 import logging
+import os
 from typing import Optional
 
 from ..core import DevicePrefetcher
@@ -24,6 +25,7 @@ from .preflight import training_setup_error
 from .provenance import fingerprint, model_arguments
 from .resume_checks import resume_error
 from .sdpa import guard_from_cfg
+from .run_log import progress_from_cfg, summarize_at_exit
 from .tied import install_multipliers, install_multipliers_on_load, uncovered_ties
 
 logger = logging.getLogger(__name__)
@@ -58,12 +60,18 @@ class GradInitTaskMixin:
         self.gradinit_plan = None  # the run's GradInitPlan, resolved when the criterion is built
         self.gradinit_monitor = monitor_from_cfg(self.gradinit_cfg)  # --gradinit-monitor-interval; None: off
         self.gradinit_sdpa_guard = None  # the cuDNN attention guard's decision, made when the model is built
+        # --gradinit-progress-seconds; None: off
+        self.gradinit_progress = progress_from_cfg(self.gradinit_cfg, gradinit_enabled(self.gradinit_cfg))
 
     def train_step(self, sample, model, criterion, optimizer, update_num, *args, **kwargs):
         if self.gradinit_monitor is not None:
             ignore_grad = bool(kwargs.get("ignore_grad", args[0] if args else False))
             self.gradinit_monitor.on_train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
-        return super().train_step(sample, model, criterion, optimizer, update_num, *args, **kwargs)
+        result = super().train_step(sample, model, criterion, optimizer, update_num, *args, **kwargs)
+        if self.gradinit_progress is not None:
+            ignore_grad = bool(kwargs.get("ignore_grad", args[0] if args else False))
+            self.gradinit_progress.on_train_step(update_num, result, ignore_grad)
+        return result
 
     def optimizer_step(self, optimizer, model, update_num):
         if self.gradinit_monitor is None:
@@ -157,6 +165,9 @@ class GradInitTaskMixin:
                 logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)", source)
             else:
                 self.run(plan, model, criterion)
+            if rank_world()[0] == 0:  # the scales' file: the init file applied as it is, else the run's own
+                own = os.path.join(plan.save_dir, GRADINIT_JSON)
+                summarize_at_exit(plan.init_file if plan.init_file and not plan.init_clamp else own, plan.save_dir)
         return criterion
 
     # ------------------------------------------------------------------------------------

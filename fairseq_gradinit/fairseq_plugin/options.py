@@ -97,6 +97,10 @@ class PluginOptions(FairseqDataclass):
         "the model first runs when this combination trains in fp16/bf16/amp (a later torch: after a test of the "
         "kernel), on always turns it off, off never does; with or without GradInit; logged once and recorded in "
         "gradinit.json and monitor.jsonl (docs/reliability.md)"))
+    gradinit_progress_seconds: float = option(60.0, result=False, help=(
+        "with GradInit (or an init file): during training, log a progress line (update, updates per second, mean "
+        "loss since the last line) whenever this many seconds of wall time have passed, whatever --log-interval "
+        "says; 0: off"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
     # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.

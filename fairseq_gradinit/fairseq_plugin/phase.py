@@ -119,7 +119,7 @@ def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
         f"{gcfg.gamma_init_factor:g} x ||g|| at the init", gcfg.lr, plan.max_tokens, 100 * gcfg.overlap,
         gcfg.pairs, rank, world)
     settings = {k: v for k, v in gcfg.to_dict().items() if k != "param_filter"}
-    logger.info("gradinit: settings (%s derived from the training command): %s",
+    logger.debug("gradinit: settings (%s derived from the training command): %s",
                 ", ".join(plan.derived) or "none", json.dumps(settings, default=str))
 
 
@@ -416,10 +416,11 @@ def _write_clamped(plan: GradInitPlan, record: dict) -> None:
             logger.info("gradinit: wrote the clamped scales to %s", out)
 
 def log_summary(scales):
+    """The scales by group (count, min, mean, max): in gradinit.json, and logged at the debug level."""
     summary = summarize_scales(scales, transformer_group)
-    logger.info("gradinit: scales by group (count min/mean/max)")
+    logger.debug("gradinit: scales by group (count min/mean/max)")
     for group, s in summary.items():
-        logger.info("gradinit:   %-32s %3d  %.4f / %.4f / %.4f", group, s["count"], s["min"], s["mean"], s["max"])
+        logger.debug("gradinit:   %-32s %3d  %.4f / %.4f / %.4f", group, s["count"], s["min"], s["mean"], s["max"])
     return summary
 
 

@@ -21,6 +21,7 @@ from .options import GradInitOptions
 from .plan import GradInitPlan, build_plan, namespace_error
 from .registry import serve_all_tasks
 from .restore import restore_source, will_restore_checkpoint
+from .run_log import LOG_LEVEL_ENV, quiet_fairseq_printouts
 
 logger = logging.getLogger(__name__)
 
@@ -65,8 +66,12 @@ def _log_changes_to_fairseq() -> None:
     if numpy_compat_patched():
         changes.append("np.compat.long, which numpy 2 removed, is int in fairseq's token-block and language-pair "
                        "datasets (--sample-break-mode eos, bucketed batches)")
-    if changes:
-        logger.info("fairseq_gradinit plugin loaded; changes to fairseq: %s", "; ".join(changes))
+    quiet_fairseq_printouts()
+    changes.append("fairseq-train's printouts of the whole configuration and of the model are logged at the debug "
+                   f"level ({LOG_LEVEL_ENV}=debug shows them)")
+    logger.info("fairseq_gradinit plugin loaded; changes to fairseq: %d, one per line", len(changes))
+    for change in changes:
+        logger.info("gradinit: change to fairseq: %s", change)
 
 
 # `fairseq-train DATA --user-dir fairseq_gradinit --gradinit-iters 780` (no --task) uses fairseq's

@@ -102,8 +102,10 @@ def _study_jobs(cfg: StudyConfig, plans: Sequence[ArmPlan],
         if tmp.exists():
             shutil.rmtree(tmp)
         tmp.mkdir(parents=True)
+        kept = (f"kept as {g.dir / 'gradinit.log'} when the phase ends, in {cfg.cache_dir / f'failed-gi-{key}'} "
+                "if it fails")
         jobs.append(Job(name=f"gi-{key}", kind="phase", cmd=phase_command(cfg, g, tmp), log=tmp / "gradinit.log.part",
-                        on_success=_finish_phase(g, tmp)))
+                        on_success=_finish_phase(g, tmp), kept_at=kept))
     phase_names = {j.name for j in jobs}
     arm_jobs: Dict[str, Job] = {}
     for p in plans:

@@ -35,6 +35,8 @@ class Job:
     ended: Optional[float] = None
     stop_time_hours: Optional[float] = None
     proc: Optional[subprocess.Popen] = field(default=None, repr=False)
+    #: where a log that is written to a temporary place stays afterwards (said when the job starts)
+    kept_at: str = ""
 
     def summary(self, t0: float) -> dict:
         return {"status": self.status, "reason": self.reason, "returncode": self.returncode,
@@ -123,7 +125,8 @@ def run_jobs(jobs: Sequence[Job], *, parallel: int, deadline: Optional[float] = 
                                                 cwd=str(cwd) if cwd else None, start_new_session=True)
                 job.started, job.status = time.time(), "running"
                 running.append(job)
-                logger.info("study: started %s %s (log %s)", job.kind, job.name, job.log)
+                logger.info("study: started %s %s (log %s%s)", job.kind, job.name, job.log,
+                            f"; {job.kept_at}" if job.kept_at else "")
             if not running and all(j.status != "pending" for j in jobs):
                 return
             time.sleep(poll_s)

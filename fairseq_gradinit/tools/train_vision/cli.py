@@ -177,6 +177,7 @@ def main(args) -> Dict[str, Any]:
         "args": {k: v for k, v in vars(args).items()},
         "model": args.model, "bn": uses_bn, "num_params": num_params, "device": str(device),
         "steps_per_epoch": len(train_batches), "total_epochs": total_epochs, "clip_grad_norm": clip,
+        "test_images": min(len(test_set), args.test_batch_size * (args.limit_test_batches or len(test_set))),
         "init": {"method": args.init}, "epochs": [], "acc_1": None, "acc_best": None,
     }
     start_epoch, step = 0, 0

@@ -146,6 +146,25 @@ def set_rng_state(st: Dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(st["cuda"])
 
 
+class StepWindow:
+    """Mean training loss and accuracy of the batches since the last ``--log-interval`` row."""
+
+    def __init__(self):
+        self.loss_sum, self.correct, self.count = 0.0, 0, 0
+
+    def add(self, mean_loss: float, correct: int, count: int) -> None:
+        self.loss_sum += mean_loss * count
+        self.correct += correct
+        self.count += count
+
+    def row(self, **where) -> Dict[str, Any]:
+        """``where`` (step, epoch, lr) with the window's ``loss`` and ``acc`` (%); the window restarts."""
+        n = max(self.count, 1)
+        row = {**where, "loss": self.loss_sum / n, "acc": 100.0 * self.correct / n}
+        self.__init__()
+        return row
+
+
 def train_epochs(args, model, optimizer, log, out_dir: Path, device, train_batches, test_batches, gen, *,
                  start_epoch: int, step: int, total_epochs: int, extra: int, clip: float) -> None:
     """The training loop; every epoch ends with checkpoint.pt, log.json and log.csv in ``out_dir``."""
@@ -157,6 +176,7 @@ def train_epochs(args, model, optimizer, log, out_dir: Path, device, train_batch
         model.train()
         t0 = time.perf_counter()
         loss_sum, correct, count, gnorm_sum, nb = 0.0, 0, 0, 0.0, 0
+        window = StepWindow()
         lr = args.lr
         for i, (x, y) in enumerate(train_batches):
             lr = lr_at(step, base_lr=args.lr, steps_per_epoch=steps_per_epoch, epochs=args.epochs, init=args.init)
@@ -172,10 +192,13 @@ def train_epochs(args, model, optimizer, log, out_dir: Path, device, train_batch
             optimizer.step()
             step += 1
             nb += 1
-            loss_sum += loss.item() * y.numel()
-            correct += (out.argmax(1) == y).sum().item()
+            batch_loss, hits = loss.item(), (out.argmax(1) == y).sum().item()
+            loss_sum += batch_loss * y.numel()
+            correct += hits
             count += y.numel()
+            window.add(batch_loss, hits, y.numel())
             if args.log_interval and (i + 1) % args.log_interval == 0:
+                log.setdefault("steps", []).append(window.row(step=step, epoch=epoch + 1, lr=lr))
                 logger.info("epoch %d [%d/%d] loss %.4f acc %.2f lr %.4g", epoch + 1, i + 1, steps_per_epoch,
                             loss_sum / count, 100.0 * correct / count, lr)
         if device.type == "cuda":

@@ -1,0 +1,143 @@
+"""What a ``fairseq-train`` run with GradInit says while it trains and when it ends.
+
+fairseq prints training statistics every ``--log-interval`` updates, which can be many minutes apart (or
+not at all before the run ends) when the output goes to a file. With GradInit on, the plugin adds a
+progress line whenever ``--gradinit-progress-seconds`` of wall time have passed (update number, updates
+per second, the mean loss since the last line) and, when the process ends, one summary line of the
+GradInit phase read from ``gradinit.json`` (iterations by branch, health verdict, where the files are).
+The model printout and the full configuration that fairseq-train logs first go to the debug level
+(:func:`quiet_fairseq_printouts`): they are the checkpoint's ``cfg`` and the model's ``repr``.
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import math
+import os
+import time
+from typing import Callable, Optional
+
+import torch
+
+from ..core.progress import format_duration
+from .cfg import cfg_value
+
+logger = logging.getLogger(__name__)
+
+#: fairseq-train's logger, which prints the whole configuration and the model before training.
+FAIRSEQ_TRAIN_LOGGER = "fairseq_cli.train"
+#: Set to ``debug`` to see the printouts and tables that the plugin and fairseq-train log at the debug level.
+LOG_LEVEL_ENV = "FAIRSEQ_GRADINIT_LOG_LEVEL"
+
+
+class TrainingProgress:
+    """A log line every ``every_seconds`` of wall time during training, from the task's ``train_step``.
+
+    The loss is summed on the device and read once per line, so that training waits for the device no
+    more often than that."""
+
+    def __init__(self, every_seconds: float, clock: Optional[Callable[[], float]] = None):
+        self.every_seconds = every_seconds
+        self.clock = clock or time.monotonic
+        self.start: Optional[float] = None
+        self.last_time = 0.0
+        self.last_update: Optional[int] = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.loss_sum, self.sample_size, self.updates = None, 0.0, set()
+
+    def on_train_step(self, update_num: int, result, ignore_grad: bool) -> None:
+        """Count one ``train_step`` (``result``: its ``(loss, sample_size, logging_output)``)."""
+        now = self.clock()
+        if self.start is None:
+            self.start = self.last_time = now
+            self.last_update = update_num
+        loss, sample_size = (result[0], result[1]) if isinstance(result, tuple) and len(result) >= 2 else (None, 0)
+        if not ignore_grad and torch.is_tensor(loss):
+            loss = loss.detach().float()
+            self.loss_sum = loss if self.loss_sum is None else self.loss_sum + loss
+            self.sample_size += float(sample_size)
+        self.updates.add(update_num)
+        if now - self.last_time >= self.every_seconds:
+            logger.info(self.line(update_num + 1, now))
+
+    def line(self, updates_done: int, now: float) -> str:
+        """The progress line after ``updates_done`` updates; the interval restarts."""
+        rate = (updates_done - self.last_update) / max(now - self.start, 1e-9)
+        text = (f"gradinit: training progress: update {updates_done}, {format_duration(now - self.start)} elapsed, "
+                f"{rate:.3g} updates/s")
+        if self.loss_sum is not None and self.sample_size > 0:
+            loss = float(self.loss_sum) / self.sample_size / math.log(2)
+            n = len(self.updates)
+            text += f", loss {loss:.4g} over the last {n} update{'' if n == 1 else 's'} (base 2, as fairseq's loss)"
+        self.last_time = now
+        self._reset()
+        return text
+
+
+def progress_from_cfg(cfg, enabled: bool) -> Optional[TrainingProgress]:
+    """The run's :class:`TrainingProgress`, or None when GradInit is off or the interval is 0."""
+    seconds = cfg_value(cfg, "gradinit_progress_seconds", 0) or 0
+    return TrainingProgress(float(seconds)) if enabled and seconds > 0 else None
+
+
+def summary_line(result_path: str, save_dir: str) -> Optional[str]:
+    """One line on the GradInit scales recorded in ``result_path`` (the run's ``gradinit.json`` or the init
+    file it applied) and the files in ``save_dir``; None when the file cannot be read."""
+    try:
+        with open(result_path, encoding="utf-8") as f:
+            record = json.load(f)
+    except (OSError, ValueError):
+        return None
+    what = "scales"
+    if isinstance(record.get("iterations"), int):
+        what = (f"{record['iterations']} iterations ({record.get('num_objective', 0)} objective, "
+                f"{record.get('num_constraint', 0)} constraint, {record.get('num_skipped', 0)} skipped)")
+        if isinstance(record.get("wall_time"), (int, float)):
+            what += f" in {format_duration(record['wall_time'])}"
+    health = record.get("health") or {}
+    verdict = str(health.get("verdict", "not measured")).upper()
+    files = [result_path] + [os.path.join(save_dir, n) for n in ("monitor.jsonl",)
+                             if os.path.exists(os.path.join(save_dir, n))]
+    return f"gradinit: summary: {what}; health: {verdict}; files: {', '.join(files)}"
+
+
+def summarize_at_exit(result_path: str, save_dir: str) -> None:
+    """Log :func:`summary_line` when the process ends (once per file)."""
+    key = os.path.abspath(result_path)
+    if key in _SUMMARIES:
+        return
+    _SUMMARIES.add(key)
+
+    def emit() -> None:
+        line = summary_line(result_path, save_dir)
+        if line is not None:
+            logging.raiseExceptions = False  # a stream closed by the host program must not print a traceback
+            logger.info(line)
+
+    atexit.register(emit)
+
+
+_SUMMARIES: set = set()
+
+
+class _DebugOnly(logging.Filter):
+    """Passes fairseq-train's configuration and model printouts only when its logger logs at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, torch.nn.Module) or type(record.msg).__name__ == "DictConfig":
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def quiet_fairseq_printouts() -> None:
+    """Move fairseq-train's printouts of its whole configuration and of the model to the debug level;
+    with ``FAIRSEQ_GRADINIT_LOG_LEVEL=debug``, this package's and fairseq-train's loggers log at debug."""
+    log = logging.getLogger(FAIRSEQ_TRAIN_LOGGER)
+    if os.environ.get(LOG_LEVEL_ENV, "").strip().lower() == "debug":
+        for name in (FAIRSEQ_TRAIN_LOGGER, "fairseq_gradinit"):
+            logging.getLogger(name).setLevel(logging.DEBUG)
+    if not any(isinstance(f, _DebugOnly) for f in log.filters):
+        log.addFilter(_DebugOnly())

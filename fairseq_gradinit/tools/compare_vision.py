@@ -1,0 +1,222 @@
+"""GradInit against the network's own initialization, side by side, for a short training budget.
+
+``gradinit-compare-vision`` trains the same network from the same seed on the same batches twice with
+``gradinit-train-vision`` (:mod:`fairseq_gradinit.tools.train_vision`): once from Kaiming's initialization
+and once after GradInit. It prints the test accuracy of each after the budget, and writes a JSON with the
+numbers and training curves and a PNG plot of the training loss and accuracy by step. The default is VGG-19
+with BN at a quarter of the paper's width on Fashion-MNIST from the Debian package ``dataset-fashion-mnist``,
+120 steps of 128 images: a few minutes on a CPU (the GradInit paper's Table 1 compares the first epoch of the
+same network on CIFAR-10). ``--model resnet110 --no-bn`` is the deep network without normalization, where
+Kaiming's initialization does not train at all at lr 0.1.
+
+Flags this command does not know go to both runs (e.g. ``--lr 0.05`` or ``--wd 0``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from ..core.progress import format_duration
+from ..quiet import hide_known_noise
+from .train_vision.cli import get_args_parser as train_parser
+from .train_vision.cli import main as train_main
+from .train_vision.data import DATASETS
+from .train_vision.errors import Interrupted, RunFailure, UsageError
+
+logger = logging.getLogger("compare_vision")
+
+INITS = ("kaiming", "gradinit")
+LABELS = {"kaiming": "Kaiming init", "gradinit": "GradInit"}
+DATASET_NAMES = {"fashion-mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "synthetic": "synthetic images",
+                 "imagefolder": "an image folder"}
+
+
+def get_args_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description="Train a network from Kaiming's initialization and after GradInit for the same short budget; "
+        "print the test accuracy of each and write a JSON and a PNG plot. Other gradinit-train-vision flags "
+        "(e.g. --lr, --synthetic-train-size) apply to both runs.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--dataset", default="fashion-mnist", choices=DATASETS, help="training data (fashion-mnist: "
+                   "apt-get install dataset-fashion-mnist)")
+    p.add_argument("--data-dir", default=None, help="folder of the data (default: gradinit-train-vision's)")
+    p.add_argument("--model", default="vgg19", help="registered architecture")
+    p.add_argument("--bn", default=True, action=argparse.BooleanOptionalAction,
+                   help="with or without BN layers (without: learnable biases instead)")
+    p.add_argument("--width", default=0.25, type=float, help="channel-width multiplier")
+    p.add_argument("--batch-size", default=128, type=int, help="training batch size (also GradInit's |S|)")
+    p.add_argument("--steps", default=120, type=int, help="training steps of each run (one cosine "
+                   "schedule; at most one pass over the training data)")
+    p.add_argument("--gradinit-iters", default=39, type=int, help="GradInit iterations")
+    p.add_argument("--test-batches", default=10, type=int, help="test batches of 256 images scored after training")
+    p.add_argument("--log-interval", default=10, type=int, help="a point of the curves every this many steps")
+    p.add_argument("--seed", default=0, type=int, help="random seed of both runs")
+    p.add_argument("--output-dir", default="runs/compare-vision", help="the two runs' folders (kaiming/, "
+                   "gradinit/) and, unless --json/--plot say otherwise, compare.json and compare.png")
+    p.add_argument("--json", default=None, help="where the comparison's JSON goes (default: OUTPUT_DIR/compare.json)")
+    p.add_argument("--plot", default=None, help="where the PNG plot goes (default: OUTPUT_DIR/compare.png)")
+    return p
+
+
+def arm_argv(args, init: str, extra: Sequence[str]) -> List[str]:
+    """The gradinit-train-vision command line of one run."""
+    argv = ["--dataset", args.dataset, "--model", args.model, "--bn" if args.bn else "--no-bn",
+            "--width", str(args.width), "--batch-size", str(args.batch_size), "--epochs", "1",
+            "--limit-train-batches", str(args.steps), "--limit-test-batches", str(args.test_batches),
+            "--log-interval", str(args.log_interval), "--seed", str(args.seed), "--workers", "0",
+            "--init", init, "--output-dir", str(Path(args.output_dir) / init), "--overwrite"]
+    if args.data_dir:
+        argv += ["--data-dir", args.data_dir]
+    if init == "gradinit":
+        argv += ["--gradinit-iters", str(args.gradinit_iters)]
+    return argv + list(extra)
+
+
+def run_arm(targs) -> Dict[str, Any]:
+    """Train one run (``gradinit-train-vision``'s parsed arguments); returns its summary (test accuracy,
+    times, curves)."""
+    start = time.perf_counter()
+    log = train_main(targs)
+    elapsed = time.perf_counter() - start
+    last, info = log["epochs"][-1], log["init"]
+    branches = {k: info[f"num_{k}"] for k in ("objective", "constraint", "skipped")} if "iterations" in info else None
+    return {
+        "test_acc": last["test_acc"], "test_loss": last["test_loss"], "train_loss": last["train_loss"],
+        "train_acc": last["train_acc"], "steps": log["steps_per_epoch"], "test_images": log["test_images"],
+        "init_wall_time": log.get("init_wall_time"), "train_wall_time": last["train_time"],
+        "eval_wall_time": last["eval_time"], "wall_time": elapsed, "gradinit_iterations": branches,
+        "health": (info.get("health") or {}).get("verdict"),
+        "curve": [{k: r[k] for k in ("step", "loss", "acc")} for r in log.get("steps", [])],
+        "output_dir": targs.output_dir,
+    }
+
+
+def describe(args, steps: int, test_images: int) -> str:
+    """One line naming the experiment, for the printout and the plot's title."""
+    net = f"{args.model} {'with' if args.bn else 'without'} BN (width {args.width:g})"
+    data = DATASET_NAMES.get(args.dataset, args.dataset)
+    return f"{net} on {data}: {steps} steps of {args.batch_size} images, test accuracy on {test_images} images"
+
+
+def conditions() -> Dict[str, Any]:
+    """What the timings depend on."""
+    return {"torch_threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
+            "machine": platform.machine()}
+
+
+def report_lines(result: Dict[str, Any]) -> List[str]:
+    """The comparison as the command prints it."""
+    arms = result["runs"]
+    lines = [result["title"], f"{'init':<14}{'test acc':>10}{'test loss':>11}{'init time':>11}{'training':>10}"]
+    for init, r in arms.items():
+        init_time = "-" if r["init_wall_time"] is None else f"{r['init_wall_time']:.0f}s"
+        lines.append(f"{LABELS[init]:<14}{r['test_acc']:>9.1f}%{r['test_loss']:>11.3f}{init_time:>11}"
+                     f"{r['train_wall_time']:>9.0f}s")
+    if set(INITS) <= set(arms):
+        diff = arms["gradinit"]["test_acc"] - arms["kaiming"]["test_acc"]
+        lines.append(f"GradInit - Kaiming: {diff:+.1f} points of test accuracy after {result['steps']} steps "
+                     f"(total {result['wall_time']:.0f}s on {result['conditions']['torch_threads']} thread(s))")
+    return lines
+
+
+def result_table(result: Dict[str, Any]) -> str:
+    """The comparison as a Markdown table (the quick start's page quotes it from the stored JSON)."""
+    lines = ["| initialization | test accuracy | test loss | initialization time | training time |", "|---|---|---|---|---|"]
+    for init, r in result["runs"].items():
+        init_time = "-" if r["init_wall_time"] is None else f"{r['init_wall_time']:.0f} s"
+        lines.append(f"| {LABELS[init]} | {r['test_acc']:.1f} % | {r['test_loss']:.3f} | {init_time} | "
+                     f"{r['train_wall_time']:.0f} s |")
+    threads = result["conditions"]["torch_threads"]
+    lines += ["", f"Both runs, GradInit included, took {format_duration(result['wall_time'])} on {threads} "
+              f"thread{'' if threads == 1 else 's'}."]
+    return "\n".join(lines)
+
+
+def plot(result: Dict[str, Any], path: Path) -> bool:
+    """Training loss and accuracy by step of both runs, test accuracies in the legend. False without
+    matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed (pip install matplotlib): no PNG plot", file=sys.stderr)
+        return False
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(12, 5))
+    for i, (init, r) in enumerate(result["runs"].items()):
+        steps = [p["step"] for p in r["curve"]]
+        label = f"{LABELS[init]}: test accuracy {r['test_acc']:.1f} %"
+        ax_loss.plot(steps, [p["loss"] for p in r["curve"]], color=f"C{i}", lw=2, label=label)
+        ax_acc.plot(steps, [p["acc"] for p in r["curve"]], color=f"C{i}", lw=2, label=label)
+    losses = [p["loss"] for r in result["runs"].values() for p in r["curve"] if p["loss"] > 0]
+    log_scale = bool(losses) and max(losses) > 20 * min(losses)  # Kaiming's exploding start without BN
+    if log_scale:
+        ax_loss.set_yscale("log")
+    ax_loss.set_ylabel("training loss" + (" (log scale)" if log_scale else ""), fontsize=13)
+    ax_acc.set_ylabel("training accuracy (%)", fontsize=13)
+    for ax in (ax_loss, ax_acc):
+        ax.set_xlabel(f"training step (batch of {result['batch_size']})", fontsize=13)
+        ax.tick_params(labelsize=11)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=12)
+    fig.suptitle(f"GradInit vs Kaiming initialization\n{result['title']}", fontsize=14)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def compare(args, extra: Sequence[str]) -> Dict[str, Any]:
+    """Both runs, one after the other; the comparison's record."""
+    parser = train_parser()
+    parser.prog = "gradinit-compare-vision"
+    arms = {init: parser.parse_args(arm_argv(args, init, extra)) for init in INITS}  # both checked first
+    start = time.perf_counter()
+    runs = {init: run_arm(targs) for init, targs in arms.items()}
+    steps = runs["kaiming"]["steps"]
+    return {"title": describe(args, steps, runs["kaiming"]["test_images"]), "model": args.model, "bn": args.bn,
+            "width": args.width, "dataset": args.dataset, "batch_size": args.batch_size, "steps": steps,
+            "gradinit_iters": args.gradinit_iters, "seed": args.seed, "extra_flags": list(extra),
+            "wall_time": time.perf_counter() - start, "conditions": conditions(), "runs": runs}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = get_args_parser()
+    args, extra = parser.parse_known_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
+    try:
+        result = compare(args, extra)
+    except (UsageError, RunFailure) as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2 if isinstance(e, UsageError) else 1
+    except (Interrupted, KeyboardInterrupt):
+        return 130
+    out = Path(args.output_dir)
+    json_path = Path(args.json) if args.json else out / "compare.json"
+    png_path = Path(args.plot) if args.plot else out / "compare.png"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    plotted = plot(result, png_path)
+    print("\n".join(report_lines(result)))
+    print(f"curves and numbers: {json_path}" + (f"; plot: {png_path}" if plotted else ""))
+    return 0
+
+
+def run() -> int:
+    """The ``gradinit-compare-vision`` command: :func:`main` with known third-party warnings hidden."""
+    hide_known_noise()
+    return main()
