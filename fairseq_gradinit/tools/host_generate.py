@@ -38,6 +38,10 @@ def patch_dictionary_string() -> None:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     from fairseq_cli import generate
 
+    # `python -m` imported this package before fairseq, so the plugin did not register itself, and fairseq's
+    # --user-dir then finds the package loaded and imports nothing: register it now that fairseq is loaded.
+    from .. import fairseq_plugin  # noqa: F401
+
     patch_dictionary_string()
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
