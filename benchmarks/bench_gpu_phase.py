@@ -290,14 +290,7 @@ NO_KERNEL_OPS = {"aten::" + n for n in (
 def compute_ops(events) -> int:
     """Top-level aten operators that are not views or allocations: a CPU stand-in for the kernel
     launches of a GPU (a ``_foreach_*`` operator counts once, as its multi-tensor kernels launch a few)."""
-    def top(e):
-        p = e.cpu_parent
-        while p is not None:
-            if p.name.startswith("aten::"):
-                return False
-            p = p.cpu_parent
-        return True
-    return sum(1 for e in events if e.name.startswith("aten::") and e.name not in NO_KERNEL_OPS and top(e))
+    return top_level_aten_ops(events, skip=NO_KERNEL_OPS)
 
 
 def profile_iterations(step, items, device):

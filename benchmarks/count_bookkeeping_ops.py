@@ -33,8 +33,8 @@ def get_args_parser() -> argparse.ArgumentParser:
     return p
 
 
-def top_level_aten_ops(events) -> int:
-    """aten operators not called from inside another aten operator."""
+def top_level_aten_ops(events, *, skip=frozenset()) -> int:
+    """aten operators not called from inside another aten operator (and not named in ``skip``)."""
     def nested(e):
         p = e.cpu_parent
         while p is not None:
@@ -42,7 +42,7 @@ def top_level_aten_ops(events) -> int:
                 return True
             p = p.cpu_parent
         return False
-    return sum(1 for e in events if e.name.startswith("aten::") and not nested(e))
+    return sum(1 for e in events if e.name.startswith("aten::") and e.name not in skip and not nested(e))
 
 
 def count(name: str, bn: bool, args) -> dict:

@@ -1,4 +1,4 @@
-"""Two runs into one --save-dir: the GradInit phase holds a lock on the folder, a second run stops
+"""Two runs into one --save-dir: a run with GradInit holds a lock on the folder, a second run stops
 with one line naming the first, and a lock left by a killed run is taken over."""
 import json
 import socket
@@ -19,21 +19,28 @@ def _argv(data, save, *extra):
             "--save-dir", str(save), *extra]
 
 
-def test_second_run_during_a_gradinit_phase_is_refused_and_a_dead_runs_lock_taken_over(tiny_data, tmp_path, caplog):
-    save = tmp_path / "ck"
-    cmd = [sys.executable, "-m", "fairseq_cli.train", *_argv(tiny_data, save, "--gradinit-iters", "100000",
-                                                             "--gradinit-log-interval", "1"),
-           "--user-dir", "fairseq_gradinit"]
+def _start_until(cmd, marker):
+    """Start ``cmd`` (killed after 400 s at the latest) and read its output until a line holds ``marker``:
+    (process, watchdog, lines read)."""
     first = subprocess.Popen(cmd, cwd=REPO, env=env_with_repo(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)
     watchdog = threading.Timer(400, first.kill)
     watchdog.start()
     lines = []
+    for line in first.stdout:
+        lines.append(line)
+        if marker in line:
+            break
+    return first, watchdog, lines
+
+
+def test_second_run_during_a_gradinit_phase_is_refused_and_a_dead_runs_lock_taken_over(tiny_data, tmp_path, caplog):
+    save = tmp_path / "ck"
+    cmd = [sys.executable, "-m", "fairseq_cli.train", *_argv(tiny_data, save, "--gradinit-iters", "100000",
+                                                             "--gradinit-log-interval", "1"),
+           "--user-dir", "fairseq_gradinit"]
+    first, watchdog, lines = _start_until(cmd, "gradinit iter 1/100000")  # the first run is inside its phase
     try:
-        for line in first.stdout:  # wait until the first run is inside its GradInit phase
-            lines.append(line)
-            if "gradinit iter 1/100000" in line:
-                break
         assert first.poll() is None, "".join(lines)[-3000:]
 
         with pytest.raises(SystemExit) as exc:
@@ -62,16 +69,8 @@ def test_a_second_run_after_the_first_runs_phase_stops_before_any_work(tiny_data
     cmd = [sys.executable, "-m", "fairseq_cli.train", *_argv(tiny_data, save, "--gradinit-iters", "2"),
            "--max-update", "100000", "--save-interval-updates", "2", "--no-epoch-checkpoints",
            "--user-dir", "fairseq_gradinit"]
-    first = subprocess.Popen(cmd, cwd=REPO, env=env_with_repo(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             text=True)
-    watchdog = threading.Timer(400, first.kill)
-    watchdog.start()
-    lines = []
+    first, watchdog, lines = _start_until(cmd, "Saved checkpoint")  # the first run trains, has saved a checkpoint
     try:
-        for line in first.stdout:  # wait until the first run trains and has saved a checkpoint
-            lines.append(line)
-            if "Saved checkpoint" in line:
-                break
         assert first.poll() is None and (save / "checkpoint_last.pt").exists(), "".join(lines)[-3000:]
         caplog.set_level("INFO")
         with pytest.raises(SystemExit) as exc:
