@@ -8,9 +8,11 @@ pytest_plugins = ["strict_skips"]
 
 # The test machine has very few cores shared with other jobs: keep PyTorch single-threaded, here and in the
 # fairseq-train and script subprocesses the tests start (they inherit the environment). On a shared CPU, two
-# threads per process wait on each other's cores (benchmarks/bench_threads.py measures it).
-torch.set_num_threads(1)
+# threads per process wait on each other's cores (benchmarks/bench_threads.py measures it). An OMP_NUM_THREADS
+# set by the caller is kept, in this process too, so that the suite's own thread cost can be measured.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+_threads = os.environ["OMP_NUM_THREADS"].split(",")[0].strip()
+torch.set_num_threads(int(_threads) if _threads.isdigit() and int(_threads) > 0 else 1)
 
 
 @pytest.fixture(autouse=True)

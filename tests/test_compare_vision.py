@@ -117,3 +117,14 @@ def test_quick_start_page_quotes_the_thread_measurements():
         else:  # the last run's load fell: the page says so
             assert f"load average of {min(loads[:3]):.1f}–{max(loads[:3]):.1f} ([{name}]" in one_line
             assert f"one core busy) had fallen to {loads[3]:.1f}," in one_line
+
+
+def test_quick_start_page_quotes_the_suite_thread_measurement():
+    stored = json.loads((REPO / "docs" / "threads-suite.json").read_text(encoding="utf-8"))
+    one_line = (REPO / "docs" / "quickstart-vision.md").read_text(encoding="utf-8").replace("\n", " ")
+    s = {(r["omp_num_threads"], r["one_core_busy"]): r["seconds"] for r in stored["runs"]}
+    assert (f"{s[(2, False)]:.1f} s with 2 threads and {s[(1, False)]:.1f} s with one; with one core busy, "
+            f"{s[(2, True)]:.1f} s with 2 threads and {s[(1, True)]:.1f} s with one") in one_line
+    assert all(s[(1, busy)] <= s[(2, busy)] for busy in (False, True))  # what the page advises
+    for path in stored["command"].split()[-3:]:
+        assert f"`{path}`" in one_line and (REPO / path).is_file()

@@ -299,13 +299,13 @@ def test_a_second_study_into_the_same_out_merges_its_arms(tmp_path, monkeypatch,
     (["--archive", "{tmp}/notes.tgz"], "--archive {tmp}/notes.tgz exists and it does not start as a .tar.gz "
                                        "archive does"),
     (["--export", "{tmp}/out"], "--export {tmp}/out (its study.json) is the input --out {tmp}/out/study.json"),
-    (["--bleu-args=--lenpen abc"], "--bleu-args: fairseq-generate rejects them: __main__.py: error: argument "
+    (["--bleu-args=--lenpen abc"], "--bleu-args: fairseq-generate rejects them: argument "
                                    "--lenpen: invalid float value: 'abc'"),
     (["--bleu-subset", "tst"], "--bleu-subset tst: {tmp}/bin has no such split (it has: test, train); pick one of "
                                "them, or pass --no-bleu"),
     (["--bleu-ref", "{tmp}/latin1.en"], "--bleu-ref {tmp}/latin1.en, line 2: byte 0xe9 at byte 2 of the line is not "
                                         "UTF-8; the references must be UTF-8 text"),
-    (["--arm", "y=--dropout abc"], "arm y: fairseq-train rejects its arguments: __main__.py: error: argument "
+    (["--arm", "y=--dropout abc"], "arm y: fairseq-train rejects its arguments: argument "
                                    "--dropout: invalid float value: 'abc'"),
     (["--bleu-ref", "{tmp}/short.en"], "--bleu-ref {tmp}/short.en has 2 lines, but the split 'test' of {tmp}/bin has "
                                        "3 sentences: line i of the references must be sentence i of the split"),

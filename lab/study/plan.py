@@ -152,8 +152,10 @@ def _parse_fairseq_args(argv: Sequence[str], *, arm: str, generate: bool = False
             return options.parse_args_and_arch(parser, input_args=list(argv))
     except SystemExit:
         msg = err.getvalue().strip().splitlines()
+        # argparse's "PROG: error: " names whatever program runs the study (python, pytest): keep the reason only
+        reason = msg[-1].split(": error: ", 1)[-1] if msg else "bad arguments"
         who = f"{arm}: fairseq-generate rejects them" if generate else f"arm {arm}: fairseq-train rejects its arguments"
-        raise ValueError(f"{who}: {msg[-1] if msg else 'bad arguments'}")
+        raise ValueError(f"{who}: {reason}")
 
 
 def check_bleu_step(cfg: StudyConfig) -> None:
