@@ -48,8 +48,8 @@ MONITOR_JSONL = "monitor.jsonl"
 MAX_OVERFLOW_RECORDS = 20
 #: The eval - train loss gap on the fixed batch (bits) warns when it is positive and at least this
 #: far above its lowest value in this run's earlier records, and again each time it rises this much
-#: more: with dropout on, train-mode loss is the higher one in a healthy run, and the gap drifts by
-#: a few tenths at most; eval mode breaking away adds ~1 bit within a few hundred updates.
+#: more: with dropout on, train-mode loss is the higher one in a healthy run and the gap only drifts,
+#: while eval mode breaking away makes it jump (the threshold's reasoning: docs/monitor.md).
 GAP_JUMP = 0.4
 #: A padded length of this residue (mod 128) is where cuDNN attention's backward returns NaN
 #: query gradients (:mod:`fairseq_gradinit.core.sdpa_guard`).

@@ -384,11 +384,10 @@ def check_paths(args) -> None:
         raise ArgumentProblem(str(e)) from None
 
 
-#: Batches on a CUDA GPU. Decoding there is bound by the host's work per decoder step (beam search
-#: bookkeeping, kernel launches), which hardly grows with the batch, and each batch runs up to
-#: ``max-len-a * its longest source + max-len-b`` steps: fewer, larger batches take fewer steps. With
-#: the study's length limits the 1,500-sentence Debian test split is 2 batches and 206 steps at most
-#: (16,384 tokens and 1,024 sentences: 4 batches, 319 steps); its beam-5 decoder state stays a few GB.
+#: Batches on a CUDA GPU: each batch runs up to ``max-len-a * its longest source + max-len-b`` decoder
+#: steps, and a step's host work (beam bookkeeping, kernel launches) hardly grows with the batch, so fewer,
+#: larger batches should take fewer steps and less time. Not yet measured on a GPU (docs/no-warmup.md says
+#: what the BLEU step's batches are and how to measure them).
 GPU_MAX_TOKENS = 65536
 GPU_BATCH_SIZE = 4096
 CPU_MAX_TOKENS = 4096

@@ -95,11 +95,16 @@ GI_EVIDENCE = (
 )
 
 
-def _gi(*overrides: str) -> Tuple[str, ...]:
-    """The evidence's GradInit arguments with some of them replaced."""
+def _with(args: Tuple[str, ...], *overrides: str) -> Tuple[str, ...]:
+    """``args`` with some options replaced (each option once in the command)."""
     from .arms import merge_args
 
-    return tuple(merge_args(GI_EVIDENCE, overrides))
+    return tuple(merge_args(args, overrides))
+
+
+def _gi(*overrides: str) -> Tuple[str, ...]:
+    """The evidence's GradInit arguments with some of them replaced."""
+    return _with(GI_EVIDENCE, *overrides)
 
 
 EVIDENCE = Preset(
@@ -568,13 +573,6 @@ SHOCK_SCALES = AUTHORS_SCALES + SHOCK_TRAIN
 
 def _shock_arm(name: str, args: Tuple[str, ...], note: str) -> Arm:
     return Arm(name, args, drop=CONFIRM_BASE_DROP, data="separate", note=note)
-
-
-def _with(args: Tuple[str, ...], *overrides: str) -> Tuple[str, ...]:
-    """``args`` with some options replaced (each option once in the command)."""
-    from .arms import merge_args
-
-    return tuple(merge_args(args, overrides))
 
 
 SHOCK = Preset(
