@@ -19,3 +19,11 @@ torch.set_num_threads(int(_threads) if _threads.isdigit() and int(_threads) > 0 
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory):
+    """A tiny data-bin of the repository's de-en corpus, built once per test session."""
+    from fairseq_helpers import make_tiny_bin
+
+    return make_tiny_bin(tmp_path_factory.mktemp("tinydata"), {"train": 300, "valid": 40, "test": 40}, 600)

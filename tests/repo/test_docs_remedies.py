@@ -1,0 +1,95 @@
+"""docs/remedies.md: its commands parse with the plugin and its numbers hold."""
+import math
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+DOC = (REPO / "docs" / "remedies.md").read_text(encoding="utf-8")
+
+
+def doc_commands():
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", DOC, flags=re.S):
+        joined = re.sub(r"\\\n\s*", " ", block)
+        cmds += [shlex.split(line, comments=True) for line in joined.splitlines() if line.startswith("fairseq-train ")]
+    return cmds
+
+
+def test_every_flag_of_the_table_and_commands_parses_with_the_plugin():
+    pytest.importorskip("fairseq")
+    from fairseq import options
+
+    import fairseq_gradinit.fairseq_plugin  # noqa: F401
+
+    cmds = doc_commands()
+    assert len(cmds) == 4
+    table_flags = set(re.findall(r"^\| [^|]+ \| `(--gradinit-[a-z-]+)", DOC, flags=re.M))
+    from fairseq_gradinit.fairseq_plugin.task import TranslationGradInitConfig
+
+    fields = {"--" + n.replace("_", "-") for n in TranslationGradInitConfig.__dataclass_fields__}
+    assert len(table_flags) == 5 and table_flags <= fields
+    for argv in cmds:
+        args = argv[1:]
+        i = args.index("--user-dir")
+        del args[i:i + 2]
+        if "--gradinit-init-file" in args:  # parsing reads the init file: give it one
+            continue
+        ns = options.parse_args_and_arch(options.get_training_parser(), input_args=args)
+        assert ns.gradinit_iters == 780
+
+
+def test_the_xavier_rms_range_and_the_adam_update_comparison():
+    """Xavier-uniform weights of the d=512 transformer_iwslt_de_en have rms 0.03-0.044; at scale 0.01
+    that is below one Adam update at lr 5e-4."""
+    d, ffn = 512, 1024
+    rms = lambda fan_in, fan_out, gain=1.0: gain * math.sqrt(2.0 / (fan_in + fan_out))  # noqa: E731
+    values = [rms(d, d, 2 ** -0.5), rms(d, d), rms(d, ffn), d ** -0.5]  # q/k/v, out_proj, fc1/fc2, embeddings
+    assert min(values) == pytest.approx(0.03125) and max(values) == pytest.approx(0.0442, abs=1e-4)
+    assert 0.01 * max(values) < 5e-4
+    assert "root-mean-square of 0.03–0.044" in DOC and "3–4.4e-4" in DOC
+
+
+def test_the_floor_counts_of_the_collapsed_d512_scales():
+    import json
+
+    scales = json.loads((REPO / "tests" / "data" / "authors-d512-scales.json").read_text())["scales"]
+    weights = {k: v for k, v in scales.items() if not k.endswith(".bias")}
+    biases = {k: v for k, v in scales.items() if k.endswith(".bias")}
+    assert len(weights) == 128 and len(biases) == 78
+    assert sum(v <= 0.01 + 1e-6 for v in weights.values()) == 20
+    assert sum(v <= 0.01 + 1e-6 for v in biases.values()) == 9
+    assert "20 of its 128 weight tensors" in DOC and "9 of its 78 biases" in DOC
+
+
+def test_the_health_page_quotes_the_measured_health_of_the_collapsed_scales():
+    import json
+
+    health = json.loads((REPO / "docs" / "health-authors-d512.json").read_text())["health"]
+    gains = sorted((n["gain_after"] for n in health["norms"] if isinstance(n["gain_after"], float)), reverse=True)
+    page = (REPO / "docs" / "health.md").read_text(encoding="utf-8").replace("\n", " ")
+    assert health["verdict"] == "degenerate" and health["floor"]["weights"]["count"] == 20
+    assert f"The collapsed run had {gains[0]:.1f} and {gains[1]:.1f}." in page
+    assert "20 of the 128 weight tensors" in page
+
+
+def test_the_clamp_table_is_the_stored_measurement():
+    import json
+
+    def health(path):
+        return json.loads((REPO / "docs" / path).read_text())["health"]
+
+    rows = {"as learned": health("health-authors-d512.json"),
+            "clamped mild: LayerNorm ≥ 0.1, others ≥ 0.05": health("remedies/health-clamp-mild.json"),
+            "clamped strong: LayerNorm ≥ 0.3, others ≥ 0.1": health("remedies/health-clamp-strong.json")}
+    cols = ("decoder.layers.5.self_attn_layer_norm", "decoder.layers.4.self_attn_layer_norm",
+            "encoder.layers.4.final_layer_norm")
+    for label, h in rows.items():
+        gains = {n["name"]: n["gain_after"] for n in h["norms"]}
+        cells = [str(h["floor"]["weights"]["count"])] + [f"{gains[c]:.1f}" for c in cols] + [h["verdict"]]
+        assert f"| {label} | " + " | ".join(cells) + " |" in DOC, label
+        assert h["batch"] == {"sentences": 160, "tokens": 2201}
+    before = [n["gain_before"] for n in rows["as learned"]["norms"]]
+    assert f"{min(before):.2f}–{max(before):.2f}" == "0.81–1.07" and "(Xavier:\n0.81–1.07)" in DOC

@@ -1,0 +1,105 @@
+"""The front page: the licence and citation agree with the package metadata, its numbers are the stored runs, and its
+Python snippet runs as written."""
+import ast
+from pathlib import Path
+
+import yaml
+
+from fairseq_gradinit.version import __version__
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _setup_keyword(name):
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "setup":
+            for kw in node.keywords:
+                if kw.arg == name:
+                    return ast.literal_eval(kw.value)
+    raise AssertionError(f"setup() has no {name}=")
+
+
+def test_licence_is_mit_and_declared_in_setup():
+    text = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    assert text.startswith("MIT License")
+    assert "WITHOUT WARRANTY OF ANY KIND" in text
+    assert _setup_keyword("license") == "MIT"
+
+
+def test_citation_file_names_the_paper_and_this_version():
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))
+    assert cff["cff-version"] == "1.2.0"
+    assert cff["version"] == __version__ == _setup_keyword("version")
+    assert cff["license"] == "MIT"
+    paper = cff["preferred-citation"]
+    assert paper["title"].startswith("GradInit: Learning to Initialize Neural Networks")
+    assert paper["year"] == 2021
+    assert [a["family-names"] for a in paper["authors"]] == ["Zhu", "Ni", "Xu", "Kong", "Huang", "Goldstein"]
+
+
+def test_readme_bibtex_is_the_citation_file():
+    import re
+
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))["preferred-citation"]
+    bib = re.search(r"```bibtex\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"), flags=re.S).group(1)
+    fields = dict(re.findall(r"^\s*(\w+)\s*=\s*\{(.*)\},?$", bib, flags=re.M))
+    assert fields["title"] == cff["title"]
+    assert fields["year"] == str(cff["year"]) and fields["volume"] == str(cff["volume"])
+    assert [a.split(",")[0].strip() for a in fields["author"].split(" and ")] == \
+        [a["family-names"] for a in cff["authors"]]
+
+
+def test_readme_front_page_numbers_are_the_stored_runs():
+    """The front page's payoff, thread and GPU numbers are those of the stored result files."""
+    import json
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8").replace("\n", " ")
+    docs = ROOT / "docs"
+    runs = json.loads((docs / "compare-vision.json").read_text(encoding="utf-8"))
+    acc = {name: run["test_acc"] for name, run in runs["runs"].items()}
+    wall = runs["wall_time"]
+    assert f"**Kaiming {acc['kaiming']:.1f} %, GradInit {acc['gradinit']:.1f} %**" in readme
+    assert f"in {int(wall // 60)}m{wall % 60:.0f}s on one thread" in readme
+    assert (runs["model"], runs["bn"], runs["width"], runs["steps"], runs["batch_size"], runs["gradinit_iters"]) == \
+        ("vgg19", True, 0.25, 120, 128, 39)
+    assert "120 steps of 128 images each" in readme and "after 39 GradInit iterations" in readme
+    ratios = []
+    for name in ("threads-quickstart.json", "threads-quickstart-loaded.json"):
+        rows = json.loads((docs / name).read_text(encoding="utf-8"))["runs"]
+        for busy in (False, True):
+            t = {r["setting"]: r["seconds"] for r in rows if r["one_core_busy"] == busy}
+            ratios.append(t["default threads"] / t["OMP_NUM_THREADS=1"])
+    # the last loaded row is inflated by a load change during it (docs/quickstart-vision.md says so)
+    kept = ratios[:3]
+    assert f"{min(kept):.1f}–{max(kept):.1f}× faster" in readme
+    gpu = json.loads((docs / "fmnist-gpu-results.json").read_text(encoding="utf-8"))
+    assert gpu["resnet110--no-bn-kaiming-s0"]["acc_1"] == gpu["resnet110--no-bn-kaiming-s1"]["acc_1"] == 10.0
+    assert "chance level (10.00 %)" in readme
+    g = sorted(gpu[f"resnet110--no-bn-gradinit-s{s}"]["acc_1"] for s in (0, 1))
+    assert f"reaches {g[0]:.2f} % and {g[1]:.2f} % (two seeds)" in readme
+
+
+def test_readme_python_api_block_runs_as_written():
+    """The front page's Python snippet, run on a tiny model with its names bound (iters cut to 3)."""
+    import copy
+    import re
+
+    import torch
+
+    block = re.search(r"## Python API\n\n```python\n(.*?)```", (ROOT / "README.md").read_text(encoding="utf-8"),
+                      flags=re.S).group(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    twin = copy.deepcopy(model)
+    data = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(4)]
+
+    def loss_fn(m, batch):
+        return torch.nn.functional.cross_entropy(m(batch[0]), batch[1])
+
+    scope = {"model": model, "batches": data, "loss_fn": loss_fn, "other_model_with_same_init": twin}
+    exec(compile(block.replace("iters=780", "iters=3"), "README.md", "exec"), scope)
+    result = scope["result"]
+    assert len(result.history) == 3 and set(result.scales) <= {n for n, _ in model.named_parameters()}
+    for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters()):
+        assert torch.allclose(p, q), name  # apply_scales reproduced the learned weights on the twin

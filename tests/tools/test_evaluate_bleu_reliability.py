@@ -1,0 +1,116 @@
+"""scripts/evaluate_bleu.py refuses a --ref file of another split, and
+bad inputs (split, truncated checkpoint, the data-bin's parent, --user-dir) get one message each.
+docs/reliability.md ('Plugin, BLEU and study') maps each case here."""
+import json
+import re
+
+import pytest
+
+pytest.importorskip("fairseq")
+
+from fairseq_helpers import REPO  # noqa: E402
+from fairseq_train import TINY_MODEL, train_inprocess  # noqa: E402
+
+
+from fairseq_gradinit.tools import evaluate_bleu  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_data, tmp_path_factory):
+    """An untrained tiny translation_gradinit model (one update at lr 0)."""
+    save = tmp_path_factory.mktemp("bleu-ckpt")
+    train_inprocess([str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "0", "--max-update", "1",
+                     "--save-dir", str(save), "--no-save-optimizer-state"])
+    return save / "checkpoint_last.pt"
+
+
+FAST = ["--cpu", "--batch-size", "40", "--beam", "1", "--user-dir", "gradinit", "--", "--max-len-a", "0",
+        "--max-len-b", "3"]
+
+
+def test_ref_file_of_another_split_is_refused(tiny_data, checkpoint, tmp_path, capsys):
+    raw = tiny_data.parent  # make_tiny_bin wrote the plain-text splits beside bin/
+    saved = tmp_path / "gen.txt"
+    rc = evaluate_bleu.main([str(tiny_data), "--path", str(checkpoint), "--ref", str(raw / "test.en"),
+                             "--save-output", str(saved), "--output-json", str(tmp_path / "ok.json"), *FAST])
+    assert rc == 0 and json.loads((tmp_path / "ok.json").read_text())["references"] == str(raw / "test.en")
+    capsys.readouterr()
+    rc = evaluate_bleu.main([str(tiny_data), "--from-output", str(saved), "--ref", str(raw / "valid.en"),
+                             "--output-json", str(tmp_path / "bad.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and not (tmp_path / "bad.json").exists()
+    assert f"error: --ref {raw / 'valid.en'}: " in err
+    assert re.search(r"(\d\d) of \1 lines differ from the references in the binarized subset", err), err
+    assert "pass the plain-text target file of the split given as --gen-subset" in err
+
+
+def test_same_reference_tolerates_unknowns_and_tokenization():
+    assert evaluate_bleu.same_reference("Don't remove the <file>!", "don &apos;t remove the <<unk>> !")
+    assert not evaluate_bleu.same_reference("Remove the file.", "Keep the <<unk>>.")
+
+
+def _refusal(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        evaluate_bleu.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err and err.count("error:") == 1, err
+    return err
+
+
+def test_bad_inputs_are_one_argument_error_before_generate(tiny_data, checkpoint, tmp_path, capsys):
+    err = _refusal([str(tiny_data), "--path", str(checkpoint), "--gen-subset", "tst"], capsys)
+    assert "error: argument --gen-subset: invalid choice 'tst': " in err and "test, train, valid" in err
+    err = _refusal([str(tiny_data.parent), "--path", str(checkpoint)], capsys)
+    assert (f"error: argument data: {tiny_data.parent} holds no fairseq data-bin (no dict.*.txt); its subfolder "
+            f"{tiny_data} is one: pass {tiny_data}") in err
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(checkpoint.read_bytes()[: checkpoint.stat().st_size // 2])
+    err = _refusal([str(tiny_data), "--path", str(cut)], capsys)
+    assert f"error: argument --path: {cut} is truncated or damaged" in err
+    err = _refusal([str(tiny_data), "--path", str(checkpoint), "--user-dir", str(tmp_path / "nope")], capsys)
+    assert f"error: argument --user-dir: {tmp_path / 'nope'} is not a directory" in err
+
+
+def test_user_dir_accepts_the_path_fairseq_train_took(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # 'fairseq_gradinit' relative to the repository, run from elsewhere
+    for given in ("fairseq_gradinit", "gradinit", str(REPO / "fairseq_gradinit"), "../x/fairseq_gradinit"):
+        assert evaluate_bleu.resolve_user_dir(given) == REPO / "fairseq_gradinit"
+
+
+def test_a_failing_generate_shows_its_traceback_once(tiny_data, tmp_path, capsys):
+    import torch
+
+    foreign = tmp_path / "foreign.pt"
+    torch.save({"weights": torch.zeros(2)}, foreign)  # a complete file, but no fairseq checkpoint
+    rc = evaluate_bleu.main([str(tiny_data), "--path", str(foreign), "--cpu", "--output-json",
+                             str(tmp_path / "b.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and err.count("Traceback (most recent call last)") == 1, err[-2000:]
+    assert err.strip().splitlines()[-1].startswith("error: fairseq-generate failed (exit 1): ")
+
+
+@pytest.mark.parametrize("case", ["a line missing", "not UTF-8", "binary --from-output"])
+def test_unusable_references_and_outputs_are_refused_before_generate(tiny_data, tmp_path, monkeypatch, capsys, case):
+    """References that cannot be the split's line for line, or are not text, and a generate output that is not
+    text: one argument error before fairseq-generate starts (before: a UnicodeDecodeError traceback, or a
+    shifted --ref scored after the whole decode)."""
+    monkeypatch.setattr(evaluate_bleu, "run_generate", lambda *a, **k: pytest.fail("fairseq-generate was started"))
+    lines = (tiny_data.parent / "test.en").read_text(encoding="utf-8").splitlines()
+    ckpt = tmp_path / "checkpoint.pt"
+    ckpt.write_bytes(b"")
+    ref = tmp_path / "ref.en"
+    if case == "a line missing":
+        ref.write_text("\n".join(lines[1:]) + "\n", encoding="utf-8")
+        argv = [str(tiny_data), "--path", str(ckpt), "--ref", str(ref), "--cpu"]
+        expected = (f"error: argument --ref: {ref} has {len(lines) - 1} lines, but the split 'test' of {tiny_data} has "
+                    f"{len(lines)} sentences: line i of the references must be sentence i of the split")
+    elif case == "not UTF-8":
+        ref.write_bytes(b"ok\n" + "d\u00e9j\u00e0 vu".encode("latin-1") + b"\n")
+        argv = [str(tiny_data), "--path", str(ckpt), "--ref", str(ref), "--cpu"]
+        expected = f"error: argument --ref: {ref}, line 2: byte 0xe9 at byte 2 of the line is not UTF-8"
+    else:
+        ckpt.write_bytes(b"PK\x03\x04\x80\x81binary")
+        argv = [str(tiny_data), "--from-output", str(ckpt), "--output-json", str(tmp_path / "bleu.json")]
+        expected = f"error: argument --from-output: {ckpt}, line 1: byte 0x80 at byte 5 of the line is not UTF-8"
+    err = _refusal(argv, capsys)
+    assert expected in err, err
