@@ -3,7 +3,7 @@
 its documented runs, nor find the GradInit groups its earlier calls cached.
 
 Regenerate deliberately (after a change that is meant to alter a preset) with
-``PYTHONPATH=. python tests/lab/test_preset_commands.py --write``; presets added later are recorded then."""
+``PYTHONPATH=.:tests python tests/lab/test_preset_commands.py --write``; presets added later are recorded then."""
 import json
 import sys
 from pathlib import Path
