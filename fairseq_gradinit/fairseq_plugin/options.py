@@ -93,7 +93,7 @@ class PluginOptions(FairseqDataclass):
         "with or without GradInit (docs/monitor.md)"))
     gradinit_cudnn_sdpa_guard: ChoiceEnum(list(GUARD_MODES)) = option("auto", result=False, choices=GUARD_MODES, help=(
         "the guard against cuDNN attention's NaN query gradients at padded lengths 64 (mod 128) (torch 2.11 and "
-        "later with cuDNN before 9.26, compute capability 9.x: H100/H200): auto turns cuDNN attention off before "
+        "later with cuDNN before 9.26, compute capability 9.x: Hopper GPUs): auto turns cuDNN attention off before "
         "the model first runs when this combination trains in fp16/bf16/amp (a later torch: after a test of the "
         "kernel), on always turns it off, off never does; with or without GradInit; logged once and recorded in "
         "gradinit.json and monitor.jsonl (docs/reliability.md)"))
