@@ -103,7 +103,7 @@ class PluginOptions(FairseqDataclass):
         "says; 0: off"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
-    # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.
+    # bool("${common.cpu}") is True, which would silently run GradInit on the CPU of GPU machines.
     gradinit_train_lr: Any = II("optimization.lr")
     gradinit_train_max_tokens: Any = II("dataset.max_tokens")
     gradinit_train_batch_size: Any = II("dataset.batch_size")
