@@ -197,7 +197,7 @@ def parse_monitor_file(path: Path) -> Dict[str, Curve]:
         return parse_monitor(f)
 
 
-#: The start of every line fairseq's logging writes ("2024-01-01 12:00:00 | INFO | name | ...").
+#: The start of every line fairseq's logging writes ("YYYY-MM-DD hh:mm:ss | INFO | name | ...").
 _FAIRSEQ_LOG_LINE_RE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \| [A-Z]+ \| [\w.]+ \| ")
 #: The record types of ``monitor.jsonl`` (docs/monitor.md); a file with none of them is another kind.
 MONITOR_TYPES = ("start", "interval", "overflow")

@@ -1,13 +1,14 @@
 """Is a GradInit result healthy? Scales at their lower bound, the LayerNorm gains they cause, and
 the signs of a delayed no-warmup shock: silenced blocks, a constraint-bound phase, pairs switched off.
 
-GradInit can end in a result that starts well and then fails: on the d=512 Post-LN Transformer a
-run put 20 of its 128 weight scales at the floor 0.01 (the paper reports that only the final FC
-layer ever reached it) and scaled two decoder ``final_layer_norm`` weights to 0.040 and 0.024. The
-layer after such a LayerNorm receives the whole residual stream shrunk by that factor, so the next
-LayerNorm divides by a tiny input standard deviation sigma: its gain |gamma| / sigma was 8.6 and
-14.4 where Xavier's is about 0.8, and training fell apart after about 2000 updates. This module
-measures both on one batch, right after GradInit, and gives a verdict with its reasons.
+GradInit can end in a result that starts well and then fails: many weight scales at their floor
+(the paper reports that only the final FC layer ever reaches it) and Post-LN ``final_layer_norm``
+weights scaled far below 1. The layer after such a LayerNorm receives the whole residual stream
+shrunk by that factor, so the next LayerNorm divides by a tiny input standard deviation sigma and
+its gain |gamma| / sigma grows far above Xavier's; training without warmup can then fall apart
+after a good start. This module measures both on one batch, right after
+GradInit, and gives a verdict with its reasons. The run these checks were drawn from, with its
+numbers, is in docs/health.md.
 
 Six checks, each with a threshold in :class:`HealthThresholds` (the reasoning is in its
 docstring):
@@ -57,48 +58,47 @@ _LAYER_NORM_NAME = re.compile(r"(layer_?norm|^ln(_\w+)?\d*$|^norm\d*$)", re.IGNO
 
 @dataclass
 class HealthThresholds:
-    """When :func:`scale_health` calls a result degenerate.
+    """When :func:`scale_health` calls a result degenerate (the run behind each value: docs/health.md).
 
     ``floor_fraction`` = 0.05 and ``floor_allowance`` = 1: degenerate when more weight tensors sit at
     their lower bound than max(``floor_allowance``, ``floor_fraction`` x the number of weight
     tensors). The paper reports that only the final FC layer ever reached the bound: one tensor.
     A weight at the floor 0.01 starts switched off: at d=512 its elements (mean absolute value
     3e-4 to 4e-4) are no larger than one Adam step at lr 5e-4, so the first updates rewrite it,
-    without warmup. A few such tensors in a large model are tolerated, a whole family of them (20 of
-    128 in the collapsed run, 16%) is not.
+    without warmup. A few such tensors in a large model are tolerated, a whole family of them is not.
 
     ``min_layer_norm_scale`` = 0.1: in a Post-LN block the LayerNorm's output is the whole residual
     stream of the next sublayer, so scaling its weight by s shrinks the next LayerNorm's input by
     about s and multiplies that LayerNorm's gain by about 1/s; below 0.1 that is more than 10 times
-    the initial gain, where the collapsed run was (scales 0.040 and 0.024, gains 8.6 and 14.4).
-    Used for the verdict only when the gains were not measured.
+    the initial gain, well past ``max_gain``. Used for the verdict only when the gains were not
+    measured.
 
     ``max_gain`` = 4 and ``max_gain_ratio`` = 4: a LayerNorm amplifies changes of its input by its
     gain |gamma| / sigma (``core.norm_stats``). Xavier gives about 0.8 in the Post-LN Transformer,
-    so 4 is 5 times that; the collapsed run had 8.6 and 14.4. Degenerate when a LayerNorm's gain
-    after the scales exceeds ``max_gain`` AND ``max_gain_ratio`` times its gain before them (the
-    ratio keeps a model that starts with high gains from being flagged for what GradInit did not
-    cause; without a "before" measurement only ``max_gain`` applies).
+    so 4 is 5 times that. Degenerate when a LayerNorm's gain after the scales exceeds ``max_gain``
+    AND ``max_gain_ratio`` times its gain before them (the ratio keeps a model that starts with high
+    gains from being flagged for what GradInit did not cause; without a "before" measurement only
+    ``max_gain`` applies).
 
     ``max_block_quieting`` = 100: per block (``encoder.layers.3``...), the RMS of dL/dtheta on the
     same batch before the scales over after them. Degenerate when one block's gradient is that many
     times quieter: the scales' objective (the loss after one step) hardly depends on such a block, so
     GradInit did not prepare its first steps; it barely moves at first and takes full-lr Adam steps
-    once the rest of the model makes its gradient coherent. In the collapsed run decoder layers 0-2
-    were 140-250 times quieter and froze, layers 4-5 (6-10 times) kept learning.
+    once the rest of the model makes its gradient coherent, without a warmup to soften them.
 
     ``max_constraint_share`` = 0.6 and ``max_initial_norm_ratio`` = 10: constraint iterations only
     push ||g|| down; the scales of a phase made mostly of them answer "how to cut ||g|| fastest", not
     GradInit's objective. A phase that reaches gamma alternates between the two branches (at most
     about half constraint iterations); a share above 0.6 needs a long run of constraint iterations,
-    as a ||g|| at iteration 1 far above gamma forces (the collapsed run: 18 times, 556 of 780). A
-    phase without any objective iteration is always flagged.
+    as a ||g|| at iteration 1 far above gamma (``max_initial_norm_ratio`` times) forces. A phase
+    without any objective iteration is always flagged.
 
     ``pair_floor_factor`` = 2: a multiplicative pair (``q_proj`` & ``k_proj``, ``v_proj`` &
     ``out_proj``, ``fc1`` & ``fc2`` of one module) is switched off together when both scales are at
     most twice their lower bound: the branch then carries the product of the two, at most 4e-4 of
     its initial output at the floor 0.01, and each tensor's gradient is scaled by the other's scale.
-    Any such pair is flagged; the collapsed run had 11.
+    A single tensor at the floor is tolerated by ``floor_allowance``, but a pair switches a whole
+    branch off, so any such pair is flagged.
     """
 
     floor_fraction: float = 0.05

@@ -8,7 +8,7 @@ from typing import Callable, Optional, Sequence
 
 
 def format_duration(seconds: float) -> str:
-    """``42s``, ``4m18s`` or ``1h02m``."""
+    """Seconds under a minute as ``<s>s``, under an hour as ``<m>m<ss>s``, else ``<h>h<mm>m`` (rounded)."""
     s = max(0, int(round(seconds)))
     if s < 60:
         return f"{s}s"
@@ -39,7 +39,7 @@ class ProgressClock:
         return None
 
     def timing(self, completed: int, total: Optional[int]) -> str:
-        """``"42s elapsed, ETA 1m18s"`` (no ETA without a total); the wall-time interval restarts now."""
+        """``"<elapsed> elapsed, ETA <remaining>"`` in :func:`format_duration`'s form (no ETA without a total); the wall-time interval restarts now."""
         now = self.clock()
         elapsed = now - self.start
         self.last_time = now

@@ -1,6 +1,6 @@
 """A guard against a cuDNN attention kernel that returns NaN gradients.
 
-From torch 2.11, on compute capability 9.x GPUs (H100, H200), ``scaled_dot_product_attention``
+From torch 2.11, on compute capability 9.x GPUs (Hopper), ``scaled_dot_product_attention``
 dispatches half-precision attention with an explicit ``attn_mask`` to cuDNN by default, and cuDNN's
 backward kernel returns NaN in the query gradient when the sequence length is 64 (mod 128) and a
 query row's log-sum-exp is very negative (pytorch/pytorch#196678; fp16 and bf16 alike; fixed by

@@ -93,7 +93,7 @@ class PluginOptions(FairseqDataclass):
         "with or without GradInit (docs/monitor.md)"))
     gradinit_cudnn_sdpa_guard: ChoiceEnum(list(GUARD_MODES)) = option("auto", result=False, choices=GUARD_MODES, help=(
         "the guard against cuDNN attention's NaN query gradients at padded lengths 64 (mod 128) (torch 2.11 and "
-        "later with cuDNN before 9.26, compute capability 9.x: H100/H200): auto turns cuDNN attention off before "
+        "later with cuDNN before 9.26, compute capability 9.x: Hopper GPUs): auto turns cuDNN attention off before "
         "the model first runs when this combination trains in fp16/bf16/amp (a later torch: after a test of the "
         "kernel), on always turns it off, off never does; with or without GradInit; logged once and recorded in "
         "gradinit.json and monitor.jsonl (docs/reliability.md)"))
@@ -103,7 +103,7 @@ class PluginOptions(FairseqDataclass):
         "says; 0: off"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
-    # bool("${common.cpu}") is True, which silently ran GradInit on the CPU of GPU machines.
+    # bool("${common.cpu}") is True, which would silently run GradInit on the CPU of GPU machines.
     gradinit_train_lr: Any = II("optimization.lr")
     gradinit_train_max_tokens: Any = II("dataset.max_tokens")
     gradinit_train_batch_size: Any = II("dataset.batch_size")

@@ -1,8 +1,8 @@
 """Training settings that fairseq only trips over after the GradInit phase, checked when parsed.
 
 fairseq builds the optimizer, reads the train split and writes into ``--save-dir`` after the task's
-``build_criterion``, where GradInit runs: a typo there would cost the whole phase (minutes for 780
-iterations). When GradInit computes (``--gradinit-iters`` > 0), the parser refuses these settings
+``build_criterion``, where GradInit runs: a typo there would surface only after the whole phase had
+run. When GradInit computes (``--gradinit-iters`` > 0), the parser refuses these settings
 first, with one ``error:`` line, before anything is built. Only settings that are wrong on every
 machine are checked here (the same command line is also parsed where it does not run).
 """

@@ -5,7 +5,7 @@
 and once after GradInit. It prints the test accuracy of each after the budget, and writes a JSON with the
 numbers and training curves and a PNG plot of the training loss and accuracy by step. The default is VGG-19
 with BN at a quarter of the paper's width on Fashion-MNIST from the Debian package ``dataset-fashion-mnist``,
-120 steps of 128 images: a few minutes on a CPU (the GradInit paper's Table 1 compares the first epoch of the
+120 steps of 128 images, a budget sized for a CPU (the GradInit paper's Table 1 compares the first epoch of the
 same network on CIFAR-10). ``--model resnet110 --no-bn`` is the deep network without normalization, where
 Kaiming's initialization does not train at all at lr 0.1.
 

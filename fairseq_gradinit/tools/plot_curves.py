@@ -4,10 +4,10 @@
 fairseq-train prints one line per validation, through the logger named after the subset:
 
     simple/tqdm log format (default):
-      2024-01-01 12:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.84 | \
+      YYYY-MM-DD hh:mm:ss | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.84 | \
 nll_loss 9.65 | ppl 803.2 | wps 5012 | wpb 2901 | bsz 110 | num_updates 100 | best_loss 9.84
     --log-format json:
-      2024-01-01 12:00:00 | INFO | valid | {"epoch": 1, "valid_loss": "9.84", ..., \
+      YYYY-MM-DD hh:mm:ss | INFO | valid | {"epoch": 1, "valid_loss": "9.84", ..., \
 "valid_num_updates": "100", "valid_best_loss": "9.84"}
 
 Both forms are recognised. Usage::

@@ -115,9 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(the output does not depend on it)")
     p.add_argument("--spm-threads", type=int_at_least(1), default=2,
                    help="threads of SentencePiece training; the learned model depends on this number "
-                        "(measured: 1, 2 and 4 threads give three different vocabularies), so it is fixed "
-                        "rather than taken from the machine; 2 reproduces the data-bins of the 2026-11-26 "
-                        "experiments (made with the old default, min(4, CPU count), on a 2-core machine)")
+                        "(another thread count can give another vocabulary), so it is fixed rather than taken "
+                        "from the machine: the same corpus and options give the same data-bin everywhere; "
+                        "2 reproduces the data-bins of the documented evidence (docs/gradinit-report.md)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the prepared data (or a partial build) in OUT; the old data stays until the "
                         "new build has succeeded")
