@@ -17,7 +17,7 @@ from typing import Iterator, List, Tuple
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = (ROOT / "fairseq_gradinit", ROOT / "scripts")
 
 #: A calendar date (2026-11-26), as a dated result or folder name carries it.
