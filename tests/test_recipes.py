@@ -159,3 +159,14 @@ def test_the_python_api_page_states_the_recipes():
     assert "(Adam, η = 1e-3, γ = 1e3, τ = 2.5e-3, 780 iterations, per-branch moments," in page
     assert recipe("authors-iwslt14").settings["max_tokens"] == 6000 and "6000-token draws" in page
     assert recipe("paper-cifar10").settings["batch_size"] == 128 and "128-image batches" in page
+
+
+def test_the_options_page_states_the_one_derivation():
+    from pathlib import Path
+
+    from fairseq_gradinit.core.config import ETA_PER_LR, LOSS_CHANGE_BOUNDS
+
+    page = " ".join((Path(__file__).resolve().parents[1] / "docs" / "options.md").read_text(encoding="utf-8").split())
+    assert set(ETA_PER_LR) == set(LOSS_CHANGE_BOUNDS) == {"engine", "fairseq"}
+    assert ("Eta and gamma, when they are not given, come from one function for every front end, "
+            "`first_step(optimizer, lr, rule=...)` in `core/config.py`") in page

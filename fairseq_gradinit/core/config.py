@@ -226,9 +226,10 @@ def option(default=dataclasses.MISSING, *, help: str, default_text: str = "", re
 class GradInitConfig:
     """Options of :func:`fairseq_gradinit.core.gradinit`; each field's ``help`` describes it.
 
-    Defaults are the authors' IWSLT14 recipe for Adam; for SGD on CIFAR use
-    ``optimizer="sgd", eta=0.1, gamma=1.0``. Command-line tools and the vision API derive
-    their options from these fields (:mod:`fairseq_gradinit.core.options`).
+    Defaults: Adam with the eta, tau, betas and iterations of the authors' IWSLT14 launch. The
+    complete published settings are named recipes (:mod:`fairseq_gradinit.core.recipes`), e.g.
+    ``recipe("paper-cifar10").config()`` for SGD on CIFAR-10. Command-line tools and the vision API
+    derive their options from these fields (:mod:`fairseq_gradinit.core.options`).
     """
 
     optimizer: str = option("adam", choices=OPTIMIZERS, help=(

@@ -13,20 +13,19 @@ from typing import Any, Optional
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from ..core.config import ETA_PER_LR as ETA_PER_LR_RULES, LOSS_CHANGE_BOUNDS, option
+from ..core.config import option
 from ..core.options import Default, OptionSpec, options_of
 from ..core.recipes import recipe
 from ..core.sdpa_guard import GUARD_MODES
 
 #: The authors' IWSLT setting of the per-group bounds: biases may reach 0, LayerNorm weights capped at 100.
 AUTHORS_SCALE_BOUNDS = recipe("authors-iwslt14").values["scale_bounds"]
-#: The plugin's bound on the first step's loss decrease that derives gamma (declared with the engine's).
-LOSS_CHANGE_BOUND = LOSS_CHANGE_BOUNDS["fairseq"]
-#: eta / --lr when --gradinit-eta is not given (declared with the engine's, :func:`~..core.config.first_step`).
-ETA_PER_LR = ETA_PER_LR_RULES["fairseq"]
+#: The authors' IWSLT setting of the scales' Adam: constraint and objective iterations keep their own moments.
+AUTHORS_ADAM_STATE = recipe("authors-iwslt14").values["adam_state"]
 
 #: Where the plugin's defaults differ from the engine's: the authors' IWSLT configuration, with eta,
-#: gamma and the optimizer derived from the training command.
+#: gamma and the optimizer derived from the training command (``first_step(..., rule="fairseq")``,
+#: :mod:`..core.config`).
 FAIRSEQ_DEFAULTS = {
     "optimizer": Default(None, "follow --optimizer: sgd for sgd/nag, else adam"),
     "eta": Default(None, "2 x --lr for Adam (the authors' 1e-3 at lr 5e-4), --lr for SGD (the paper)"),
@@ -34,7 +33,7 @@ FAIRSEQ_DEFAULTS = {
                            "1 at eta 0.15): a bound of 1 (Adam) or 0.15 (SGD) on the first step's first-order "
                            "loss decrease"),
     "iters": Default(0, "0, GradInit off; the paper runs 780"),
-    "adam_state": Default("per_branch", "per_branch, as the authors' fairseq code"),
+    "adam_state": Default(AUTHORS_ADAM_STATE, "per_branch, as the authors' fairseq code"),
     "scale_bounds": Default(AUTHORS_SCALE_BOUNDS, "the authors' \"[('bias', 0, None), ('norm', None, 100)]\"; "
                                                   "'[]' for the global bounds only"),
     "log_interval": Default(20, "20"),
