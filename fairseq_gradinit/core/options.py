@@ -228,7 +228,7 @@ def _argparse_type(spec: OptionSpec):
 EXPERIMENTAL_NOTE = (
     "**Experimental.** Research settings: each tests one explanation of a failure or one remedy "
     "([phase-options.md](phase-options.md), [remedies.md](remedies.md)); their defaults run GradInit as the "
-    "paper and the authors' code do.")
+    "paper describes it.")
 
 
 def markdown_table(specs: Iterable[OptionSpec], *, prefix: str = "--gradinit-", keyword: bool = False) -> str:
