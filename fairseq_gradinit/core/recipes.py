@@ -73,7 +73,8 @@ RECIPES: Mapping[str, Recipe] = types.MappingProxyType({r.name: r for r in (
     # alpha_min 0.01, LayerNorm scales at most 100, clipping at 1e8: none), gamma 1e3 (the paper's
     # Appendix), and what their fairseq code (fairseq/gradinit/train.py) does: biases down to 0, separate
     # moments for constraint steps, every trainable tensor in the simulated step except the tied output
-    # projection, 6000-token draws at --max-tokens 4096.
+    # projection, 6000-token draws at --max-tokens 4096. Their code also cuts S and S~ out of one batch
+    # (pairs="authors", an experimental setting here); the recipe keeps the paper's overlapping pairs.
     _recipe("authors-iwslt14", "Post-LN Transformer on IWSLT'14 De-En trained with Adam at lr 5e-4 (the authors' "
                                "fairseq launch)",
             "GradInit paper, Appendix; zhuchen03/gradinit fairseq/gradinit/launch/run_iwslt_14_gradinit_no_clipping.sh "
