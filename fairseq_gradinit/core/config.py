@@ -5,20 +5,27 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 import re
-from typing import Any, Callable, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 #: The paper's rule of thumb (Sec. 3.3): eta * gamma = 0.1 for Adam, eta * gamma**2 = 0.1 for SGD.
 RULE_OF_THUMB = 0.1
 #: Bounds on the first step's first-order loss decrease (eta*gamma for Adam, eta*gamma^2 for SGD)
-#: that derive gamma when it is not given. The Python API and the vision tools follow the paper's
-#: rule of thumb; the fairseq plugin follows the settings the authors ran on IWSLT (their Adam launch
-#: script: eta 1e-3, gamma 1e3; the paper's SGD setting: eta 0.15, gamma 1), which the rule's 0.1
-#: would shrink tenfold for Adam.
+#: that derive gamma when it is not given, per rule of :func:`first_step`. The Python API and the
+#: vision tools follow the paper's rule of thumb ("engine"); the fairseq plugin follows the settings
+#: the authors ran on IWSLT ("fairseq": their Adam launch script: eta 1e-3, gamma 1e3; the paper's SGD
+#: setting: eta 0.15, gamma 1), which the rule's 0.1 would shrink tenfold for Adam.
 LOSS_CHANGE_BOUNDS = {
     "engine": {"adam": RULE_OF_THUMB, "sgd": RULE_OF_THUMB},
     "fairseq": {"adam": 1.0, "sgd": 0.15},
+}
+#: eta / the training learning rate when eta is not given, per rule of :func:`first_step`: the paper
+#: optimizes the first step at the training learning rate ("engine"); the authors' IWSLT launch script
+#: optimizes Adam's first step for eta 1e-3 at lr 5e-4, and the paper's SGD runs use eta = lr ("fairseq").
+ETA_PER_LR = {
+    "engine": {"adam": 1.0, "sgd": 1.0},
+    "fairseq": {"adam": 2.0, "sgd": 1.0},
 }
 
 
@@ -28,6 +35,40 @@ def default_gamma(optimizer: str, eta: float, bound: float) -> float:
     if optimizer == "adam":
         return bound / eta
     return math.sqrt(bound / eta)
+
+
+class FirstStep(NamedTuple):
+    """eta and gamma of the simulated first step (gamma None: measured at the init, ``gamma_init_factor``)."""
+
+    eta: float
+    gamma: Optional[float]
+
+
+def first_step(optimizer: str, train_lr: Optional[float] = None, *, eta: Optional[float] = None,
+               gamma: Optional[float] = None, gamma_init_factor: Optional[float] = None,
+               rule: str = "engine") -> FirstStep:
+    """The eta and gamma GradInit prepares the first step of ``optimizer`` ("adam" or "sgd") for,
+    each front end's one derivation of them from the training learning rate ``train_lr``.
+
+    ``eta`` given, else ``ETA_PER_LR[rule][optimizer] * train_lr``; ``gamma`` given, else None with
+    ``gamma_init_factor`` (gamma is then measured at the init), else :func:`default_gamma` with the
+    bound ``LOSS_CHANGE_BOUNDS[rule][optimizer]``. An eta that is not a number > 0 derives no gamma
+    (:class:`GradInitConfig` refuses it with its own message). ``rule``: "engine" (the paper's
+    rule of thumb) or "fairseq" (the authors' IWSLT settings).
+    """
+    if rule not in ETA_PER_LR:
+        raise ValueError(f"rule={rule!r} is invalid: expected one of {tuple(ETA_PER_LR)}")
+    opt = optimizer.lower() if isinstance(optimizer, str) else optimizer
+    if opt not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is invalid: expected one of {OPTIMIZERS}")
+    if eta is None:
+        if train_lr is None:
+            raise ValueError("eta is not given and the training learning rate is unknown: pass eta or train_lr")
+        eta = ETA_PER_LR[rule][opt] * train_lr
+    if gamma is None and gamma_init_factor is None and is_positive(eta):
+        gamma = default_gamma(opt, eta, LOSS_CHANGE_BOUNDS[rule][opt])
+    return FirstStep(eta, gamma)
+
 
 OPTIMIZERS = ("adam", "sgd")
 SGD_STEPS = ("grad", "normalized")
@@ -165,16 +206,19 @@ def config_to_dict(cfg) -> dict:
 
 
 def option(default=dataclasses.MISSING, *, help: str, default_text: str = "", result: bool = True,
-           choices: Optional[tuple] = None, python_only: bool = False, since: str = "", **kwargs):
+           choices: Optional[tuple] = None, python_only: bool = False, since: str = "",
+           experimental: bool = False, **kwargs):
     """A field of a config dataclass that is also a user-facing option: ``help`` is its one
     description (command-line help, fairseq fields and the vision API are derived from it),
     ``result`` says whether it changes the learned scales (the fingerprint compares those),
     ``choices`` lists its allowed strings, ``python_only`` keeps it off the command line,
     ``default_text`` describes a default that is derived (e.g. from another option), and ``since``
     names the version that added a setting whose default reproduces what earlier versions computed
-    (results saved before it match at that default)."""
+    (results saved before it match at that default). ``experimental`` marks a research setting (one
+    that tests an explanation or a remedy; its default runs GradInit as the paper does): the
+    generated option tables list those apart."""
     metadata = {"help": help, "default_text": default_text, "result": result, "choices": choices,
-                "python_only": python_only, "since": since}
+                "python_only": python_only, "since": since, "experimental": experimental}
     return field(default=default, metadata=metadata, **kwargs)
 
 
@@ -182,9 +226,10 @@ def option(default=dataclasses.MISSING, *, help: str, default_text: str = "", re
 class GradInitConfig:
     """Options of :func:`fairseq_gradinit.core.gradinit`; each field's ``help`` describes it.
 
-    Defaults are the authors' IWSLT14 recipe for Adam; for SGD on CIFAR use
-    ``optimizer="sgd", eta=0.1, gamma=1.0``. Command-line tools and the vision API derive
-    their options from these fields (:mod:`fairseq_gradinit.core.options`).
+    Defaults: Adam with the eta, tau, betas and iterations of the authors' IWSLT14 launch. The
+    complete published settings are named recipes (:mod:`fairseq_gradinit.core.recipes`), e.g.
+    ``recipe("paper-cifar10").config()`` for SGD on CIFAR-10. Command-line tools and the vision API
+    derive their options from these fields (:mod:`fairseq_gradinit.core.options`).
     """
 
     optimizer: str = option("adam", choices=OPTIMIZERS, help=(
@@ -200,13 +245,13 @@ class GradInitConfig:
                                   default_text="780; None: one pass over the batches")
     min_scale: float = option(0.01, help="lower bound of every scale (the paper's alpha_min)")
     max_scale: Optional[float] = option(None, help="upper bound of every scale (None: unbounded)")
-    gamma_init_factor: Optional[float] = option(None, since="0.5.0", help=(
+    gamma_init_factor: Optional[float] = option(None, experimental=True, since="0.5.0", help=(
         "K: gamma = K * ||g||_p of the first iteration's S at the initial weights (before any scale step; the "
         "first iteration whose gradient is finite), so that the constraint rarely binds for K > 1; the gamma "
         "used is recorded in the result (its 'gamma' and config 'resolved_gamma'); excludes gamma; None: gamma "
         "or the rule of thumb"))
     overlap: float = option(0.5, help="fraction of S~ drawn from S (the paper uses 0.5)")
-    pairs: str = option("overlap", since="0.5.0", choices=PAIRS, help=(
+    pairs: str = option("overlap", experimental=True, since="0.5.0", choices=PAIRS, help=(
         "how (S, S~) are formed: overlap (S~ has the size of S and shares 'overlap' of it; from Python and the "
         "vision API S is one batch and S~ runs on into the next one; the fairseq plugin shuffles the samples of "
         "one draw and collates S and S~ apart) or authors (the authors' fairseq code: of one batch of n rows, "
@@ -244,13 +289,13 @@ class GradInitConfig:
     step_params: str = option("all", choices=STEP_PARAMS, help=(
         "which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: all trainable tensors (as the "
         "real first step and the authors' code; tensors without a scale keep W_i) or only the scaled ones"))
-    max_step_ratio: Optional[float] = option(None, since="0.4.0", help=(
+    max_step_ratio: Optional[float] = option(None, experimental=True, since="0.4.0", help=(
         "Adam only: raise each scale's lower bound so that the sign step eta*A[g] is at most this fraction of "
         "the scaled tensor's root-mean-square, alpha_i >= eta / (ratio * rms(W_i)) (never above 1, nor above the "
         "tensor's upper bound; groups whose lower bound is 0, e.g. the authors' biases, are left alone): a "
         "tensor scaled far below eta is overwritten by the first updates of training, as without warmup; "
         "None: no such bound"))
-    dropout: bool = option(False, since="0.4.0", help=(
+    dropout: bool = option(False, experimental=True, since="0.4.0", help=(
         "run GradInit's passes in train mode, dropout on, so that the scales are chosen for the loss training "
         "will see (the paper and the authors' code use eval mode, no dropout; normalization layers use batch "
         "statistics either way)"))
@@ -356,11 +401,9 @@ class GradInitConfig:
     def resolved_gamma(self) -> Optional[float]:
         """gamma, or the rule-of-thumb value when ``gamma`` is None; None with ``gamma_init_factor``
         (gamma is then measured on the first batch: :attr:`GradInitResult.gamma`)."""
-        if self.gamma is not None:
-            return float(self.gamma)
-        if self.gamma_init_factor is not None:
-            return None
-        return default_gamma(self.optimizer, self.eta, LOSS_CHANGE_BOUNDS["engine"][self.optimizer])
+        gamma = first_step(self.optimizer, eta=self.eta, gamma=self.gamma,
+                           gamma_init_factor=self.gamma_init_factor).gamma
+        return None if gamma is None else float(gamma)
 
     def to_dict(self) -> dict:
         d = config_to_dict(self)

@@ -42,6 +42,7 @@ class OptionSpec:
     choices: Optional[Tuple[str, ...]]
     result: bool                 # changes the learned scales (compared by fingerprints)
     python_only: bool
+    experimental: bool = False   # a research setting, listed apart in the generated tables
 
     def flag(self, prefix: str = "--gradinit-") -> str:
         return prefix + self.name.replace("_", "-")
@@ -163,7 +164,8 @@ def options_of(config_cls=GradInitConfig, *, defaults: Optional[Mapping[str, Def
         spec = OptionSpec(name=f.name, default=f.default, help=help_text, kind=kind, optional=optional,
                           choices=tuple(f.metadata["choices"]) if f.metadata.get("choices") else None,
                           result=bool(f.metadata.get("result", True)),
-                          python_only=bool(f.metadata.get("python_only")))
+                          python_only=bool(f.metadata.get("python_only")),
+                          experimental=bool(f.metadata.get("experimental")))
         if f.name in defaults:
             spec = spec.with_default(defaults.pop(f.name))
         if python_only or not spec.python_only:
@@ -222,8 +224,26 @@ def _argparse_type(spec: OptionSpec):
     return convert
 
 
+#: What the generated tables say of the options marked ``experimental``.
+EXPERIMENTAL_NOTE = (
+    "**Experimental.** Research settings: each tests one explanation of a failure or one remedy "
+    "([phase-options.md](phase-options.md), [remedies.md](remedies.md)); their defaults run GradInit as the "
+    "paper describes it.")
+
+
 def markdown_table(specs: Iterable[OptionSpec], *, prefix: str = "--gradinit-", keyword: bool = False) -> str:
-    """The options as a Markdown table (flag or keyword, default, what it does)."""
+    """The options as Markdown tables (flag or keyword, default, what it does): the established ones,
+    then those marked ``experimental`` under :data:`EXPERIMENTAL_NOTE`."""
+    specs = list(specs)
+    stable = [s for s in specs if not s.experimental]
+    experimental = [s for s in specs if s.experimental]
+    text = _table(stable, prefix=prefix, keyword=keyword)
+    if experimental:
+        text += "\n" + EXPERIMENTAL_NOTE + "\n\n" + _table(experimental, prefix=prefix, keyword=keyword)
+    return text
+
+
+def _table(specs: List[OptionSpec], *, prefix: str, keyword: bool) -> str:
     rows = ["| option | default | what it does |", "|---|---|---|"]
     for spec in specs:
         name = spec.name if keyword else spec.flag(prefix)

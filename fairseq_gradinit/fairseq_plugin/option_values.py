@@ -4,14 +4,14 @@ import re
 from typing import Optional
 
 from ..core import GradInitConfig
-from ..core.config import default_gamma, is_positive
+from ..core.config import first_step
 from ..core.options import parse_scale_bounds, values_from
 from .cfg import cfg_value
 from .init_file import (  # noqa: F401  (read_init_file: re-exported)
     combination_error, compute_only_defaults, read_init_file,
 )
 from .monitor import monitor_option_error
-from .options import ENGINE_OPTIONS, ETA_PER_LR, LOSS_CHANGE_BOUND, GradInitOptions
+from .options import ENGINE_OPTIONS, GradInitOptions
 
 
 def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig:
@@ -25,14 +25,14 @@ def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig
     if values["optimizer"] is None:
         values["optimizer"] = "sgd" if training_optimizer(cfg) in ("sgd", "nag") else "adam"
     opt = str(values["optimizer"])
+    lr = None
     if values["eta"] is None:
         lr = cfg_value(cfg, "gradinit_train_lr")
         if lr is None:
             raise ValueError("--gradinit-eta is not set and the training --lr is unknown; pass --gradinit-eta")
         lr = float(lr[0] if isinstance(lr, (list, tuple)) or hasattr(lr, "__getitem__") else lr)
-        values["eta"] = ETA_PER_LR[opt] * lr
-    if values["gamma"] is None and values["gamma_init_factor"] is None and is_positive(values["eta"]):
-        values["gamma"] = default_gamma(opt, values["eta"], LOSS_CHANGE_BOUND[opt])
+    values["eta"], values["gamma"] = first_step(opt, lr, eta=values["eta"], gamma=values["gamma"],
+                                                gamma_init_factor=values["gamma_init_factor"], rule="fairseq")
     return GradInitConfig(**values)
 
 

@@ -13,20 +13,19 @@ from typing import Any, Optional
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from ..core.config import LOSS_CHANGE_BOUNDS, option
+from ..core.config import option
 from ..core.options import Default, OptionSpec, options_of
+from ..core.recipes import recipe
 from ..core.sdpa_guard import GUARD_MODES
 
 #: The authors' IWSLT setting of the per-group bounds: biases may reach 0, LayerNorm weights capped at 100.
-AUTHORS_SCALE_BOUNDS = (("bias", 0, None), ("norm", None, 100))
-#: The plugin's bound on the first step's loss decrease that derives gamma (declared with the engine's).
-LOSS_CHANGE_BOUND = LOSS_CHANGE_BOUNDS["fairseq"]
-#: eta / --lr when --gradinit-eta is not given: the authors' launch script optimizes Adam's first
-#: step for eta 1e-3 at lr 5e-4; the paper's SGD runs use eta = lr.
-ETA_PER_LR = {"adam": 2.0, "sgd": 1.0}
+AUTHORS_SCALE_BOUNDS = recipe("authors-iwslt14").values["scale_bounds"]
+#: The authors' IWSLT setting of the scales' Adam: constraint and objective iterations keep their own moments.
+AUTHORS_ADAM_STATE = recipe("authors-iwslt14").values["adam_state"]
 
 #: Where the plugin's defaults differ from the engine's: the authors' IWSLT configuration, with eta,
-#: gamma and the optimizer derived from the training command.
+#: gamma and the optimizer derived from the training command (``first_step(..., rule="fairseq")``,
+#: :mod:`..core.config`).
 FAIRSEQ_DEFAULTS = {
     "optimizer": Default(None, "follow --optimizer: sgd for sgd/nag, else adam"),
     "eta": Default(None, "2 x --lr for Adam (the authors' 1e-3 at lr 5e-4), --lr for SGD (the paper)"),
@@ -34,7 +33,7 @@ FAIRSEQ_DEFAULTS = {
                            "1 at eta 0.15): a bound of 1 (Adam) or 0.15 (SGD) on the first step's first-order "
                            "loss decrease"),
     "iters": Default(0, "0, GradInit off; the paper runs 780"),
-    "adam_state": Default("per_branch", "per_branch, as the authors' fairseq code"),
+    "adam_state": Default(AUTHORS_ADAM_STATE, "per_branch, as the authors' fairseq code"),
     "scale_bounds": Default(AUTHORS_SCALE_BOUNDS, "the authors' \"[('bias', 0, None), ('norm', None, 100)]\"; "
                                                   "'[]' for the global bounds only"),
     "log_interval": Default(20, "20"),
@@ -77,7 +76,7 @@ class PluginOptions(FairseqDataclass):
         "every this many GradInit iterations, save the phase's state (scales, their Adam moments, history: a few "
         "kilobytes) to --save-dir's gradinit.state.pt, so that the same command started again after a stop or "
         "a crash resumes the phase there instead of starting over; 0: never"))
-    gradinit_init_clamp: Optional[str] = option(None, result=False, help=(
+    gradinit_init_clamp: Optional[str] = option(None, result=False, experimental=True, help=(
         "with --gradinit-init-file: clamp the file's scales into per-group bounds before applying them, same "
         "syntax as --gradinit-scale-bounds (first match wins; tensors no bound selects keep their scale), e.g. "
         "\"[('norm', 0.3, None), ('re:.', 0.1, None)]\"; the clamped scales are written to --save-dir's "

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import collections.abc
 import logging
-from typing import Any, Callable, Iterable, Iterator, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +16,7 @@ from torch import nn
 
 from ..core import GradInitConfig, GradInitResult, MetaInitConfig, MetaInitResult, unwrap_model
 from ..core.options import Default, options_of
+from ..core.recipes import recipe
 from ..core.runtime import LossFn
 from ..core import gradinit as core_gradinit
 from ..core import metainit as core_metainit
@@ -24,6 +25,8 @@ from ..core.health import scale_health, snapshot_weights
 logger = logging.getLogger(__name__)
 
 Device = Union[str, torch.device, None]
+#: The paper's CIFAR-10 recipe, whose values are the vision API's defaults.
+CIFAR10 = recipe("paper-cifar10")
 
 
 def classification_loss(model: nn.Module, batch: Any) -> torch.Tensor:
@@ -172,40 +175,38 @@ def _batches(loader: Iterable[Any], dev: torch.device) -> Iterable[Any]:
     return DeviceLoader(loader, dev)
 
 
-#: Where the vision API's defaults differ from the engine's: the paper's CIFAR-10 recipe (SGD at
-#: learning rate 0.1, gamma 1 from eta*gamma^2 = 0.1, A[g] = gamma g/||g||_2 as the authors' CIFAR
-#: scripts, Adam with default betas on the scales, the scale gradient clipped at 1).
+#: Where the vision API's defaults differ from the engine's: the paper's CIFAR-10 recipe
+#: (``recipe("paper-cifar10")``: SGD at learning rate 0.1, A[g] = gamma g/||g||_2 as the authors' CIFAR
+#: scripts, Adam with default betas on the scales, the scale gradient clipped at 1), with one pass over
+#: the loader instead of the recipe's 390 iterations and gamma from the rule of thumb eta*gamma^2 = 0.1,
+#: which gives the recipe's 1 at eta 0.1.
 VISION_DEFAULTS = {
-    "optimizer": Default("sgd", "sgd"),
-    "eta": Default(0.1, "0.1"),
-    "lr": Default(1e-2, "1e-2; the paper searches 1e-3 .. 1e-1"),
+    **{name: Default(CIFAR10.values[name], text) for name, text in (
+        ("optimizer", "sgd"), ("eta", "0.1"), ("lr", "1e-2; the paper searches 1e-3 .. 1e-1"),
+        ("betas", "(0.9, 0.999)"), ("scale_grad_clip", "1.0"), ("sgd_step", "normalized"))},
     "iters": Default(None, "None, one pass over the loader (len(loader) - 1 iterations); a larger number cycles "
                            "a re-iterable loader"),
-    "betas": Default((0.9, 0.999), "(0.9, 0.999)"),
-    "scale_grad_clip": Default(1.0, "1.0"),
-    "sgd_step": Default("normalized", "normalized"),
 }
 #: The keyword options of :func:`gradinit` besides its own arguments (all of GradInitConfig's).
 GRADINIT_OPTIONS = {s.name: s for s in options_of(GradInitConfig, defaults=VISION_DEFAULTS)}
 
 
 def gradinit(
-    model: nn.Module,
-    loader: Iterable[Any],
-    *,
-    loss_fn: Optional[LossFn] = None,
-    device: Device = None,
-    progress: bool = True,
-    process_group=None,
+    model: nn.Module, loader: Iterable[Any], config: Optional[GradInitConfig] = None, *,
+    loss_fn: Optional[LossFn] = None, device: Device = None, progress: bool = True, process_group=None,
     callback: Optional[Callable[[Any], None]] = None,
-    **options: Any,
+    optimizer: str = "sgd", eta: float = 0.1, gamma: Optional[float] = None, lr: float = 1e-2,
+    betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, iters: Optional[int] = None,
+    min_scale: float = 0.01, max_scale: Optional[float] = None, gamma_init_factor: Optional[float] = None,
+    overlap: float = 0.5, pairs: str = "overlap", adam_state: str = "shared",
+    scale_grad_clip: Optional[float] = 1.0, sgd_step: str = "normalized", reuse_graph: bool = True,
+    constraint_grad: str = "exact", fd_eps: float = 1e-4, max_consecutive_skips: int = 10,
+    log_interval: int = 50, log_seconds: float = 30.0, scale_bounds: Sequence[Any] = (),
+    step_params: str = "all", max_step_ratio: Optional[float] = None, dropout: bool = False,
+    unstepped_uses: Optional[str] = None, fixed_params: Optional[Callable[[str, nn.Parameter], bool]] = None,
+    precision: str = "fp32", param_filter: Optional[Callable[[str, nn.Parameter], bool]] = None,
 ) -> GradInitResult:
     """Initialize ``model`` with GradInit on the batches of ``loader`` (in place).
-
-    Defaults are the paper's CIFAR-10 recipe: the model will be trained with SGD at learning
-    rate ``eta=0.1``, gamma from the rule of thumb eta * gamma^2 = 0.1 (gamma = 1), SGD's first
-    step A[g] = gamma g / ||g||_2 (Sec. 3.1; the authors' CIFAR scripts), Adam with default
-    betas on the scales, lower bound 0.01 and ``|S ∩ S~| = |S| / 2``.
 
     Args:
         model: any ``nn.Module``, also DataParallel/DDP-wrapped. BatchNorm layers use batch
@@ -214,28 +215,55 @@ def gradinit(
             batches b_t, b_{t+1} form S = b_t and S~ = last ``overlap`` part of b_t + first part of
             b_{t+1}, so S and S~ both have the loader's batch size; with ``pairs="authors"`` each
             batch gives one pair, its first and its last two thirds.
-        loss_fn: ``loss_fn(model, batch) -> mean loss``; default: cross-entropy on
-            ``(input, target)`` batches.
+        config: a :class:`~fairseq_gradinit.core.GradInitConfig` used as it is, e.g.
+            ``recipe("paper-cifar10").config()`` (:mod:`fairseq_gradinit.core.recipes`); the options
+            below then stay at their defaults (``ValueError`` otherwise: set them on the config).
+        loss_fn: ``loss_fn(model, batch) -> mean loss``; default: cross-entropy on ``(input, target)``.
         device: where batches go; default the model's device (the model is not moved).
         progress: show a tqdm progress bar.
         process_group: data-parallel group (each rank passes its own shard of the data).
         callback: called with each :class:`~fairseq_gradinit.core.IterationRecord`.
-        **options: the fields of :class:`~fairseq_gradinit.core.GradInitConfig` (listed below
-            with this function's defaults).
+
+    Options (the fields of :class:`~fairseq_gradinit.core.GradInitConfig`, whose help describes each;
+    ``docs/options.md`` lists them). The defaults are the paper's CIFAR-10 recipe: the model will be
+    trained with SGD at learning rate ``eta=0.1``, gamma from the rule of thumb eta * gamma^2 = 0.1
+    (gamma = 1), SGD's first step A[g] = gamma g / ||g||_2 (Sec. 3.1), Adam with default betas on the
+    scales, lower bound 0.01, ``|S ∩ S~| = |S| / 2``, one pass over the loader:
+        optimizer, eta, gamma, gamma_init_factor, sgd_step: the first training step GradInit prepares.
+        lr, betas, eps, scale_grad_clip, adam_state: the Adam optimizer of the scales (lr is tau).
+        iters, overlap, pairs: the iterations and how S and S~ are drawn.
+        min_scale, max_scale, scale_bounds, max_step_ratio: bounds of the scales.
+        step_params, unstepped_uses, fixed_params, param_filter: which tensors are scaled and stepped.
+        constraint_grad, fd_eps, reuse_graph, precision, dropout: how the passes are computed.
+        max_consecutive_skips, log_interval, log_seconds: run controls.
 
     Returns:
         :class:`~fairseq_gradinit.core.GradInitResult` with ``scales`` (name -> float),
         ``history``, ``wall_time`` and ``health``: the health check of the scales
-        (:class:`~fairseq_gradinit.core.health.ScaleHealth`: tensors at their lower bound, the input
-        std and gain of every normalization layer before and after the scales on the last batch,
-        ``verdict`` "ok" or "degenerate" with ``reasons``; logged as a warning when degenerate).
+        (:class:`~fairseq_gradinit.core.health.ScaleHealth`, logged as a warning when degenerate).
     """
-    unknown = sorted(set(options) - set(GRADINIT_OPTIONS))
-    if unknown:
-        raise TypeError(f"gradinit() got unexpected keyword argument(s) {unknown}; its options are "
-                        f"{', '.join(GRADINIT_OPTIONS)} (see help(gradinit))")
-    values = {name: options.get(name, spec.default) for name, spec in GRADINIT_OPTIONS.items()}
-    config = GradInitConfig(**values)
+    options = {name: value for name, value in locals().items() if name in GRADINIT_OPTIONS}
+    return _run_gradinit(model, loader, _config(config, options), loss_fn=loss_fn, device=device,
+                         progress=progress, process_group=process_group, callback=callback)
+
+
+def _config(config: Optional[GradInitConfig], options: dict) -> GradInitConfig:
+    """``config`` as it is, or a new one of the keyword ``options``."""
+    if config is None:
+        return GradInitConfig(**options)
+    if not isinstance(config, GradInitConfig):
+        raise TypeError(f"config must be a GradInitConfig or None, got {type(config).__name__}")
+    changed = [n for n, v in options.items() if v is not GRADINIT_OPTIONS[n].default
+               and v != GRADINIT_OPTIONS[n].default]
+    if changed:
+        raise ValueError(f"gradinit() got a config and the options {changed}: set them on the config instead, "
+                         f"e.g. dataclasses.replace(config, {changed[0]}=...)")
+    return config
+
+
+def _run_gradinit(model, loader, config: GradInitConfig, *, loss_fn, device, progress, process_group,
+                  callback) -> GradInitResult:
+    """GradInit of :func:`gradinit` with its config resolved: batches to the device, progress, health."""
     iters = config.iters
     overlap = 1.0 if config.pairs == "authors" else config.overlap  # authors: one pair per batch
     check_precision(model)
@@ -330,24 +358,3 @@ def _with_progress(desc: str, total: Optional[int], progress: bool, callback: Op
     finally:
         if bar is not None:
             bar.close()
-
-
-def _document_options() -> None:
-    """List the options in :func:`gradinit`'s docstring and signature (derived from GradInitConfig)."""
-    import inspect
-    import textwrap
-
-    lines = ["", "    Options (``**options``):"]
-    for spec in GRADINIT_OPTIONS.values():
-        text = spec.help if "(default:" in spec.help else f"{spec.help} (default: {spec.default!r})"
-        lines += textwrap.wrap(f"{spec.name}: {text}", width=100, initial_indent="        ",
-                               subsequent_indent="            ", break_on_hyphens=False)
-    gradinit.__doc__ = (gradinit.__doc__ or "").rstrip() + "\n" + "\n".join(lines) + "\n"
-    sig = inspect.signature(gradinit)
-    params = [p for p in sig.parameters.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=s.default)
-               for n, s in GRADINIT_OPTIONS.items()]
-    gradinit.__signature__ = sig.replace(parameters=params)
-
-
-_document_options()

@@ -37,9 +37,14 @@ def test_vision_keywords_and_train_vision_flags_follow_the_declaration():
     from fairseq_gradinit.vision.api import GRADINIT_OPTIONS
 
     params = inspect.signature(gradinit).parameters
+    own = ["model", "loader", "config", "loss_fn", "device", "progress", "process_group", "callback"]
+    # the static signature: exactly the config's fields as keyword-only options, with the vision defaults
+    assert [n for n in params if n not in own] == [s.name for s in options_of(GradInitConfig)] == list(GRADINIT_OPTIONS)
+    options_doc = " ".join(gradinit.__doc__.split("Options (")[1].split("Returns:")[0].split())
     for spec in options_of(GradInitConfig):
-        assert spec.name in params and spec.name in GRADINIT_OPTIONS
-        assert " ".join(spec.help.split(" (default:")[0].split()) in " ".join(gradinit.__doc__.split())
+        assert params[spec.name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[spec.name].default == GRADINIT_OPTIONS[spec.name].default, spec.name
+        assert f" {spec.name}," in options_doc or f" {spec.name}:" in options_doc, spec.name
     with pytest.raises(TypeError, match="etta"):
         gradinit(None, [], etta=1.0)
     help_text = subprocess.run([sys.executable, str(REPO / "scripts" / "train_vision.py"), "--help"],
@@ -104,3 +109,34 @@ def test_the_python_api_page_states_each_front_ends_default_gamma():
     assert default_gamma("sgd", 0.15, LOSS_CHANGE_BOUNDS["fairseq"]["sgd"]) == pytest.approx(1)
     assert "γ = 100 at η = 1e-3 with Adam, γ = 1 at η = 0.1 with SGD" in page
     assert "γ = 1/η for Adam (1e3 at η = 1e-3), and the paper's γ = 1 at η = 0.15 for SGD" in page
+
+
+def test_research_settings_are_listed_apart_in_the_tables():
+    """The settings that test an explanation or a remedy are marked once, where they are declared, and
+    every generated table lists them after the others; their defaults run GradInit as the paper does."""
+    from fairseq_gradinit.core.options import EXPERIMENTAL_NOTE, markdown_table
+
+    specs = options_of(GradInitConfig)
+    research = {s.name for s in specs if s.experimental}
+    assert research == {"gamma_init_factor", "pairs", "max_step_ratio", "dropout"}
+    config = GradInitConfig()
+    assert (config.gamma_init_factor, config.pairs, config.max_step_ratio, config.dropout) == (
+        None, "overlap", None, False)
+    table = markdown_table(specs, keyword=True)
+    stable, note, rest = table.partition(EXPERIMENTAL_NOTE)
+    assert note
+    for spec in specs:
+        assert (f"| `{spec.name}` |" in rest) == (spec.name in research)
+        assert (f"| `{spec.name}` |" in stable) == (spec.name not in research)
+    assert EXPERIMENTAL_NOTE not in markdown_table([s for s in specs if not s.experimental])
+
+
+def test_plugin_research_settings_are_marked_where_declared():
+    pytest.importorskip("fairseq")
+    from fairseq_gradinit.core.options import EXPERIMENTAL_NOTE
+    from fairseq_gradinit.fairseq_plugin.options import PLUGIN_OPTIONS, option_table
+
+    assert {s.name for s in PLUGIN_OPTIONS if s.experimental} == {"init_clamp"}
+    after = option_table().partition(EXPERIMENTAL_NOTE)[2]
+    assert "`--gradinit-init-clamp`" in after and "`--gradinit-gamma-init-factor`" in after
+    assert "`--gradinit-eta`" not in after

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from ...core import GradInitConfig, MetaInitConfig
+from ...core.config import first_step
 from ...core.options import Default, options_of, values_from
 from ...core.uses import unstepped_uses_error
 from ...vision import create_model, gradinit, metainit
@@ -69,7 +70,7 @@ def run_initialization(args, model, train_set, device, in_bn: bool, progress: bo
                             generator=gen, pin_memory=device.type == "cuda")
         lr = args.gradinit_lr if args.gradinit_lr is not None else tau
         options = values_from(args, GRADINIT_CLI_OPTIONS, prefix="gradinit_")
-        options.update(eta=args.lr if options["eta"] is None else options["eta"], lr=lr,
+        options.update(eta=first_step(options["optimizer"], args.lr, eta=options["eta"]).eta, lr=lr,
                        scale_grad_clip=options["scale_grad_clip"] or None)
         res = gradinit(model, Limited(loader, args.limit_train_batches), device=device, progress=progress, **options)
         info = res.to_dict()
@@ -111,7 +112,7 @@ def check_init_options(args) -> List[str]:
         options = values_from(args, GRADINIT_CLI_OPTIONS, prefix="gradinit_")
         eta = options["eta"]
         if eta is None:  # --lr is GradInit's eta only when GradInit runs
-            eta = args.lr if args.init == "gradinit" else GradInitConfig.eta
+            eta = first_step(options["optimizer"], args.lr).eta if args.init == "gradinit" else GradInitConfig.eta
         options.update(eta=eta, lr=gi_lr, scale_grad_clip=options["scale_grad_clip"] or None)
         GradInitConfig(**options)
         MetaInitConfig(lr=args.metainit_lr if args.metainit_lr is not None else gi_lr, iters=args.metainit_iters,

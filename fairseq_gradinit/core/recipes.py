@@ -1,0 +1,101 @@
+"""Named GradInit recipes: the settings of the paper and of the authors' code, each declared once.
+
+A recipe is a documented set of :class:`~.config.GradInitConfig` values plus the settings it implies
+outside the config (batch sizes of a front end), looked up by name as timm looks up its models::
+
+    from fairseq_gradinit.core.recipes import list_recipes, recipe
+
+    list_recipes()                                   # ('authors-iwslt14', 'paper-cifar10')
+    config = recipe("paper-cifar10").config(lr=5e-2)  # a GradInitConfig, with tau replaced
+    recipe("authors-iwslt14").flags()                # the same settings as --gradinit-* flags
+
+The front ends' own defaults come from here too: the vision API's are the CIFAR-10 recipe's
+(:data:`fairseq_gradinit.vision.api.VISION_DEFAULTS`), and eta and gamma follow one rule per front
+end, :func:`~.config.first_step`.
+"""
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any, Dict, Mapping, Tuple
+
+from .config import GradInitConfig
+from .options import options_of
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A named GradInit setting: ``values`` are :class:`GradInitConfig` fields (the others keep the
+    engine's defaults), ``settings`` what it implies outside the config, by the front-end option
+    name without its ``--gradinit-`` prefix (e.g. ``max_tokens``, ``batch_size``)."""
+
+    name: str
+    summary: str
+    source: str
+    values: Mapping[str, Any]
+    settings: Mapping[str, Any]
+
+    def config(self, **overrides: Any) -> GradInitConfig:
+        """A new :class:`GradInitConfig` with the recipe's values and ``overrides`` (field names)."""
+        return GradInitConfig(**{**self.values, **overrides})
+
+    def flags(self, prefix: str = "--gradinit-") -> Tuple[str, ...]:
+        """The recipe as command-line arguments: its config values in declaration order, then its
+        settings (``("--gradinit-eta", "0.001", ...)``)."""
+        out = []
+        for spec in options_of(GradInitConfig, python_only=False):
+            if spec.name in self.values:
+                out += [spec.flag(prefix), spec.to_text(self.values[spec.name])]
+        for name, value in self.settings.items():
+            out += [prefix + name.replace("_", "-"), str(value)]
+        return tuple(out)
+
+
+def _recipe(name: str, summary: str, source: str, values: Dict[str, Any], settings: Dict[str, Any]) -> Recipe:
+    return Recipe(name, summary, source, types.MappingProxyType(values), types.MappingProxyType(settings))
+
+
+#: The recipes by name (read them with :func:`recipe` and :func:`list_recipes`).
+RECIPES: Mapping[str, Recipe] = types.MappingProxyType({r.name: r for r in (
+    # The paper's Appendix A (SGD at the base learning rate 0.1, gamma 1, alpha_min 0.01, batch size 128,
+    # tau of VGG-19 without BN; other networks' best tau are listed there) and the authors' CIFAR launch
+    # script, zhuchen03/gradinit launch/run_gradinit.sh (--gradinit-normalize-grad, --gradinit-grad-clip 1,
+    # 390 iterations: one epoch of 128-image batches). The authors' code besides lets biases reach 0 and
+    # keeps separate moments for constraint steps; the recipe keeps the paper's global alpha_min and one
+    # Adam, as the vision API does.
+    _recipe("paper-cifar10", "CIFAR-10 classifiers trained with SGD at learning rate 0.1 (the paper's vision setting)",
+            "GradInit paper, Appendix A; zhuchen03/gradinit launch/run_gradinit.sh",
+            dict(optimizer="sgd", eta=0.1, gamma=1.0, sgd_step="normalized", lr=1e-2, betas=(0.9, 0.999),
+                 iters=390, min_scale=0.01, overlap=0.5, scale_grad_clip=1.0),
+            dict(batch_size=128)),
+    # The authors' IWSLT'14 launch script, zhuchen03/gradinit fairseq/gradinit/launch/
+    # run_iwslt_14_gradinit_no_clipping.sh (eta 1e-3, tau 2.5e-3, betas (0.9, 0.98), 780 iterations,
+    # alpha_min 0.01, LayerNorm scales at most 100, clipping at 1e8: none), gamma 1e3 (the paper's
+    # Appendix), and what their fairseq code (fairseq/gradinit/train.py) does: biases down to 0, separate
+    # moments for constraint steps, every trainable tensor in the simulated step except the tied output
+    # projection, 6000-token draws at --max-tokens 4096. Their code also cuts S and S~ out of one batch
+    # (pairs="authors", an experimental setting here); the recipe keeps the paper's overlapping pairs.
+    _recipe("authors-iwslt14", "Post-LN Transformer on IWSLT'14 De-En trained with Adam at lr 5e-4 (the authors' "
+                               "fairseq launch)",
+            "GradInit paper, Appendix; zhuchen03/gradinit fairseq/gradinit/launch/run_iwslt_14_gradinit_no_clipping.sh "
+            "and fairseq/gradinit/train.py",
+            dict(optimizer="adam", eta=1e-3, gamma=1e3, lr=2.5e-3, betas=(0.9, 0.98), iters=780, min_scale=0.01,
+                 overlap=0.5, adam_state="per_branch", step_params="all",
+                 scale_bounds=(("bias", 0, None), ("norm", None, 100)),
+                 unstepped_uses=r"decoder\.output_projection\."),
+            dict(max_tokens=6000)),
+)})
+
+
+def list_recipes() -> Tuple[str, ...]:
+    """The names of the recipes, sorted."""
+    return tuple(sorted(RECIPES))
+
+
+def recipe(name: str) -> Recipe:
+    """The recipe called ``name``; ``ValueError`` names the known ones."""
+    try:
+        return RECIPES[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown GradInit recipe {name!r}: expected one of {', '.join(list_recipes())} "
+                         "(fairseq_gradinit.core.recipes.list_recipes())") from None
