@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from fairseq_gradinit.paths import TEXT, OutputError, check_output, json_result
+from fairseq_gradinit.paths import TEXT, check_output, json_result
 
 from .study.tables import build_table, markdown, to_json
 
