@@ -1,6 +1,7 @@
 """The linter and the import contracts of pyproject.toml hold on the whole repository: ``ruff check`` finds
 nothing, and each ``lint-imports`` contract (the layers: a pure-PyTorch engine, a vision API without fairseq,
 a library without the lab, the fairseq plugin's rooms) is kept. Both tools come with ``pip install -e ".[dev]"``."""
+
 import importlib.util
 import shutil
 import subprocess
@@ -21,8 +22,8 @@ CONTRACTS = [c["id"] for c in CONFIG["tool"]["importlinter"]["contracts"]]
 #: test fails until it is removed from here, so a kept contract stays kept.
 PENDING = {
     "plugin-acyclic": "analysis/report.py imports hook and phase, which import analysis/ (groups, "
-                      "health_report): kept once the adapter's helpers leave analysis/ or the report stops "
-                      "importing the adapter",
+    "health_report): kept once the adapter's helpers leave analysis/ or the report stops "
+    "importing the adapter",
 }
 
 
@@ -57,15 +58,22 @@ def test_ruff_uses_the_repository_rules(tmp_path):
     branches = "".join(f"    if x == {i}:\n        return {i}\n" for i in range(budget + 1))
     code = f"import os\n\n\ndef f(x):\n{branches}    return -1\n"
     (tmp_path / "bad.py").write_text(code, encoding="utf-8")
-    proc = run(ruff() + ["check", "--no-cache", "--config", str(REPO / "pyproject.toml"),
-                         "--output-format", "concise", "bad.py"], tmp_path)
+    proc = run(
+        ruff()
+        + ["check", "--no-cache", "--config", str(REPO / "pyproject.toml"), "--output-format", "concise", "bad.py"],
+        tmp_path,
+    )
     assert proc.returncode == 1
     assert "F401" in proc.stdout and "C901" in proc.stdout, proc.stdout
 
 
-@pytest.mark.parametrize("contract", [
-    pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=PENDING[c])) if c in PENDING else c
-    for c in CONTRACTS])
+@pytest.mark.parametrize(
+    "contract",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=PENDING[c])) if c in PENDING else c
+        for c in CONTRACTS
+    ],
+)
 def test_import_contract_is_kept(contract):
     proc = run(lint_imports() + ["--contract", contract], REPO)
     assert proc.returncode == 0, proc.stdout + proc.stderr
