@@ -2,7 +2,9 @@
 nothing, and each ``lint-imports`` contract (the layers: a pure-PyTorch engine, a vision API without fairseq,
 a library without the lab, the fairseq plugin's rooms) is kept. Both tools come with ``pip install -e ".[dev]"``."""
 
+import ast
 import importlib.util
+import re
 import shutil
 import subprocess
 import sys
@@ -92,3 +94,23 @@ def test_a_contract_catches_a_forbidden_import(tmp_path):
     proc = run(lint + ["--contract", "core-pure"], tmp_path)
     assert proc.returncode == 1
     assert "fairseq_gradinit.core.optim -> fairseq" in " ".join(proc.stdout.split()), proc.stdout
+
+
+def dev_requirements():
+    """setup.py's ``dev`` extra, read without running setup.py."""
+    for node in ast.walk(ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))):
+        if isinstance(node, ast.keyword) and node.arg == "extras_require":
+            return ast.literal_eval(node.value)["dev"]
+    raise AssertionError("setup.py has no extras_require")
+
+
+def test_the_install_page_names_the_dev_set_and_the_lint_commands():
+    """docs/install.md names every package of the ``dev`` extra (pinned ones with their version) and the two lint
+    commands this file runs."""
+    page = (REPO / "docs" / "install.md").read_text(encoding="utf-8")
+    requirements = dev_requirements()
+    assert {"ruff", "import-linter"} <= {re.split(r"[<>=]", r)[0] for r in requirements}
+    for requirement in requirements:
+        shown = requirement if "==" in requirement else re.split(r"[<>=]", requirement)[0]
+        assert shown in page, requirement
+    assert "`ruff check .`" in page and "`lint-imports`" in page
