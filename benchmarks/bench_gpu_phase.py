@@ -231,7 +231,7 @@ def count_flops(model, state, loss_fn, pair):
             if branch == "constraint":
                 engine.step(pair)  # the next one keeps this graph, as in a run of constraint iterations
             out[branch] = counted(lambda: engine.step(pair))
-            del engine
+            engine = None  # frees its tensors before the next branch (the lambda above reads the name)
     model.load_state_dict(state)
     return out
 
@@ -276,7 +276,6 @@ def time_fp16_updates(model, state, loss_fn, pairs, args, device):
     seconds = (time.perf_counter() - t0) / args.iters
     out = {"seconds": seconds, "peak_mib": peak_mib(device, base),
            "profile": profile_iterations(update, samples[:args.profile_iters], device)}
-    del half, opt, master
     return out
 
 

@@ -196,7 +196,7 @@ def bench_model(name: str, bn: Optional[bool], args, device: torch.device) -> Di
 
     out["train"] = measure(train_step, device, train_resident, args.warmup, args.repeats)
     logger.info("  train step: %.1f ms", 1000 * out["train"]["time_s"])
-    del opt, model
+    opt = model = None  # frees them (not `del`: the closures above read the names)
     gc.collect()
 
     # -- GradInit iterations ----------------------------------------------------------------
@@ -229,7 +229,7 @@ def bench_model(name: str, bn: Optional[bool], args, device: torch.device) -> Di
         res["skipped"] = sum(r.branch == "skipped" for r in engine.history)
         out[branch] = res
         logger.info("  %s iteration: %.1f ms", branch, 1000 * res["time_s"])
-        del engine, model
+        engine = model = None  # frees them (not `del`: the closures above read the names)
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -242,10 +242,10 @@ def markdown_table(curves: Dict[str, Curve], metric: str = "loss", subset: str =
     sep = "|---:|" + "---:|" * len(labels)
     rows = [header, sep]
     for u in updates:
-        rows.append(f"| {u} | " + " | ".join(_fmt(curves[l].get(u)) for l in labels) + " |")
+        rows.append(f"| {u} | " + " | ".join(_fmt(curves[label].get(u)) for label in labels) + " |")
     best, final = [], []
-    for l in labels:
-        c = curves[l]
+    for label in labels:
+        c = curves[label]
         if c:
             bu = min(c, key=lambda u: c[u])
             best.append(f"{c[bu]:.3f} @ {bu}")
@@ -281,8 +281,8 @@ def plot_panels(panels: Sequence[Tuple[str, Dict[str, Curve], bool]], path: Path
         ax.set_visible(False)
     labels: List[str] = []
     for _, curves, _ in panels:
-        labels += [l for l in curves if l not in labels]
-    colours = {l: f"C{i % 10}" for i, l in enumerate(labels)}
+        labels += [label for label in curves if label not in labels]
+    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     for ax, (ylabel, curves, logy) in zip(axes.flat, panels):
         for label, curve in curves.items():
             curve = {u: v for u, v in curve.items() if math.isfinite(v)}

@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from fairseq_gradinit.paths import TEXT, OutputError, check_output, json_result
+from fairseq_gradinit.paths import TEXT, check_output, json_result
 
 from .study.tables import build_table, markdown, to_json
 
@@ -21,7 +21,8 @@ def _updates(text: str):
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated update numbers, e.g. 500,1000, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated update numbers, e.g. 500,1000, got {text!r}") from None
     if not values or min(values) <= 0:
         raise argparse.ArgumentTypeError(f"expected positive update numbers, got {text!r}")
     return values

@@ -3,7 +3,8 @@ import os
 import pytest
 import torch
 
-# The repository root, tests/ and benchmarks/ are importable through setup.cfg's [tool:pytest] pythonpath.
+# The repository root, tests/ and benchmarks/ are importable through pyproject.toml's
+# [tool.pytest.ini_options] pythonpath.
 pytest_plugins = ["strict_skips"]
 
 # The test machine has very few cores shared with other jobs: keep PyTorch single-threaded, here and in the

@@ -4,7 +4,7 @@ from .config import GradInitConfig, ScaleBound
 from .engine import GradInit, GradInitResult, IterationRecord, gradinit
 from .metainit import MetaInit, MetaInitConfig, MetaInitRecord, MetaInitResult, gradient_quotient, metainit
 from .modes import gradinit_mode, math_attention, unwrap_model
-from .optim import ScaleAdam
+from .optim import ScaleAdam, ScaleAdamState, scale_adam_step
 from .prefetch import DevicePrefetcher
 from .scales import (
     ScaledParameters, apply_scales, default_param_filter, resolve_scale_bounds, scales_error, summarize_scales,
@@ -12,7 +12,7 @@ from .scales import (
 
 __all__ = [
     "BatchPair", "DevicePrefetcher", "GradInit", "GradInitConfig", "GradInitResult", "IterationRecord", "ScaleAdam",
-    "ScaleBound",
+    "ScaleAdamState", "ScaleBound", "scale_adam_step",
     "ScaledParameters", "resolve_scale_bounds",
     "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode", "scales_error",
     "authors_pairs", "math_attention", "overlapping_pairs", "slice_batch", "summarize_scales", "unwrap_model",

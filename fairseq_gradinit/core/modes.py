@@ -12,7 +12,7 @@ from torch.nn.modules.batchnorm import _NormBase
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The module inside DataParallel / DistributedDataParallel (and fairseq's) wrappers."""
     seen = set()
-    while hasattr(model, "module") and isinstance(getattr(model, "module"), nn.Module) and id(model) not in seen:
+    while hasattr(model, "module") and isinstance(model.module, nn.Module) and id(model) not in seen:
         seen.add(id(model))
         model = model.module
     return model

@@ -671,7 +671,7 @@ def run_generate(
                                f"{stop['reason']} ({format_rate(final)})", final)
     if returncode != 0:
         # stderr (fairseq's traceback) was already shown above: name only its last line here.
-        last = next((l.strip() for l in reversed(err_lines) if l.strip()), "no error output")
+        last = next((line.strip() for line in reversed(err_lines) if line.strip()), "no error output")
         raise EvaluationError(f"fairseq-generate failed (exit {returncode}): {last}")
     return out_lines, err_lines, wall
 
@@ -847,7 +847,7 @@ def evaluate(args, extra: Sequence[str]) -> int:
 
         parsed = parse_generate_output(lines)
         if parsed.translate_seconds is None and err_lines:  # fairseq logged to stderr
-            logged = parse_generate_output(l for l in err_lines if _TRANSLATED_RE.search(l))
+            logged = parse_generate_output(line for line in err_lines if _TRANSLATED_RE.search(line))
             parsed.translate_seconds = logged.translate_seconds
             parsed.n_translated = logged.n_translated
         expected = subset_size(args.data, result_subset(args, parsed))

@@ -162,7 +162,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     written = [json_path, md_path]
     if monitors:
         panels = [(f"{args.subset} {args.metric}", curves, args.logy)]
-        panels += [(name, {l: m.get(key, {}) for l, m in monitors.items()}, logy) for name, key, logy in MONITOR_PANELS]
+        panels += [(name, {label: m.get(key, {}) for label, m in monitors.items()}, logy)
+                   for name, key, logy in MONITOR_PANELS]
         if not args.no_png and plot_panels(panels, png_path):
             written.append(png_path)
     elif not args.no_png and plot_png(curves, png_path, args.metric, args.subset, args.logy):

@@ -143,8 +143,8 @@ def check_inputs(corpus_dir: Path, src: str, tgt: str) -> dict:
         raise PrepareError(f"corpus directory not found: {corpus_dir}")
     if src == tgt:
         raise PrepareError(f"--src and --tgt must differ (both are {src!r})")
-    missing = [str(split_path(corpus_dir, s, l)) for s in SPLITS for l in (src, tgt)
-               if not split_path(corpus_dir, s, l).is_file()]
+    missing = [str(split_path(corpus_dir, s, lang)) for s in SPLITS for lang in (src, tgt)
+               if not split_path(corpus_dir, s, lang).is_file()]
     if missing:
         raise PrepareError(
             "missing input file(s):\n  " + "\n  ".join(missing)

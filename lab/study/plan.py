@@ -155,7 +155,7 @@ def _parse_fairseq_args(argv: Sequence[str], *, arm: str, generate: bool = False
         # argparse's "PROG: error: " names whatever program runs the study (python, pytest): keep the reason only
         reason = msg[-1].split(": error: ", 1)[-1] if msg else "bad arguments"
         who = f"{arm}: fairseq-generate rejects them" if generate else f"arm {arm}: fairseq-train rejects its arguments"
-        raise ValueError(f"{who}: {reason}")
+        raise ValueError(f"{who}: {reason}") from None
 
 
 def check_bleu_step(cfg: StudyConfig) -> None:

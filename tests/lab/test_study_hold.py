@@ -118,11 +118,11 @@ def test_hold_dry_run_prints_the_commands_and_an_estimate_that_fits(sep_bin, tmp
     rc, out, err = _dry_run(common + ["--call", "A", "--out", str(tmp_path / "a")])
     assert rc == 0, err[-2000:]
     for name in HOLD.call("A").arms:
-        line = next(l for l in out.splitlines() if l.startswith(f"arm {name}: "))
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"arm {name}: "))
         assert "--gradinit-monitor-interval 100" in line and f"--gradinit-init-file {scales}" in line
         assert f"  arm {name}: starts 0 s, ends " in out and "3000/3000 updates" in out
-    assert "--gradinit-init-clamp" in next(l for l in out.splitlines() if l.startswith("arm clamp-strong: "))
-    assert " --fp16 " not in next(l for l in out.splitlines() if l.startswith("arm fp32: ")) + " "
+    assert "--gradinit-init-clamp" in next(ln for ln in out.splitlines() if ln.startswith("arm clamp-strong: "))
+    assert " --fp16 " not in next(ln for ln in out.splitlines() if ln.startswith("arm fp32: ")) + " "
     assert "estimate on one H200" in out and "budget check: fits the call's limit of 480 s" in out
     rc, out, err = _dry_run(common + ["--call", "B", "--out", str(tmp_path / "b")])
     assert rc == 0 and out.count("prepare ") == 4 and out.count("  phase gi-") == 4, err[-2000:]

@@ -136,10 +136,10 @@ def test_dry_run_prints_every_call_and_its_estimate_fits(sep_bin, tmp_path):
     rc, out, err = _dry_run(common + ["--call", "A", "--out", str(tmp_path / "a")])
     assert rc == 0 and fits in out, out[-2000:] + err[-2000:]
     for name in SHOCK.call("A").arms:
-        line = next(l for l in out.splitlines() if l.startswith(f"arm {name}: "))
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"arm {name}: "))
         assert "--gradinit-monitor-interval 100" in line and "--gradinit-cudnn-sdpa-guard on" in line
         assert " --fp16 " in line + " " and "3000/3000 updates" in out
-    assert f"--gradinit-init-file {scales}" in next(l for l in out.splitlines() if l.startswith("arm nodrop: "))
+    assert f"--gradinit-init-file {scales}" in next(ln for ln in out.splitlines() if ln.startswith("arm nodrop: "))
     rc, out, err = _dry_run(common + ["--call", "B", "--out", str(tmp_path / "b")])
     assert rc == 0 and out.count("prepare ") == 3 and out.count("  phase gi-") == 3 and fits in out, err[-2000:]
     # call C without call B's cache would compute the three phases first: refused by its own estimate

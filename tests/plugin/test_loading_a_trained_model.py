@@ -10,7 +10,6 @@ import pytest
 pytest.importorskip("fairseq")
 
 import torch  # noqa: E402
-from fairseq import options  # noqa: E402
 
 from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin  # noqa: E402
 from fairseq_helpers import REPO  # noqa: E402

@@ -66,7 +66,6 @@ def test_parse_betas_errors():
 def test_fairseq_train_radam_and_resume(tiny_data, tmp_path):
     """fairseq-train --optimizer radam runs 2 updates, then resumes from checkpoint_last to 4."""
     import subprocess
-    import sys
 
     from fairseq_train import REPO, TINY_MODEL, env_with_repo
 

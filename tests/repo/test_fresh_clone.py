@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_helpers import CORPUS_ARCHIVE, corpus_file
+from fairseq_helpers import corpus_file
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -74,7 +74,7 @@ def load_cifar10(data_dir: str, *, download: bool):
     try:
         return (torchvision.datasets.CIFAR10(data_dir, train=True, download=download),
                 torchvision.datasets.CIFAR10(data_dir, train=False, download=download))
-    except RuntimeError as e:  # torchvision: "Dataset not found or corrupted. You can use download=True ..."
+    except RuntimeError:  # torchvision: "Dataset not found or corrupted. You can use download=True ..."
         if download:
             raise
         raise FileNotFoundError(
