@@ -740,7 +740,7 @@ def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
     return "\n".join(out)
 
 
-# -- a Post-LN decoder-only language model (lab/record/lm-nowarmup.md) ---------------------------------
+# -- a Post-LN decoder-only language model (lab/record/lm-nowarmup.md) ---------------------------
 LM_BASE = (
     "--task", "language_modeling", "--arch", "transformer_lm_postln", "--decoder-layers", "6",
     "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512", "--decoder-attention-heads", "4",
