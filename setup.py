@@ -33,7 +33,7 @@ setup(
         # torch/torchvision pair that load together. On Linux PyPI's torch is the CUDA build; the README
         # says how to install the CPU build first. No torchaudio on PyPI matches torch 2.14 (ve-fairseq
         # pulls 2.11): python -m fairseq_gradinit.install_check reports it.
-        # ruff and import-linter: the linter and the import contracts of pyproject.toml (tests/test_lint.py).
+        # ruff and import-linter: the linter and the import contracts of pyproject.toml (tests/repo/test_lint.py).
         "dev": ["pytest>=7", "ve-fairseq==0.12.3", "torch==2.14.1", "torchvision==0.29.1", "admin-torch==0.1.0",
                 "matplotlib", "ruff==0.17.6", "import-linter==2.17"],
     },

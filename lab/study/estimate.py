@@ -41,7 +41,7 @@ H200 = Throughput(
     arm_rate=((2.0, 13.0), (5.0, 8.0)),
     phase_s=((1.24, 161.0), (5.72, 299.0)),
     phase_weight=1.24,
-    source="docs/evidence/nowarmup-d512-hold-2026-11-27 (one H200) and nowarmup-d512-authors-2026-11-26 "
+    source="lab/record/evidence/nowarmup-d512-hold-2026-11-27 (one H200) and nowarmup-d512-authors-2026-11-26 "
            "(one H100, fp32)",
 )
 #: One H100: three fp32 arms at once >= 6.5 updates/s each (1118-1143 updates in 174 s with start-up); five
@@ -52,7 +52,7 @@ H100 = Throughput(
     arm_rate=((3.0, 6.5), (5.0, 4.5)),
     phase_s=((5.72, 291.0),),
     phase_weight=1.24,
-    source="docs/evidence/nowarmup-d512-authors-2026-11-26 (one H100)",
+    source="lab/record/evidence/nowarmup-d512-authors-2026-11-26 (one H100)",
 )
 THROUGHPUT: Dict[str, Throughput] = {t.name: t for t in (H200, H100)}
 

@@ -1,9 +1,9 @@
 """Presets of the study runner (``python -m lab.study --preset NAME``; ``--list-presets`` prints this).
 
-- ``evidence``: the arms of ``docs/evidence/nowarmup-d512-2026-11-26`` with its settings.
+- ``evidence``: the arms of ``lab/record/evidence/nowarmup-d512-2026-11-26`` with its settings.
 - ``screen``: eight differences from the authors' setup, one arm each, plus the warmup and
   Xavier references, split into two GPU calls.
-- ``demo``: the d=128 CPU demonstration of docs/debian-demo.md.
+- ``demo``: the d=128 CPU demonstration of lab/record/debian-demo.md.
 - ``ablate``, ``confirm``: the authors' whole setup, leave-one-out arms, and its confirmation at paper size.
 - ``wskip``: Admin's w_skip Transformer against GradInit with the Admin authors' recipe.
 - ``hold``: what keeps a no-warmup run alive past the collapse (docs/no-warmup.md, docs/remedies.md).
@@ -18,7 +18,7 @@ from typing import Dict, Mapping, Optional, Tuple
 
 from .arms import Arm
 
-EVIDENCE_DIR = "docs/evidence/nowarmup-d512-2026-11-26"  # relative to the repository root
+EVIDENCE_DIR = "lab/record/evidence/nowarmup-d512-2026-11-26"  # relative to the repository root
 
 
 @dataclass(frozen=True)
@@ -133,7 +133,7 @@ EVIDENCE = Preset(
     ),
     throughput="h100",
     doc="""\
-Setup of docs/evidence/nowarmup-d512-2026-11-26/README.md: transformer_iwslt_de_en (d=512),
+Setup of lab/record/evidence/nowarmup-d512-2026-11-26/README.md: transformer_iwslt_de_en (d=512),
 --share-all-embeddings, dropout 0.3, label smoothing 0.1, Adam lr 5e-4 constant, 4096-token
 batches, fp16, seed 1, validation every 100 updates; GradInit 780 iterations, eta 5e-4, gamma 1e3,
 tau 2.5e-3, 4096-token batches, per_branch moments, zero tensors outside the simulated step
@@ -232,11 +232,11 @@ DEMO = Preset(
     name="demo",
     answers=("whether GradInit lets a small (d=128) Post-LN Transformer train without warmup, against Xavier and a"
              " 200-update warmup"),
-    docs="docs/debian-demo.md",
-    summary="docs/debian-demo.md: 6+6-layer d=128 Post-LN Transformer, lr 1e-3, Xavier / GradInit "
+    docs="lab/record/debian-demo.md",
+    summary="lab/record/debian-demo.md: 6+6-layer d=128 Post-LN Transformer, lr 1e-3, Xavier / GradInit "
             "without warmup vs a 200-update warmup, 600 updates (CPU: add --cpu)",
     duration="with --cpu, most of a day on a 2-core VM (a 1024-token update took ~7 s on one thread there, a "
-             "GradInit constraint iteration ~19 s: docs/debian-demo.md); on one GPU, about 3 minutes per arm",
+             "GradInit constraint iteration ~19 s: lab/record/debian-demo.md); on one GPU, about 3 minutes per arm",
     base=D128_BASE,
     arms=(
         Arm("gradinit-s1", GI_DEMO + ("--seed", "1"), note="GradInit (the plugin's Adam defaults: eta = 2 x lr = 2e-3, "
@@ -257,7 +257,7 @@ in the base does not reach warmup-s1). On the CPU add --cpu (and keep --parallel
 )
 
 # -- the ablation of the authors' setup -----------------------------------------------
-AUTHORS_EVIDENCE_DIR = "docs/evidence/nowarmup-d512-authors-2026-11-26"  # relative to the repository root
+AUTHORS_EVIDENCE_DIR = "lab/record/evidence/nowarmup-d512-authors-2026-11-26"  # relative to the repository root
 #: The authors' GradInit launch settings, spelled out (independent of the plugin's defaults).
 GI_AUTHORS = (
     "--gradinit-iters", "780", "--gradinit-eta", "1e-3", "--gradinit-gamma", "1e3", "--gradinit-lr", "2.5e-3",
@@ -324,7 +324,7 @@ ABLATE = Preset(
     throughput="h100",
     doc="""\
 Base: the evidence's d=512 setting (preset 'evidence'); 'authors' is the README's IWSLT recipe as
-measured in docs/evidence/nowarmup-d512-authors-2026-11-26 (learns from update 100; 8.94 at
+measured in lab/record/evidence/nowarmup-d512-authors-2026-11-26 (learns from update 100; 8.94 at
 update 300 against 9.74 on the plateau). Every other arm changes one setting of it; GradInit
 settings are spelled out, so the arms do not depend on the plugin's defaults. 600 updates are
 enough to tell learning from the plateau. Needs --data-bin separate=PATH (prepare_corpus.py
@@ -457,7 +457,7 @@ on one H100: six arms, one 780-iteration GradInit phase (--time-budget 7 --bleu-
 
 
 # -- what keeps a no-warmup run alive past the collapse ------------------------
-HOLD_EVIDENCE_DIR = "docs/evidence/nowarmup-d512-hold-2026-11-27"  # relative to the repository root
+HOLD_EVIDENCE_DIR = "lab/record/evidence/nowarmup-d512-hold-2026-11-27"  # relative to the repository root
 #: The training monitor, one record every validation interval.
 MONITOR = ("--gradinit-monitor-interval", "100")
 #: The Admin authors' fp16 loss-scale flags: the scale grows back after 256 clean updates and never
@@ -554,7 +554,7 @@ it exports into one archive (--archive).""",
 
 
 # -- the decoder's delayed no-warmup shock and the eval-mode breakdown ----------------------------
-HOLDA_EVIDENCE_DIR = "docs/evidence/nowarmup-d512-holdA-2026-11-27"  # relative to the repository root
+HOLDA_EVIDENCE_DIR = "lab/record/evidence/nowarmup-d512-holdA-2026-11-27"  # relative to the repository root
 #: cuDNN's fused attention off: on torch 2.11 with sm90 its backward returns NaN query gradients for
 #: sequence lengths of 64 mod 128 with a mask (every fp16 overflow of the holdA evidence after start-up).
 CUDNN_GUARD = ("--gradinit-cudnn-sdpa-guard", "on")
@@ -740,7 +740,7 @@ def describe_presets(names: Optional[Tuple[str, ...]] = None) -> str:
     return "\n".join(out)
 
 
-# -- a Post-LN decoder-only language model (docs/lm-nowarmup.md) ---------------------------------
+# -- a Post-LN decoder-only language model (lab/record/lm-nowarmup.md) ---------------------------
 LM_BASE = (
     "--task", "language_modeling", "--arch", "transformer_lm_postln", "--decoder-layers", "6",
     "--decoder-embed-dim", "128", "--decoder-ffn-embed-dim", "512", "--decoder-attention-heads", "4",
@@ -755,10 +755,10 @@ LM = Preset(
     name="lm",
     answers=("whether GradInit lets a small Post-LN decoder-only language model train without warmup, against "
              "Xavier and a 300-update warmup"),
-    docs="docs/lm-nowarmup.md",
+    docs="lab/record/lm-nowarmup.md",
     duration="with --cpu --no-bleu, 12 minutes on a shared 2-core VM (GradInit phase 106 s, then the three arms "
-             "one after another, 113-260 s each: docs/lm-nowarmup.md)",
-    summary="docs/lm-nowarmup.md: 6-layer d=128 Post-LN decoder-only LM (transformer_lm_postln) on the target "
+             "one after another, 113-260 s each: lab/record/lm-nowarmup.md)",
+    summary="lab/record/lm-nowarmup.md: 6-layer d=128 Post-LN decoder-only LM (transformer_lm_postln) on the target "
             "side of the Debian corpus, lr 3e-3, Xavier / GradInit without warmup vs a 300-update warmup, "
             "600 updates (CPU: add --cpu --no-bleu)",
     base=LM_BASE,
@@ -774,7 +774,7 @@ LM = Preset(
     doc="""\
 DATA is a language-model data-bin of the corpus's English side: fairseq-preprocess --only-source
 --trainpref train.en --validpref valid.en --nwordssrc 8000 (whitespace tokens; the exact commands
-are in docs/lm-nowarmup.md). Validation loss is in bits per token (fairseq's LM criterion);
+are in lab/record/lm-nowarmup.md). Validation loss is in bits per token (fairseq's LM criterion);
 perplexity is 2**loss. There is no BLEU: pass --no-bleu.""",
 )
 

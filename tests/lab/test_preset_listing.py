@@ -79,6 +79,6 @@ def test_the_demo_and_lm_notes_state_the_eta_and_gamma_the_plugin_resolves(tiny_
     cfg = _resolved(tiny_bin, D128_BASE, ("--lr", lr) + GI_LM)
     assert cfg.eta == pytest.approx(6e-3) and cfg.gamma == pytest.approx(1 / 6e-3)
     assert "eta = 2 x lr = 6e-3, gamma = 1/eta" in lm.note
-    flat = lambda name: " ".join((REPO / "docs" / name).read_text(encoding="utf-8").split())  # noqa: E731
+    flat = lambda name: " ".join((REPO / "lab" / "record" / name).read_text(encoding="utf-8").split())  # noqa: E731
     assert "now, for Adam, η = 2 × lr = 2e-3 and γ = 1/η = 500" in flat("debian-demo.md")
     assert f"η = 2 × lr = 6e-3 and γ = 1/η ≈ {1 / 6e-3:.0f}" in flat("lm-nowarmup.md")

@@ -201,9 +201,10 @@ def test_cpu_presets_state_their_measured_duration_in_the_listing_and_the_dry_ru
     assert listing.count("duration where measured:") == 2
     # the durations quoted are those of the docs that measured them
     assert "most of a day" in PRESETS["demo"].duration
-    assert "most of a day" in (REPO / "docs" / "debian-demo.md").read_text(encoding="utf-8")
+    assert "most of a day" in (REPO / "lab" / "record" / "debian-demo.md").read_text(encoding="utf-8")
     assert "12 minutes" in PRESETS["lm"].duration
-    assert "(12 minutes: GradInit phase 106 s" in (REPO / "docs" / "lm-nowarmup.md").read_text(encoding="utf-8")
+    lm_page = (REPO / "lab" / "record" / "lm-nowarmup.md").read_text(encoding="utf-8")
+    assert "(12 minutes: GradInit phase 106 s" in lm_page
     rc, out, err = _dry_run([str(sep_bin), "--preset", "demo", "--cpu", "--no-bleu", "--out", str(tmp_path / "d"),
                              "--dry-run"])
     assert rc == 0, err[-2000:]

@@ -176,7 +176,7 @@ def test_docs_state_the_commands_and_estimates():
             f"--bleu-budget {b.bleu_budget:g}`") in flat
     assert all((c.time_budget, c.bleu_budget) == (b.time_budget, b.bleu_budget) for c in SHOCK.calls if c is not a)
     # what hold's call A took: the study's own record and fairseq's
-    holda = REPO / "docs" / "evidence" / "nowarmup-d512-holdA-2026-11-27"
+    holda = REPO / "lab" / "record" / "evidence" / "nowarmup-d512-holdA-2026-11-27"
     total = json.loads((holda / "study.json").read_text())["wall_s"]["total"]
     trained = [float(m) for arm in sorted((holda / "arms").iterdir())
                for m in re.findall(r"done training in ([\d.]+) seconds", (arm / "train.log").read_text())]

@@ -214,8 +214,8 @@ def test_the_doc_quotes_the_constraint_bound_phase_and_its_commands_parse():
 
     repo = Path(__file__).resolve().parents[2]
     doc = (repo / "docs" / "phase-options.md").read_text(encoding="utf-8")
-    info = json.loads((repo / "docs" / "evidence" / "nowarmup-d512-authors-2026-11-26" / "authors.gradinit.json")
-                      .read_text())
+    record = repo / "lab" / "record" / "evidence" / "nowarmup-d512-authors-2026-11-26"
+    info = json.loads((record / "authors.gradinit.json").read_text())
     branches = [r["branch"] for r in info["history"]]
     first_objective = branches.index("objective")
     text = " ".join(doc.split())

@@ -16,7 +16,7 @@ from fairseq_gradinit.core.health import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-EVIDENCE = REPO / "docs" / "evidence" / "nowarmup-d512-authors-2026-11-26" / "authors.gradinit.json"
+EVIDENCE = REPO / "lab" / "record" / "evidence" / "nowarmup-d512-authors-2026-11-26" / "authors.gradinit.json"
 
 
 class Stack(nn.Module):

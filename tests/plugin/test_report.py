@@ -269,3 +269,29 @@ def test_report_script_writes_the_health_block_the_plugin_stored(gradinit_run, t
         _script().main(["--gradinit-json", str(gjson), "--out", str(out), "--health-only", "--no-health", "--",
                         str(data), *TINY])
     assert e.value.code == 2
+
+
+def test_the_report_page_states_the_commands_options_and_defaults():
+    """docs/gradinit-report.md: its option table is the parser's (names, defaults, choices), and every option
+    of the command is on the page."""
+    import re
+    from pathlib import Path
+
+    from fairseq_gradinit.tools import gradinit_report
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "gradinit-report.md").read_text(encoding="utf-8")
+    actions = {a.option_strings[0]: a for a in gradinit_report.build_parser()._actions if a.option_strings}
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(--[\w-]+)[^`]*` \| ([^|]+) \|", page,
+                                                                                   flags=re.MULTILINE)}
+    assert rows == {"--batches": "8", "--mode": "`train`", "--batch-seed": "fairseq's `--seed`",
+                    "--health-only": "off", "--no-health": "off", "--title": "the `gradinit.json` path"}
+    assert actions["--batches"].default == 8 and actions["--mode"].default == "train"
+    assert actions["--mode"].choices == ["train", "eval"] and "`--mode train\\|eval`" in page
+    assert actions["--batch-seed"].default is None and "default: the fairseq --seed" in actions["--batch-seed"].help
+    assert actions["--title"].default is None and "default: the gradinit.json path" in actions["--title"].help
+    assert all(actions[flag].default is False for flag in ("--health-only", "--no-health", "--no-check"))
+    with pytest.raises(SystemExit):
+        gradinit_report.build_parser().parse_args(["--gradinit-json", "g", "--out", "o", "--batches", "1"])
+    assert "(at least 2)" in page
+    named = set(re.findall(r"--[\w-]+", page))
+    assert set(actions) - {"-h"} <= named, set(actions) - named
