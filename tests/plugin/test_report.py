@@ -279,7 +279,7 @@ def test_the_report_page_states_the_commands_options_and_defaults():
 
     from fairseq_gradinit.tools import gradinit_report
 
-    page = (Path(__file__).resolve().parents[1] / "docs" / "gradinit-report.md").read_text(encoding="utf-8")
+    page = (Path(__file__).resolve().parents[2] / "docs" / "gradinit-report.md").read_text(encoding="utf-8")
     actions = {a.option_strings[0]: a for a in gradinit_report.build_parser()._actions if a.option_strings}
     rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(--[\w-]+)[^`]*` \| ([^|]+) \|", page,
                                                                                    flags=re.MULTILINE)}
