@@ -116,6 +116,9 @@ def test_the_user_page_states_what_the_evidence_measured():
 
     lr = HOLD_PRESET.base[HOLD_PRESET.base.index("--lr") + 1]
     assert f"`{' '.join(WARMUP_4000)}`" in page and f"`--lr {lr}`" in page
+    warm_args = HOLD_PRESET.base + next(a for a in HOLD_PRESET.arms if a.name == "warm-s1").args  # Xavier
+    assert not any(x in warm_args for x in ("--gradinit-iters", "--gradinit-init-file"))
+    assert "started from Xavier's initialization, without `--gradinit-iters`" in page
     assert "--warmup-updates 500" in " ".join(a for arm in SHOCK.arms if arm.name == "gi-warm500" for a in arm.args)
     options = (DOCS / "options.md").read_text(encoding="utf-8")
     for flag in set(re.findall(r"`(--gradinit-[\w-]+)", PAGE)):
