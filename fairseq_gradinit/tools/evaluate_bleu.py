@@ -387,7 +387,7 @@ def check_paths(args) -> None:
 #: Batches on a CUDA GPU: each batch runs up to ``max-len-a * its longest source + max-len-b`` decoder
 #: steps, and a step's host work (beam bookkeeping, kernel launches) hardly grows with the batch, so fewer,
 #: larger batches should take fewer steps and less time. That is reasoning, not a measurement:
-#: docs/no-warmup.md says what the BLEU step's batches are and how to measure them.
+#: benchmarks/bench_bleu_decode.py measures it.
 GPU_MAX_TOKENS = 65536
 GPU_BATCH_SIZE = 4096
 CPU_MAX_TOKENS = 4096

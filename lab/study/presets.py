@@ -6,7 +6,7 @@
 - ``demo``: the d=128 CPU demonstration of lab/record/debian-demo.md.
 - ``ablate``, ``confirm``: the authors' whole setup, leave-one-out arms, and its confirmation at paper size.
 - ``wskip``: Admin's w_skip Transformer against GradInit with the Admin authors' recipe.
-- ``hold``: what keeps a no-warmup run alive past the collapse (docs/no-warmup.md, docs/remedies.md).
+- ``hold``: what keeps a no-warmup run alive past the collapse (lab/record/no-warmup.md, docs/remedies.md).
 """
 from __future__ import annotations
 
@@ -111,8 +111,8 @@ EVIDENCE = Preset(
     name="evidence",
     answers=("the first d=512 no-warmup evidence again: Xavier and GradInit with the paper's settings and shared "
              "embeddings against a 4000-update warmup"),
-    docs="docs/no-warmup.md",
-    takes="two calls on one H100 (their settings: docs/no-warmup.md)",
+    docs="lab/record/no-warmup.md",
+    takes="two calls on one H100 (their settings: lab/record/no-warmup.md)",
     summary="the arms of the 2026-11-26 evidence (d=512, lr 5e-4, no warmup, fp16, seed 1) with its settings",
     base=D512_BASE,
     arms=(
@@ -153,7 +153,7 @@ SCREEN = Preset(
     name="screen",
     answers=("which of eight differences from the authors' setup keeps GradInit on the unigram plateau at d=512 "
              "without warmup"),
-    docs="docs/no-warmup.md",
+    docs="lab/record/no-warmup.md",
     takes="two calls of at most 7 minutes each on one H100 (planned, not run)",
     summary="differences 1-8 from the authors' setup, one arm each, plus warmup and Xavier "
             "references (d=512, one seed, 3000 updates, two GPU calls: --call A, then --call B)",
@@ -207,12 +207,12 @@ screen is ~12-13 minutes of GPU work before start-up and BLEU, so the two calls 
           while the five new GradInit phases (d1-d4, d6) run beside them and go to the cache;
   call B: d1-d4 and d6 train from the cached scales (nothing is computed first), beside w98.
 The fp32 arms go first: they separate numerics from optimization most directly (the
-evidence's logs make fp16 an unlikely cause of the plateau, docs/no-warmup.md; d8-fp32 tests it). The evidence's x98/w98 at these settings are the references (w98 is re-run
+evidence's logs make fp16 an unlikely cause of the plateau, lab/record/no-warmup.md; d8-fp32 tests it). The evidence's x98/w98 at these settings are the references (w98 is re-run
 in call B as the in-study target). Each call: --parallel 9 (A) / 6 (B), --time-budget 5.25
 minutes, --bleu-budget 0.75. Arms that do not reach 3000 updates are stopped by the budget (fp32
 the likeliest); BLEU is taken at the largest checkpoint update (every 500) that all arms of the
 call reached. x98 (fp16) and d6-iters1560 are in neither call; run them with --arms in a third call.
-The exact commands are in docs/no-warmup.md.""",
+The exact commands are in lab/study.md.""",
 )
 
 
@@ -281,7 +281,7 @@ ABLATE = Preset(
     name="ablate",
     answers=("which of the authors' settings make their GradInit setup learn without warmup at d=512 (one leave-"
              "one-out arm each, 600 updates)"),
-    docs="docs/no-warmup.md",
+    docs="lab/record/no-warmup.md",
     takes="on one H100 about 6 minutes (call A) and 3 minutes (call B), estimated, not run",
     summary="the authors' whole setup ('authors') and one leave-one-out arm per setting "
             "(d=512, lr 5e-4 without warmup, fp16, seed 1, 600 updates, two GPU calls: --call A, then --call B)",
@@ -357,7 +357,7 @@ CONFIRM = Preset(
     name="confirm",
     answers=("whether GradInit without warmup matches a 4000-update warmup over 3000 updates at d=512, with two "
              "seeds, beta2 .999, SGD and BLEU"),
-    docs="docs/no-warmup.md",
+    docs="lab/record/no-warmup.md",
     takes=("on one H100 9-15 minutes for call A (more than one 7-minute call: give --time-budget or split it), "
            "less for call B; estimated, not run"),
     summary="GradInit without warmup (beta2 .98 and .999) against a 4000-update warmup in the same "
@@ -478,7 +478,7 @@ HOLD = Preset(
     name="hold",
     answers=("whether fp32, Admin's loss-scale flags, clamped scales or other GradInit settings keep the authors' "
              "no-warmup run alive to 3000 updates (call A ran: none did)"),
-    docs="docs/no-warmup.md",
+    docs="lab/record/no-warmup.md",
     summary="what keeps the authors' no-warmup run alive past update 2300-2700 (where it collapsed): "
             "their scales in fp16, fp32, with Admin's loss-scale flags and clamped at two levels, 3000 updates "
             "each in one call of at most 8 minutes on one H200 (call A); new GradInit phases and the warmup "
@@ -579,7 +579,7 @@ SHOCK = Preset(
     name="shock",
     answers=("why no-warmup training breaks down in eval mode after ~2000 updates once the cuDNN attention bug is "
              "guarded: dropout, the lower decoder's un-warmed Adam shock, or how GradInit learned its scales"),
-    docs="docs/no-warmup.md",
+    docs="lab/record/no-warmup.md",
     summary="why no-warmup training breaks after ~2000 updates once the cuDNN attention bug is guarded: "
             "dropout, a short warmup after GradInit, and GradInit with a rarely binding gamma, the authors' "
             "simulated step or their S/S-tilde (d=512, 3000 updates, calls of at most 8 minutes on one H200)",
@@ -628,7 +628,7 @@ SHOCK = Preset(
 The recipe of preset 'hold' (separate dictionaries, weight decay 1e-4, attention/activation dropout
 0.1, linear decay, no warmup, seed 1, fp16), the training monitor every 100 updates and cuDNN's
 fused attention off in every arm (--gradinit-cudnn-sdpa-guard on). Needs --data-bin separate=PATH.
-Commands, predictions and estimates: docs/no-warmup.md.""",
+Commands, predictions and estimates: lab/record/no-warmup.md.""",
 )
 
 

@@ -592,8 +592,8 @@ def test_bleu_step_decodes_one_arm_at_a_time_each_within_its_share(tmp_path, mon
     assert a["wall_s"] >= 0.3 and a["sentences_per_s_overall"] == round(6 / a["wall_s"], 2)
     assert result["budget_needed_s"] == 3 * (1.0 + study_runner.BLEU_STOP_GRACE_S)
     assert json.loads((tmp_path / "bleu.json").read_text())["schedule"] == schedule
-    # the user docs name these records
-    docs = (Path(__file__).resolve().parents[2] / "docs" / "no-warmup.md").read_text(encoding="utf-8")
+    # the lab's page on the BLEU step names these records
+    docs = (Path(__file__).resolve().parents[2] / "lab" / "study.md").read_text(encoding="utf-8")
     paragraph = docs[docs.index("**The BLEU step.**"):].split("\n\n")[0]
     for key in ("schedule", "batches", "wall_s", "sentences_per_s_overall", "decode_rates", "budget_s",
                 "budget_needed_s"):

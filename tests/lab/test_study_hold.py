@@ -179,7 +179,8 @@ def test_archive_holds_summaries_arm_files_and_groups_but_no_checkpoints(tmp_pat
 
 
 def test_docs_state_the_hold_command_and_its_estimate():
-    doc = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8")
+    # the call plan is in the research notebook, the commands and the BLEU step in lab/study.md
+    doc = "\n".join((REPO / "lab" / page).read_text(encoding="utf-8") for page in ("record/no-warmup.md", "study.md"))
     assert "--preset hold --call A" in doc and "--archive RESULTS/hold-A.tar.gz" in doc
     for call in HOLD.calls:
         e = call_estimate(HOLD, call)

@@ -1,5 +1,5 @@
 """Preset 'shock': its arms (each one change against the control), its calls' budgets, the seed
-twins of its repeat call, --dry-run's commands and estimate, and the commands docs/no-warmup.md states."""
+twins of its repeat call, --dry-run's commands and estimate, and the commands lab/record/no-warmup.md states."""
 import json
 import re
 from pathlib import Path
@@ -158,7 +158,7 @@ def test_dry_run_prints_every_call_and_its_estimate_fits(sep_bin, tmp_path):
 # the docs
 # ------------------------------------------------------------------------------------------------
 def test_docs_state_the_commands_and_estimates():
-    doc = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8")
+    doc = (REPO / "lab" / "record" / "no-warmup.md").read_text(encoding="utf-8")
     section = doc[doc.index("## What is being tested: preset `shock`"):]
     for call in SHOCK.calls:
         if call.repeat_seed is None:

@@ -87,3 +87,18 @@ def test_prose_paths_into_docs_and_the_lab_exist():
             if not (REPO / name).exists():
                 stale.append(f"{path.relative_to(REPO)}: {name}")
     assert stale == [], stale
+
+
+#: A path into the research record, where dated folders live (`lab/record/evidence/<study>-<date>/`).
+RECORD_PATH = re.compile(r"(?:\.\./)*lab/record/[^\s)\]`'\"]*")
+
+
+def test_user_pages_name_no_date_outside_a_path_into_the_record():
+    """A page of docs/ states what holds and links the record for the run behind it: a calendar date there
+    marks a dated run narrative, which belongs to lab/record/."""
+    dated = []
+    for page in sorted(DOCS.glob("*.md")):
+        for number, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            for match in DATE.finditer(RECORD_PATH.sub("", line)):
+                dated.append(f"docs/{page.name}:{number}: {match.group(0)}")
+    assert dated == [], f"move these dated passages to lab/record/ (or link the record): {dated}"

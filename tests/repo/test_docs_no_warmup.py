@@ -1,27 +1,38 @@
-"""docs/no-warmup.md's numbers from the stored evidence (the table is recomputed from its curves and monitor
-records, quoted figures are the evidence's own). The links between the docs: tests/repo/test_docs_layout.py."""
+"""The no-warmup pages' numbers from the stored evidence: the user page docs/no-warmup.md and the research
+notebook lab/record/no-warmup.md (its table is recomputed from the curves and monitor records, quoted figures
+are the evidence's own). The links between the docs: tests/repo/test_docs_layout.py."""
 import csv
 import gzip
 import json
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 DOCS = REPO / "docs"
-DOC = (DOCS / "no-warmup.md").read_text(encoding="utf-8")
-HOLDA = REPO / "lab" / "record" / "evidence" / "nowarmup-d512-holdA-2026-11-27"
+PAGE = (DOCS / "no-warmup.md").read_text(encoding="utf-8")
+DOC = (REPO / "lab" / "record" / "no-warmup.md").read_text(encoding="utf-8")
+EVIDENCE = REPO / "lab" / "record" / "evidence"
+HOLDA = EVIDENCE / "nowarmup-d512-holdA-2026-11-27"
+HOLD = EVIDENCE / "nowarmup-d512-hold-2026-11-27"
 ARMS = ("ctl-fp16", "fp32", "admin-ls", "clamp-strong", "clamp-mild")
 #: An eval-mode loss above the train-mode loss by more than this on the fixed batch marks the breakdown
 #: (before it the difference stays between -0.33 and +0.17 in every arm).
 GAP = 0.2
 
 
-def _curves():
+def _curves(folder=HOLDA):
     rows = {}
-    with open(HOLDA / "curves.csv", newline="", encoding="utf-8") as f:
+    with open(folder / "curves.csv", newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
             if r["valid_loss"]:
                 rows.setdefault(r["arm"], {})[int(r["num_updates"])] = float(r["valid_loss"])
     return rows
+
+
+def _onset(records):
+    gaps = [(r["update"], r["fixed_batch_loss"]["eval"] - r["fixed_batch_loss"]["train"])
+            for r in records if r["type"] == "interval" and r.get("fixed_batch_loss")]
+    return next(u for u, g in gaps if g > GAP)
 
 
 def _monitor(arm):
@@ -82,3 +93,33 @@ def test_health_and_remedies_quote_the_measured_clamp_arms():
             in remedies)
     assert (f"(best validation loss {best['clamp-strong']:.2f} and {best['clamp-mild']:.2f} against "
             f"{best['ctl-fp16']:.2f} unclamped)") in remedies
+
+
+def test_the_user_page_states_what_the_evidence_measured():
+    """docs/no-warmup.md keeps few numbers: each is recomputed here from the stored runs."""
+    page = " ".join(PAGE.split())
+    curves = _curves()
+    best = {arm: min(curves[arm].values()) for arm in ARMS}
+    for arm in ARMS:  # every no-warmup remedy broke down before update 3000 and got worse after its best
+        assert _onset(_monitor(arm)) < 3000 and curves[arm][max(curves[arm])] > best[arm], arm
+    assert f"the best of them reached a validation loss of {min(best.values()):.2f} and then got worse" in page
+    hold = _curves(HOLD)
+    assert f"reached {hold['warm-s1'][3000]:.2f} at update 3000" in page
+    gi, warm = hold["gi98-s1"], hold["warm-s1"]
+    common = sorted(set(gi) & set(warm))
+    assert all(gi[u] < warm[u] for u in common if u <= 800) and all(gi[u] > warm[u] for u in common if u >= 900)
+    assert "below the warmup run's at every validation up to update 800, and above it from update 900 on" in page
+    phase = json.loads((EVIDENCE / "nowarmup-d512-authors-2026-11-26" / "authors.gradinit.json").read_text())
+    assert f"in {phase['num_constraint']} of its {phase['iterations']} iterations" in page
+    from lab.study.presets import HOLD as HOLD_PRESET
+    from lab.study.presets import SHOCK, WARMUP_4000
+
+    lr = HOLD_PRESET.base[HOLD_PRESET.base.index("--lr") + 1]
+    assert f"`{' '.join(WARMUP_4000)}`" in page and f"`--lr {lr}`" in page
+    warm_args = HOLD_PRESET.base + next(a for a in HOLD_PRESET.arms if a.name == "warm-s1").args  # Xavier
+    assert not any(x in warm_args for x in ("--gradinit-iters", "--gradinit-init-file"))
+    assert "started from Xavier's initialization, without `--gradinit-iters`" in page
+    assert "--warmup-updates 500" in " ".join(a for arm in SHOCK.arms if arm.name == "gi-warm500" for a in arm.args)
+    options = (DOCS / "options.md").read_text(encoding="utf-8")
+    for flag in set(re.findall(r"`(--gradinit-[\w-]+)", PAGE)):
+        assert f"`{flag}" in options, flag

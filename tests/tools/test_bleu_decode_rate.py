@@ -67,7 +67,7 @@ def test_fp16_and_gpu_batches_only_on_cuda(monkeypatch):
     assert "--fp16" in gpu_cmd
     assert gpu_cmd[gpu_cmd.index("--max-tokens") + 1] == str(evaluate_bleu.GPU_MAX_TOKENS)
     assert gpu_cmd[gpu_cmd.index("--batch-size") + 1] == str(evaluate_bleu.GPU_BATCH_SIZE)
-    docs = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8").replace("\n", " ")
+    docs = (REPO / "lab" / "study.md").read_text(encoding="utf-8").replace("\n", " ")
     assert (f"batches of up to {evaluate_bleu.GPU_MAX_TOKENS:,} tokens and {evaluate_bleu.GPU_BATCH_SIZE:,} "
             "sentences on a GPU") in docs
     on_cpu = evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt", "--fp16", "--cpu"])
