@@ -9,7 +9,6 @@ checkpoint. The phase itself is :mod:`.phase`; the run's settings, :class:`~.pla
 """
 import logging
 import os
-from typing import Optional
 
 from ..core import DevicePrefetcher
 from ..core.uses import unstepped_uses_error
@@ -19,11 +18,13 @@ from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_misma
 from .lock import hold_save_dir
 from .monitor import monitor_from_cfg
 from .option_values import GradInitStop, check_when_parsed, gradinit_enabled
-from .phase import GRADINIT_JSON, gradinit_pairs, mean_loss_fn, rank_world, run_locked  # noqa: F401  (re-exported)
+from .loss import mean_loss_fn
+from .phase import run_locked
 from .plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
-from .preflight import training_setup_error
+from .preflight import training_setup_error, valid_split_error
 from .provenance import fingerprint, model_arguments
 from .resume_checks import resume_error
+from .run import GRADINIT_JSON, GradInitRun, batch_factory, gradinit_pairs, rank_world
 from .sdpa import guard_from_cfg
 from .run_log import progress_from_cfg, summarize_at_exit
 from .tied import install_multipliers, install_multipliers_on_load, uncovered_ties
@@ -174,22 +175,36 @@ class GradInitTaskMixin:
     def run(self, plan: GradInitPlan, model, criterion):
         """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
         with batches from this task's training data and the loss of ``criterion``, holding the save
-        dir's lock (:mod:`.lock`) until the process ends: a second run into the folder stops. Returns
-        the :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
+        dir's lock (:mod:`.lock`) until the process ends: a second run into the folder stops. Builds
+        the run (:meth:`gradinit_run`), hands it to the phase (:func:`~.phase.run_locked`) and keeps
+        its result in ``gradinit_result``: the :class:`~fairseq_gradinit.core.GradInitResult` (None
+        when saved scales were applied)."""
         if plan.error is not None:
             raise GradInitStop(plan.error)
         rank, world = rank_world()
         hold_save_dir(plan.save_dir, rank=rank, world=world)
-        return run_locked(self, plan, model, criterion)
+        self.gradinit_result = run_locked(self.gradinit_run(plan, criterion), model)
+        return self.gradinit_result
 
-    def gradinit_fingerprint(self, world_size: int, plan: Optional[GradInitPlan] = None) -> dict:
-        """:func:`~.provenance.fingerprint` of this run (model arguments as given on the command line)."""
-        plan = plan if plan is not None else build_plan(self.gradinit_cfg)
-        return fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None, criterion_cfg=self._gradinit_criterion_cfg,
-                           seed=plan.gradinit_seed, world_size=world_size, model_args=self._gradinit_model_args,
-                           plan=plan)
+    def gradinit_run(self, plan: GradInitPlan, criterion) -> GradInitRun:
+        """The :class:`~.run.GradInitRun` of this task under ``plan`` with the loss of ``criterion``:
+        everything the phase needs from the task, so that the phase never sees it."""
+        rank, world = rank_world()
+        current = None
+        if rank == 0:  # the fingerprint: model arguments as given on the command line
+            current = fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None, criterion_cfg=self._gradinit_criterion_cfg,
+                                  seed=plan.gradinit_seed, world_size=world, model_args=self._gradinit_model_args,
+                                  plan=plan)
+        return GradInitRun(plan=plan, fingerprint=current, pairs=batch_factory(self, plan),
+                           loss_fn=mean_loss_fn(criterion), criterion=criterion,
+                           valid_split_error=lambda model: valid_split_error(self, model, plan),
+                           sdpa_guard=self.gradinit_sdpa_guard)
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
-                       world: int = 1, skip: int = 0, plan: Optional[GradInitPlan] = None) -> DevicePrefetcher:
-        """:func:`~.phase.gradinit_pairs` of this task: endless (S, S~) pairs on ``device``."""
-        return gradinit_pairs(self, model, max_tokens, overlap, device, rank, world, skip=skip, plan=plan)
+                       world: int = 1, skip: int = 0) -> DevicePrefetcher:
+        """:func:`~.run.gradinit_pairs` of this task under the plan its criterion resolved: endless
+        (S, S~) pairs on ``device``."""
+        if self.gradinit_plan is None:
+            raise ValueError("GradInit's batches follow the run's plan, resolved when the task builds its criterion: "
+                             "build the model and the criterion first")
+        return gradinit_pairs(self, model, max_tokens, overlap, device, rank, world, skip, plan=self.gradinit_plan)

@@ -131,3 +131,9 @@ def unscaled_tensors(model, scales: Mapping[str, float], config: Optional[Mappin
         tensors.setdefault(id(p), (p, []))[1].append(name)
     return [names[0] for p, names in tensors.values()
             if p.requires_grad and not any(n in scales for n in names) and bool(p.detach().count_nonzero())]
+
+
+def saved_gamma(saved: Mapping) -> Optional[float]:
+    """The gamma a saved ``gradinit.json`` ran with (``gamma``, else its config's ``resolved_gamma``)."""
+    gamma = saved.get("gamma")
+    return gamma if gamma is not None else (saved.get("config") or {}).get("resolved_gamma")

@@ -55,6 +55,11 @@ class GradInitPlan:
             return self.__dict__["settings"][name]
         raise AttributeError(name)
 
+    def setting(self, name: str, default=None):
+        """The setting ``name`` (a ``gradinit_*`` field), or ``default`` where it is unset (None)."""
+        value = self.__dict__["settings"][name]
+        return default if value is None else value
+
     @property
     def enabled(self) -> bool:
         """Whether GradInit runs or applies saved scales (``--gradinit-iters`` > 0 or an init file)."""

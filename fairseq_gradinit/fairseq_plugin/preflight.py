@@ -13,7 +13,6 @@ import os
 from typing import Optional
 
 from ..argtypes import parse_betas
-from .cfg import cfg_value
 from .files import unwritable_folder_reason
 
 #: Optimizers whose --adam-betas/--adam-eps fairseq or torch check only when the optimizer is built.
@@ -78,19 +77,17 @@ def training_setup_error(ns) -> Optional[str]:
     return None
 
 
-def valid_split_error(task, model, cfg=None) -> Optional[str]:
+def valid_split_error(task, model, plan) -> Optional[str]:
     """fairseq's refusal of a validation sample longer than the model and task allow (e.g. a long
     document with ``--sample-break-mode complete_doc``), which fairseq-train meets at its first
     validation, after the GradInit phase (and a validation split it cannot load). The splits are
     loaded here as fairseq-train loads them next. None with ``--skip-invalid-size-inputs-valid-test``
-    or ``--disable-validation`` (read from ``cfg``: the run's plan, or the task's config)."""
-    cfg = cfg if cfg is not None else task.gradinit_cfg
-    if True in (cfg_value(cfg, "gradinit_skip_invalid_valid", False), cfg_value(cfg, "gradinit_disable_validation",
-                                                                                False)):
+    or ``--disable-validation`` (read from the run's ``plan``)."""
+    if True in (plan.setting("gradinit_skip_invalid_valid", False), plan.setting("gradinit_disable_validation", False)):
         return None
     from fairseq import utils
 
-    subsets = [s for s in str(cfg_value(cfg, "gradinit_valid_subset", "") or "").split(",") if s]
+    subsets = [s for s in str(plan.setting("gradinit_valid_subset", "") or "").split(",") if s]
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
     for subset in subsets:
         try:
@@ -106,14 +103,14 @@ def valid_split_error(task, model, cfg=None) -> Optional[str]:
     return None
 
 
-def precision_error(cfg) -> Optional[str]:
+def precision_error(plan) -> Optional[str]:
     """``--fp16``/``--memory-efficient-fp16`` on a machine without CUDA: fairseq-train fails when it
     builds its fp16 optimizer, after the GradInit phase. Checked when the phase starts, on the machine
     that runs it (not when parsed: the same command line is parsed on other machines too)."""
     import torch
 
     for flag in ("fp16", "memory_efficient_fp16"):
-        if cfg_value(cfg, f"gradinit_{flag}", False) is True and not torch.cuda.is_available():
+        if plan.setting(f"gradinit_{flag}", False) is True and not torch.cuda.is_available():
             option = "--" + flag.replace("_", "-")
             return (f"{option}: fp16 training needs a CUDA GPU and this machine has none; fairseq-train would fail "
                     f"after the GradInit phase. Drop {option} to train in fp32 here, or run on a GPU")

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from fairseq.tasks import TASK_REGISTRY, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from .hook import GRADINIT_JSON, GradInitTaskMixin, mean_loss_fn
+from .hook import GradInitTaskMixin
+from .loss import mean_loss_fn
 from .option_values import (
     GradInitStop, gradinit_config_from_task, gradinit_option_error, parse_scale_bounds, read_init_file,
     unsupported_setup_error,
@@ -21,6 +22,7 @@ from .options import GradInitOptions
 from .plan import GradInitPlan, build_plan, namespace_error
 from .registry import serve_all_tasks
 from .restore import restore_source, will_restore_checkpoint
+from .run import GRADINIT_JSON
 from .run_log import LOG_LEVEL_ENV, quiet_fairseq_printouts
 
 logger = logging.getLogger(__name__)

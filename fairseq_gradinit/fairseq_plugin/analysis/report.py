@@ -31,7 +31,8 @@ from .groups import transformer_place
 from .health_report import batch_size, log_health
 from ..tied import apply_multiplier_scales
 from ..hook import GradInitTaskMixin
-from ..phase import mean_loss_fn, saved_gamma
+from ..init_file import saved_gamma
+from ..loss import mean_loss_fn
 from ..training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
 logger = logging.getLogger(__name__)
