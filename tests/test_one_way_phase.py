@@ -77,3 +77,44 @@ def test_the_phase_runs_from_a_run_object_and_returns_its_result(tiny_data, tmp_
     other = phase.run_locked(plain, fresh)
     assert other.scales == pytest.approx(result.scales, rel=1e-6)
     assert json.loads((tmp_path / "b" / "gradinit.json").read_text())["fingerprint"] == {"made": "by hand"}
+
+
+def test_every_check_is_registered_in_one_place_with_when_it_runs():
+    from fairseq_gradinit.fairseq_plugin import validation
+    from fairseq_gradinit.fairseq_plugin.models.wskip import wskip_argument_error
+
+    names = {when: [c.name for c in validation.checks(when)] for when in validation.WHEN}
+    assert names["phase"] == ["precision", "validation split"]  # the cheap check first
+    assert names["settings"] == ["options", "distributed setup", "batch tokens"]
+    assert names["training setup"] == ["optimizer", "save dir", "train split"]
+    assert [c.fn for c in validation.checks("arguments")].count(wskip_argument_error) == 1
+    validation.check_every_parse(wskip_argument_error)  # again: no effect
+    assert [c.fn for c in validation.checks("arguments")].count(wskip_argument_error) == 1
+    with pytest.raises(ValueError, match="unknown point"):
+        validation.register_check("whenever")
+
+
+def test_a_check_raises_one_error_type_and_the_task_ends_it_in_one_line(tiny_data, tmp_path):
+    from fairseq_gradinit.fairseq_plugin.errors import GradInitError, GradInitStop
+    from fairseq_gradinit.fairseq_plugin.validation import require
+
+    with pytest.raises(GradInitError, match="^argument --gradinit-iters: invalid value -1"):
+        require("settings", build_plan(GradInitOptions(gradinit_iters=-1)))
+    task, model, criterion = _model_and_criterion(tiny_data)
+    plan = build_plan(GradInitOptions(gradinit_iters=2, gradinit_train_lr=[5e-4], gradinit_save_dir=str(tmp_path)))
+    with pytest.raises(GradInitStop) as stop:  # the task's entry point is the boundary
+        task.run(plan, model, criterion)
+    assert stop.value.code == "gradinit: error: " + plan.error and "\n" not in stop.value.code
+
+
+def test_only_the_boundary_turns_an_error_into_an_exit():
+    """No module of the adapter but errors.py makes a GradInitStop; SystemExit only for a signal's exit."""
+    from pathlib import Path
+
+    root = Path(phase.__file__).parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("GradInitStop", "SystemExit"):
+                found.append(f"{path.relative_to(root)}:{node.func.id}")
+    assert found == ["errors.py:GradInitStop", "phase.py:SystemExit"], found

@@ -11,23 +11,22 @@ import logging
 import os
 
 from ..core import DevicePrefetcher
-from ..core.uses import unstepped_uses_error
 from .cfg import cfg_value
 from .compat import takes_keyword
 from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
+from .errors import GradInitError, one_line_exit
 from .lock import hold_save_dir
 from .monitor import monitor_from_cfg
-from .option_values import GradInitStop, check_when_parsed, gradinit_enabled
+from .option_values import gradinit_enabled
 from .loss import mean_loss_fn
 from .phase import run_locked
 from .plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
-from .preflight import training_setup_error, valid_split_error
 from .provenance import fingerprint, model_arguments
-from .resume_checks import resume_error
 from .run import GRADINIT_JSON, GradInitRun, batch_factory, gradinit_pairs, rank_world
 from .sdpa import guard_from_cfg
 from .run_log import progress_from_cfg, summarize_at_exit
-from .tied import install_multipliers, install_multipliers_on_load, uncovered_ties
+from .tied import install_multipliers, install_multipliers_on_load
+from .validation import require, valid_split_error
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +49,6 @@ class GradInitTaskMixin:
     def add_args(cls, parser):
         super().add_args(parser)
         refuse_bad_values_when_parsed(parser)
-        check_when_parsed(parser, training_setup_error)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -86,15 +84,17 @@ class GradInitTaskMixin:
         state[DICTIONARIES_KEY] = dictionary_digests(self)
         return state
 
+    @one_line_exit
     def load_state_dict(self, state_dict):
         """Refuse a checkpoint trained with other dictionaries than this task's data-bin has."""
         state_dict = dict(state_dict or {})
         error = dictionary_mismatch(state_dict.pop(DICTIONARIES_KEY, None), dictionary_digests(self),
                                     data=str(cfg_value(self.gradinit_cfg, "data", "the data-bin")))
         if error is not None:
-            raise GradInitStop(error)
+            raise GradInitError(error)
         super().load_state_dict(state_dict)
 
+    @one_line_exit
     def build_model(self, cfg, from_checkpoint=False, **kwargs):
         # Named in the signature: fairseq's checkpoint loading passes from_checkpoint=True only to a
         # build_model that names it, and a model built for a checkpoint must never get GradInit.
@@ -114,28 +114,20 @@ class GradInitTaskMixin:
                 self.gradinit_monitor.sdpa_guard = self.gradinit_sdpa_guard
         model = super().build_model(cfg, **kwargs)
         install_multipliers_on_load(model)
-        if not from_checkpoint and int(cfg_value(self.gradinit_cfg, "gradinit_iters", 0) or 0) > 0:
-            # A pattern is checked against the model's uses once the model exists, before any work.
-            error = unstepped_uses_error(model, cfg_value(self.gradinit_cfg, "gradinit_unstepped_uses"),
-                                         label="--gradinit-unstepped-uses ")
-            if error is not None:
-                raise GradInitStop(error)
+        if not from_checkpoint:  # checked once the model exists, before any work
+            require("model", model, self.gradinit_cfg)
         if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
             # Also when loading a checkpoint: its state holds the multipliers.
             installed = install_multipliers(model)
             if not from_checkpoint:
-                uncovered = uncovered_ties(model) if gradinit_enabled(self.gradinit_cfg) else []
-                if uncovered:
-                    raise GradInitStop(
-                        f"--gradinit-tied-embeddings per-use: this model ties {' = '.join(uncovered[0])} (one tensor), "
-                        "which gets no per-use scales (they exist for fairseq's embed_tokens with embed_scale, as in "
-                        "the transformer models); use --gradinit-tied-embeddings shared")
+                require("per-use scales", model, self.gradinit_cfg)
                 logger.info("gradinit: per-use scales of tied embeddings: multipliers %s",
                             ", ".join(installed) or "none (the model ties no embedding matrix)")
         # Remember a freshly built training model; GradInit runs once the criterion exists.
         self._gradinit_model = None if from_checkpoint else model
         return model
 
+    @one_line_exit
     def build_criterion(self, cfg, *args, **kwargs):
         from_checkpoint = bool(kwargs.get("from_checkpoint", args[0] if args else False))
         criterion = super().build_criterion(cfg, *args, **kwargs)
@@ -148,14 +140,13 @@ class GradInitTaskMixin:
         # profiling and GradInit, so that stopping here costs nothing.
         plan = self.gradinit_plan = build_plan(self.gradinit_cfg, restore=True)
         if plan.error is not None:
-            raise GradInitStop(plan.error)
+            raise GradInitError(plan.error)
         if plan.enabled:  # one run per --save-dir, from here until the process ends (.lock)
             rank, world = rank_world()
             hold_save_dir(plan.save_dir, rank=rank, world=world)
         source = plan.restore
-        error = resume_error(model, source, task=self) if source is not None else None
-        if error is not None:
-            raise GradInitStop(error)
+        if source is not None:
+            require("resume", model, source, self)
         if source is None:
             # A model's own preparation before GradInit (transformer_wskip: Admin's profiling).
             prepare = getattr(model, "before_first_update", None)
@@ -172,6 +163,7 @@ class GradInitTaskMixin:
         return criterion
 
     # ------------------------------------------------------------------------------------
+    @one_line_exit
     def run(self, plan: GradInitPlan, model, criterion):
         """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
         with batches from this task's training data and the loss of ``criterion``, holding the save
@@ -180,7 +172,7 @@ class GradInitTaskMixin:
         its result in ``gradinit_result``: the :class:`~fairseq_gradinit.core.GradInitResult` (None
         when saved scales were applied)."""
         if plan.error is not None:
-            raise GradInitStop(plan.error)
+            raise GradInitError(plan.error)
         rank, world = rank_world()
         hold_save_dir(plan.save_dir, rank=rank, world=world)
         self.gradinit_result = run_locked(self.gradinit_run(plan, criterion), model)

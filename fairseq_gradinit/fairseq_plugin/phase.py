@@ -25,13 +25,14 @@ from .files import atomic_write_json, remove_stale_temp_files, write_result
 from .analysis.groups import transformer_group
 from .analysis.health_report import measure_health
 from .init_file import clamp_target_error, clamped_init_file, saved_gamma, source_fingerprint, unscaled_tensors
-from .option_values import GradInitStop, read_init_file
+from .errors import GradInitError
+from .init_file import read_init_file
 from .phase_state import load_phase_state, save_phase_state
 from .plan import GradInitPlan
-from .preflight import precision_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint_diff
 from .run import GRADINIT_JSON, GradInitRun, rank_world
 from .signals import sigterm_raises_interrupt
+from .validation import first_error
 from .tied import (
     apply_multiplier_scales, effective_use_scales, is_multiplier, multiplier_names, multipliers_as_parameters,
 )
@@ -83,7 +84,7 @@ def run_locked(run: GradInitRun, model):
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
     if decision[0] == "stop":
-        raise GradInitStop(decision[1])
+        raise GradInitError(decision[1])
     if decision[0] == "reuse":
         logger.info("gradinit: %s exists and its fingerprint matches this run (model, criterion, seed, data, "
                     "world size, GradInit settings); applying its scales instead of running GradInit", path)
@@ -107,7 +108,7 @@ def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
 def _write(path: str, out: dict, resume_path: str) -> None:
     lost = write_result(path, out)
     if lost:  # disk full, permissions: say where the result is instead of a traceback
-        raise GradInitStop(lost)
+        raise GradInitError(lost)
     logger.info("gradinit: wrote %s", path)
     if os.path.exists(resume_path):
         os.unlink(resume_path)
@@ -137,7 +138,7 @@ def _scales(model, pairs, run: GradInitRun, gcfg, *, resume, resume_path: str, c
         except ValueError as e:
             if resume is None:
                 raise
-            raise GradInitStop(f"{resume_path}: {e}; delete it to start GradInit anew") from None
+            raise GradInitError(f"{resume_path}: {e}; delete it to start GradInit anew") from None
         health = measure_health(model, result.scales, run.criterion, getattr(last[0], "s", None), initial=initial,
                                 config=gcfg, loss_fn=run.loss_fn, history=result.history,
                                 gamma=result.gamma) if measure else None
@@ -148,7 +149,7 @@ def _scales(model, pairs, run: GradInitRun, gcfg, *, resume, resume_path: str, c
 def _computable(plan: GradInitPlan, model):
     """The plan's GradInitConfig, after checking that it can compute on ``model``."""
     if plan.config is None:  # a plan built by hand: build_plan sets its error
-        raise GradInitStop(plan.config_error)
+        raise GradInitError(plan.config_error)
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise ValueError(f"GradInit expects the freshly built fp32 model, got {dtype}")
@@ -190,13 +191,13 @@ def compute(run: GradInitRun, model):
         pairs = counted(source)
     except ValueError as e:
         model.to(orig_device)
-        raise GradInitStop(f"GradInit's batches: {e}") from None
+        raise GradInitError(f"GradInit's batches: {e}") from None
     # fairseq would refuse them after the phase
-    error = precision_error(plan) or run.valid_split_error(model)
+    error = first_error("phase", run, model)
     if error is not None:
         source.close()
         model.to(orig_device)
-        raise GradInitStop(error)
+        raise GradInitError(error)
     interval = plan.checkpoint_interval
     saved_at, failed = [done_before], []
 
@@ -214,7 +215,7 @@ def compute(run: GradInitRun, model):
                                          last=last, initial=initial, measure=rank == 0)
                 initial = None  # free the copy before training
             except FloatingPointError as e:  # non-finite losses: the model is left as built
-                raise GradInitStop(f"{e} {path} was not written and training did not start.") from None
+                raise GradInitError(f"{e} {path} was not written and training did not start.") from None
             finally:
                 source.close()
                 model.to(orig_device)
@@ -263,7 +264,7 @@ def _phase_state(path: str, current: Optional[dict], rank: int, world: int):
         dist.broadcast_object_list(box, src=0)
     kind, value = box[0]
     if kind == "stop":
-        raise GradInitStop(value)
+        raise GradInitError(value)
     if value is not None:
         logger.info("gradinit: resuming the GradInit phase from %s after iteration %d", path, len(value["history"]))
     return value, path
@@ -276,23 +277,23 @@ def apply_saved(run: GradInitRun, model, path: str, current: Optional[dict], key
     try:
         saved = read_init_file(path, flag=source)
     except ValueError as e:
-        raise GradInitStop(str(e)) from None
+        raise GradInitError(str(e)) from None
     scales = saved["scales"]
     multipliers = [n for n in scales if is_multiplier(n)]
     if multipliers and not multiplier_names(model):
-        raise GradInitStop(f"{source} {path}: it holds per-use scales of tied embeddings ({', '.join(multipliers)}); "
+        raise GradInitError(f"{source} {path}: it holds per-use scales of tied embeddings ({', '.join(multipliers)}); "
                            "pass --gradinit-tied-embeddings per-use to apply it")
     names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
     known = set(names) | set(multiplier_names(model))
     missing = [n for n in scales if n not in known]
     if missing:
-        raise GradInitStop(
+        raise GradInitError(
             f"{source} {path}: {len(missing)} of its {len(scales)} scales name tensors this model does not "
             f"have, e.g. {missing[:5]} (the model has e.g. {names[:3]}); it was computed for another "
             "architecture")
     unscaled = unscaled_tensors(model, scales, saved.get("config"))
     if unscaled:
-        raise GradInitStop(
+        raise GradInitError(
             f"{source} {path}: no scale for {len(unscaled)} of this model's tensors, e.g. {unscaled[:5]}: they "
             "would start unscaled while the others are scaled (was the file edited?); recompute it, or restore "
             "the missing scales")
@@ -356,7 +357,7 @@ def _clamp_saved(model, path: str, saved: dict, clamp: str) -> dict:
     try:
         record = clamped_init_file(model, path, saved, clamp)
     except ValueError as e:
-        raise GradInitStop(str(e)) from None
+        raise GradInitError(str(e)) from None
     changed = record["clamped_from"]["changed"]
     logger.info("gradinit: --gradinit-init-clamp changed %d of %d scales%s", len(changed), len(record["scales"]),
                 "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
@@ -377,7 +378,7 @@ def _check_clamp_target(out: str, record: dict) -> None:
     if world > 1:
         dist.broadcast_object_list(box, src=0)
     if box[0] is not None:
-        raise GradInitStop(box[0])
+        raise GradInitError(box[0])
 
 
 def _write_clamped(out: str, record: dict) -> None:

@@ -14,21 +14,20 @@ from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
 from .hook import GradInitTaskMixin
 from .loss import mean_loss_fn
-from .option_values import (
-    GradInitStop, gradinit_config_from_task, gradinit_option_error, parse_scale_bounds, read_init_file,
-    unsupported_setup_error,
-)
+from .errors import GradInitError, GradInitStop
+from .option_values import gradinit_config_from_task, parse_scale_bounds, read_init_file
 from .options import GradInitOptions
 from .plan import GradInitPlan, build_plan, namespace_error
 from .registry import serve_all_tasks
 from .restore import restore_source, will_restore_checkpoint
 from .run import GRADINIT_JSON
 from .run_log import LOG_LEVEL_ENV, quiet_fairseq_printouts
+from .validation import gradinit_option_error, unsupported_setup_error
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "GRADINIT_JSON", "GradInitOptions", "GradInitPlan", "GradInitStop", "GradInitTaskMixin", "TranslationGradInitConfig",
+    "GRADINIT_JSON", "GradInitError", "GradInitOptions", "GradInitPlan", "GradInitStop", "GradInitTaskMixin", "TranslationGradInitConfig",
     "TranslationGradInitTask", "build_plan", "gradinit_config_from_task", "gradinit_option_error", "mean_loss_fn",
     "namespace_error", "parse_scale_bounds", "read_init_file", "restore_source", "unsupported_setup_error",
     "will_restore_checkpoint",

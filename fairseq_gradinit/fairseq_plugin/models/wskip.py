@@ -54,7 +54,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ...core.admin import AdminProfile, closed_form_omega
 from ..files import atomic_write_json
-from ..option_values import check_every_parse
+from ..validation import check_every_parse
 from ..training import training_dataset, training_iterator
 
 logger = logging.getLogger(__name__)
