@@ -5,7 +5,10 @@ GradInit runs in ``build_criterion``: ``fairseq-train`` calls ``task.build_model
 copies fp32 master weights, so training starts from exactly the GradInit weights. Inference
 entry points build the model with ``from_checkpoint=True`` (and never build the training
 criterion with a fresh model), so they never run it; nor does a run that resumes from a
-checkpoint. The phase itself is :mod:`.phase`; the run's settings, :class:`~.plan.GradInitPlan`.
+checkpoint. The task resolves the run's settings once (:class:`~.plan.GradInitPlan`), builds the
+run (:class:`~.run.GradInitRun`) and hands it to the phase (:mod:`.phase`), which never sees the task.
+The checks are :mod:`.validation`'s; a refusal ends fairseq-train in one line at the task's entry
+points (:func:`~.errors.one_line_exit`).
 """
 import logging
 import os

@@ -1,9 +1,10 @@
 """The ``translation_gradinit`` task, and GradInit for every fairseq task at plugin load.
 
 The pieces live in their own modules: the option fields (:mod:`.options`), their translation
-into a ``GradInitConfig`` and argument errors (:mod:`.option_values`), a run's settings resolved
-once (:mod:`.plan`), the checkpoint-restore rule
-(:mod:`.restore`), the task hook (:mod:`.hook`) and the registry replacement (:mod:`.registry`).
+into a ``GradInitConfig`` (:mod:`.option_values`), every check (:mod:`.validation`) and its error
+(:mod:`.errors`), a run's settings resolved once (:mod:`.plan`), the checkpoint-restore rule
+(:mod:`.restore`), the run handed to the phase (:mod:`.run`), the task hook (:mod:`.hook`) and the
+registry replacement (:mod:`.registry`).
 The names below stay importable from here.
 """
 import logging
