@@ -118,3 +118,18 @@ def test_only_the_boundary_turns_an_error_into_an_exit():
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("GradInitStop", "SystemExit"):
                 found.append(f"{path.relative_to(root)}:{node.func.id}")
     assert found == ["errors.py:GradInitStop", "phase.py:SystemExit"], found
+
+
+def test_the_plan_is_built_in_one_place_per_entry_point_with_no_fallbacks():
+    """A run's plan comes from the task's build_criterion; the parse-time check and a fingerprint of a
+    command line (no task) build their own. Nothing downstream rebuilds it."""
+    from pathlib import Path
+
+    root = Path(phase.__file__).parent
+    calls = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
+            calls += [f"{path.stem}.{fn.name}" for n in ast.walk(fn)
+                      if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "build_plan"]
+    assert sorted(calls) == ["hook.build_criterion", "plan.namespace_error", "provenance.gradinit_fingerprint"]
