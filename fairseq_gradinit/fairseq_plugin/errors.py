@@ -3,13 +3,13 @@
 Every check of the plugin (:mod:`.validation`) and every stop of the phase raises :class:`GradInitError`
 with a message that says what to do. The task's entry points that fairseq calls
 (:class:`~.hook.GradInitTaskMixin`: building the model and the criterion, loading a checkpoint's task
-state) are wrapped in :func:`one_line_exit`, which turns the error into :class:`GradInitStop`: one
+state) run inside :func:`one_line_exit`, which turns the error into :class:`GradInitStop`: one
 ``gradinit: error: ...`` line on stderr and exit status 1, never a traceback. At parse time the same
 messages go through the parser's own ``error:`` line instead (:func:`~.validation.check_when_parsed`).
 """
 from __future__ import annotations
 
-import functools
+import contextlib
 
 
 class GradInitError(ValueError):
@@ -23,15 +23,13 @@ class GradInitStop(SystemExit):
         super().__init__(f"gradinit: error: {message}")
 
 
-def one_line_exit(method):
-    """``method`` with its :class:`GradInitError` turned into :class:`GradInitStop` (the one boundary
-    between the plugin's errors and fairseq-train's exit)."""
-
-    @functools.wraps(method)
-    def wrapped(*args, **kwargs):
-        try:
-            return method(*args, **kwargs)
-        except GradInitError as e:
-            raise GradInitStop(str(e)) from None
-
-    return wrapped
+@contextlib.contextmanager
+def one_line_exit():
+    """Turn a :class:`GradInitError` raised inside into :class:`GradInitStop` (the one boundary between
+    the plugin's errors and fairseq-train's exit). A context, not a decorator: fairseq reads the
+    signature of the task's ``build_model`` (whether it names ``from_checkpoint``), which a wrapper
+    would hide."""
+    try:
+        yield
+    except GradInitError as e:
+        raise GradInitStop(str(e)) from None
