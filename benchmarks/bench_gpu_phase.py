@@ -153,7 +153,7 @@ def build_synthetic(args, device):
 
 def build_data_bin(args, device):
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (registers the plugin's tasks)
-    from fairseq_gradinit.fairseq_plugin.hook import mean_loss_fn
+    from fairseq_gradinit.fairseq_plugin.loss import mean_loss_fn
     from fairseq_gradinit.fairseq_plugin.training import build_training_model
 
     argv = [args.data_bin, "--user-dir", str(REPO / "fairseq_gradinit"), "--task", "translation",

@@ -90,12 +90,25 @@ TINY_LM = [
     "--seed", "3", "--no-progress-bar",
 ]
 
+TINY_ONE_LAYER = [
+    "--arch", "transformer_iwslt_de_en", "--encoder-layers", "1", "--decoder-layers", "1",
+    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
+    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+    "--share-all-embeddings", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+    "--optimizer", "adam", "--max-tokens", "300", "--cpu", "--seed", "3", "--num-workers", "0",
+]
+
 TINY_TIED_MODEL = ["--arch", "transformer_iwslt_de_en", "--encoder-layers", "1", "--decoder-layers", "1",
                    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
                    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
                    "--dropout", "0.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
                    "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--seed", "3", "--cpu",
                    "--num-workers", "0", "--log-format", "simple", "--no-progress-bar"]
+
+
+def parse(argv):
+    """fairseq-train's parsed command line for ``argv``."""
+    return options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
 
 
 def train(argv):

@@ -5,28 +5,31 @@ GradInit runs in ``build_criterion``: ``fairseq-train`` calls ``task.build_model
 copies fp32 master weights, so training starts from exactly the GradInit weights. Inference
 entry points build the model with ``from_checkpoint=True`` (and never build the training
 criterion with a fresh model), so they never run it; nor does a run that resumes from a
-checkpoint. The phase itself is :mod:`.phase`; the run's settings, :class:`~.plan.GradInitPlan`.
+checkpoint. The task resolves the run's settings once (:class:`~.plan.GradInitPlan`), builds the
+run (:class:`~.run.GradInitRun`) and hands it to the phase (:mod:`.phase`), which never sees the task.
+The checks are :mod:`.validation`'s; a refusal ends fairseq-train in one line at the task's entry
+points (:func:`~.errors.one_line_exit`).
 """
 import logging
 import os
-from typing import Optional
 
 from ..core import DevicePrefetcher
-from ..core.uses import unstepped_uses_error
 from .cfg import cfg_value
 from .compat import takes_keyword
 from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
+from .errors import GradInitError, one_line_exit
 from .lock import hold_save_dir
 from .monitor import monitor_from_cfg
-from .option_values import GradInitStop, check_when_parsed, gradinit_enabled
-from .phase import GRADINIT_JSON, gradinit_pairs, mean_loss_fn, rank_world, run_locked  # noqa: F401  (re-exported)
+from .option_values import gradinit_enabled
+from .loss import mean_loss_fn
+from .phase import run_locked
 from .plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
-from .preflight import training_setup_error
 from .provenance import fingerprint, model_arguments
-from .resume_checks import resume_error
+from .run import GRADINIT_JSON, GradInitRun, batch_factory, gradinit_pairs, rank_world
 from .sdpa import guard_from_cfg
 from .run_log import progress_from_cfg, summarize_at_exit
-from .tied import install_multipliers, install_multipliers_on_load, uncovered_ties
+from .tied import install_multipliers, install_multipliers_on_load
+from .validation import require, valid_split_error
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +52,6 @@ class GradInitTaskMixin:
     def add_args(cls, parser):
         super().add_args(parser)
         refuse_bad_values_when_parsed(parser)
-        check_when_parsed(parser, training_setup_error)
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -87,109 +89,118 @@ class GradInitTaskMixin:
 
     def load_state_dict(self, state_dict):
         """Refuse a checkpoint trained with other dictionaries than this task's data-bin has."""
-        state_dict = dict(state_dict or {})
-        error = dictionary_mismatch(state_dict.pop(DICTIONARIES_KEY, None), dictionary_digests(self),
-                                    data=str(cfg_value(self.gradinit_cfg, "data", "the data-bin")))
-        if error is not None:
-            raise GradInitStop(error)
-        super().load_state_dict(state_dict)
+        with one_line_exit():  # a GradInitError ends fairseq-train in one line
+            state_dict = dict(state_dict or {})
+            error = dictionary_mismatch(state_dict.pop(DICTIONARIES_KEY, None), dictionary_digests(self),
+                                        data=str(cfg_value(self.gradinit_cfg, "data", "the data-bin")))
+            if error is not None:
+                raise GradInitError(error)
+            super().load_state_dict(state_dict)
 
     def build_model(self, cfg, from_checkpoint=False, **kwargs):
-        # Named in the signature: fairseq's checkpoint loading passes from_checkpoint=True only to a
-        # build_model that names it, and a model built for a checkpoint must never get GradInit.
-        # Tasks differ in whether they take it; pass it on only to those that do.
-        if takes_keyword(super().build_model, "from_checkpoint"):
-            kwargs["from_checkpoint"] = from_checkpoint
-        from_checkpoint = bool(from_checkpoint)
-        if not from_checkpoint and gradinit_enabled(self.gradinit_cfg):
-            # The model's arguments as given: building fills in derived ones (e.g. the shared
-            # output embedding), and the fingerprint must equal the one of the command line.
-            self._gradinit_model_args = model_arguments(cfg)
-        if not from_checkpoint and self.gradinit_sdpa_guard is None:
-            # Before anything runs the model (Admin's profiling, GradInit, training).
-            decision = guard_from_cfg(self.gradinit_cfg)
-            self.gradinit_sdpa_guard = None if decision is None else decision.to_dict()
-            if self.gradinit_monitor is not None:
-                self.gradinit_monitor.sdpa_guard = self.gradinit_sdpa_guard
-        model = super().build_model(cfg, **kwargs)
-        install_multipliers_on_load(model)
-        if not from_checkpoint and int(cfg_value(self.gradinit_cfg, "gradinit_iters", 0) or 0) > 0:
-            # A pattern is checked against the model's uses once the model exists, before any work.
-            error = unstepped_uses_error(model, cfg_value(self.gradinit_cfg, "gradinit_unstepped_uses"),
-                                         label="--gradinit-unstepped-uses ")
-            if error is not None:
-                raise GradInitStop(error)
-        if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
-            # Also when loading a checkpoint: its state holds the multipliers.
-            installed = install_multipliers(model)
-            if not from_checkpoint:
-                uncovered = uncovered_ties(model) if gradinit_enabled(self.gradinit_cfg) else []
-                if uncovered:
-                    raise GradInitStop(
-                        f"--gradinit-tied-embeddings per-use: this model ties {' = '.join(uncovered[0])} (one tensor), "
-                        "which gets no per-use scales (they exist for fairseq's embed_tokens with embed_scale, as in "
-                        "the transformer models); use --gradinit-tied-embeddings shared")
-                logger.info("gradinit: per-use scales of tied embeddings: multipliers %s",
-                            ", ".join(installed) or "none (the model ties no embedding matrix)")
-        # Remember a freshly built training model; GradInit runs once the criterion exists.
-        self._gradinit_model = None if from_checkpoint else model
-        return model
+        with one_line_exit():  # a GradInitError ends fairseq-train in one line
+            # Named in the signature: fairseq's checkpoint loading passes from_checkpoint=True only to a
+            # build_model that names it, and a model built for a checkpoint must never get GradInit.
+            # Tasks differ in whether they take it; pass it on only to those that do.
+            if takes_keyword(super().build_model, "from_checkpoint"):
+                kwargs["from_checkpoint"] = from_checkpoint
+            from_checkpoint = bool(from_checkpoint)
+            if not from_checkpoint and gradinit_enabled(self.gradinit_cfg):
+                # The model's arguments as given: building fills in derived ones (e.g. the shared
+                # output embedding), and the fingerprint must equal the one of the command line.
+                self._gradinit_model_args = model_arguments(cfg)
+            if not from_checkpoint and self.gradinit_sdpa_guard is None:
+                # Before anything runs the model (Admin's profiling, GradInit, training).
+                decision = guard_from_cfg(self.gradinit_cfg)
+                self.gradinit_sdpa_guard = None if decision is None else decision.to_dict()
+                if self.gradinit_monitor is not None:
+                    self.gradinit_monitor.sdpa_guard = self.gradinit_sdpa_guard
+            model = super().build_model(cfg, **kwargs)
+            install_multipliers_on_load(model)
+            if not from_checkpoint:  # checked once the model exists, before any work
+                require("model", model, self.gradinit_cfg)
+            if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
+                # Also when loading a checkpoint: its state holds the multipliers.
+                installed = install_multipliers(model)
+                if not from_checkpoint:
+                    require("per-use scales", model, self.gradinit_cfg)
+                    logger.info("gradinit: per-use scales of tied embeddings: multipliers %s",
+                                ", ".join(installed) or "none (the model ties no embedding matrix)")
+            # Remember a freshly built training model; GradInit runs once the criterion exists.
+            self._gradinit_model = None if from_checkpoint else model
+            return model
 
     def build_criterion(self, cfg, *args, **kwargs):
-        from_checkpoint = bool(kwargs.get("from_checkpoint", args[0] if args else False))
-        criterion = super().build_criterion(cfg, *args, **kwargs)
-        model, self._gradinit_model = self._gradinit_model, None
-        if model is None or from_checkpoint:
-            return criterion
-        self._gradinit_criterion_cfg = cfg
-        # The run's settings, resolved once. The command line was checked when parsed; this also
-        # covers configs built otherwise (fairseq-hydra-train, Python). Checked before Admin's
-        # profiling and GradInit, so that stopping here costs nothing.
-        plan = self.gradinit_plan = build_plan(self.gradinit_cfg, restore=True)
-        if plan.error is not None:
-            raise GradInitStop(plan.error)
-        if plan.enabled:  # one run per --save-dir, from here until the process ends (.lock)
-            rank, world = rank_world()
-            hold_save_dir(plan.save_dir, rank=rank, world=world)
-        source = plan.restore
-        error = resume_error(model, source, task=self) if source is not None else None
-        if error is not None:
-            raise GradInitStop(error)
-        if source is None:
-            # A model's own preparation before GradInit (transformer_wskip: Admin's profiling).
-            prepare = getattr(model, "before_first_update", None)
-            if callable(prepare):
-                prepare(self)
-        if plan.enabled:
+        with one_line_exit():  # a GradInitError ends fairseq-train in one line
+            from_checkpoint = bool(kwargs.get("from_checkpoint", args[0] if args else False))
+            criterion = super().build_criterion(cfg, *args, **kwargs)
+            model, self._gradinit_model = self._gradinit_model, None
+            if model is None or from_checkpoint:
+                return criterion
+            self._gradinit_criterion_cfg = cfg
+            # The run's settings, resolved once. The command line was checked when parsed; this also
+            # covers configs built otherwise (fairseq-hydra-train, Python). Checked before Admin's
+            # profiling and GradInit, so that stopping here costs nothing.
+            plan = self.gradinit_plan = build_plan(self.gradinit_cfg, restore=True)
+            if plan.error is not None:
+                raise GradInitError(plan.error)
+            if plan.enabled:  # one run per --save-dir, from here until the process ends (.lock)
+                rank, world = rank_world()
+                hold_save_dir(plan.save_dir, rank=rank, world=world)
+            source = plan.restore
             if source is not None:
-                logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)", source)
-            else:
-                self.run(plan, model, criterion)
-            if rank_world()[0] == 0:  # the scales' file: the init file applied as it is, else the run's own
-                own = os.path.join(plan.save_dir, GRADINIT_JSON)
-                summarize_at_exit(plan.init_file if plan.init_file and not plan.init_clamp else own, plan.save_dir)
-        return criterion
+                require("resume", model, source, self)
+            if source is None:
+                # A model's own preparation before GradInit (transformer_wskip: Admin's profiling).
+                prepare = getattr(model, "before_first_update", None)
+                if callable(prepare):
+                    prepare(self)
+            if plan.enabled:
+                if source is not None:
+                    logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)",
+                                source)
+                else:
+                    self.run(plan, model, criterion)
+                if rank_world()[0] == 0:  # the scales' file: the init file applied as it is, else the run's own
+                    own = os.path.join(plan.save_dir, GRADINIT_JSON)
+                    summarize_at_exit(plan.init_file if plan.init_file and not plan.init_clamp else own, plan.save_dir)
+            return criterion
 
     # ------------------------------------------------------------------------------------
     def run(self, plan: GradInitPlan, model, criterion):
         """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
         with batches from this task's training data and the loss of ``criterion``, holding the save
-        dir's lock (:mod:`.lock`) until the process ends: a second run into the folder stops. Returns
-        the :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
-        if plan.error is not None:
-            raise GradInitStop(plan.error)
-        rank, world = rank_world()
-        hold_save_dir(plan.save_dir, rank=rank, world=world)
-        return run_locked(self, plan, model, criterion)
+        dir's lock (:mod:`.lock`) until the process ends: a second run into the folder stops. Builds
+        the run (:meth:`gradinit_run`), hands it to the phase (:func:`~.phase.run_locked`) and keeps
+        its result in ``gradinit_result``: the :class:`~fairseq_gradinit.core.GradInitResult` (None
+        when saved scales were applied)."""
+        with one_line_exit():  # a GradInitError ends fairseq-train in one line
+            if plan.error is not None:
+                raise GradInitError(plan.error)
+            rank, world = rank_world()
+            hold_save_dir(plan.save_dir, rank=rank, world=world)
+            self.gradinit_result = run_locked(self.gradinit_run(plan, criterion), model)
+            return self.gradinit_result
 
-    def gradinit_fingerprint(self, world_size: int, plan: Optional[GradInitPlan] = None) -> dict:
-        """:func:`~.provenance.fingerprint` of this run (model arguments as given on the command line)."""
-        plan = plan if plan is not None else build_plan(self.gradinit_cfg)
-        return fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None, criterion_cfg=self._gradinit_criterion_cfg,
-                           seed=plan.gradinit_seed, world_size=world_size, model_args=self._gradinit_model_args,
-                           plan=plan)
+    def gradinit_run(self, plan: GradInitPlan, criterion) -> GradInitRun:
+        """The :class:`~.run.GradInitRun` of this task under ``plan`` with the loss of ``criterion``:
+        everything the phase needs from the task, so that the phase never sees it."""
+        rank, world = rank_world()
+        current = None
+        if rank == 0:  # the fingerprint: model arguments as given on the command line
+            current = fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None,
+                                  criterion_cfg=self._gradinit_criterion_cfg, seed=plan.gradinit_seed,
+                                  world_size=world, model_args=self._gradinit_model_args, plan=plan)
+        return GradInitRun(plan=plan, fingerprint=current, pairs=batch_factory(self, plan),
+                           loss_fn=mean_loss_fn(criterion), criterion=criterion,
+                           valid_split_error=lambda model: valid_split_error(self, model, plan),
+                           sdpa_guard=self.gradinit_sdpa_guard)
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
-                       world: int = 1, skip: int = 0, plan: Optional[GradInitPlan] = None) -> DevicePrefetcher:
-        """:func:`~.phase.gradinit_pairs` of this task: endless (S, S~) pairs on ``device``."""
-        return gradinit_pairs(self, model, max_tokens, overlap, device, rank, world, skip=skip, plan=plan)
+                       world: int = 1, skip: int = 0) -> DevicePrefetcher:
+        """:func:`~.run.gradinit_pairs` of this task under the plan its criterion resolved: endless
+        (S, S~) pairs on ``device``."""
+        if self.gradinit_plan is None:
+            raise ValueError("GradInit's batches follow the run's plan, resolved when the task builds its criterion: "
+                             "build the model and the criterion first")
+        return gradinit_pairs(self, model, max_tokens, overlap, device, rank, world, skip, plan=self.gradinit_plan)

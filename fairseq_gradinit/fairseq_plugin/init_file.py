@@ -8,7 +8,6 @@ drive to exactly 0 and which then start at zero as fairseq's own biases do.
 """
 
 import dataclasses
-import enum
 import hashlib
 import json
 import os
@@ -35,25 +34,6 @@ def compute_only_defaults(config_class) -> dict:
     """The defaults of :func:`compute_only_options` in the dataclass ``config_class``."""
     names = compute_only_options()
     return {f.name: f.default for f in dataclasses.fields(config_class) if f.name in names}
-
-
-def combination_error(cfg, *, defaults: Mapping[str, object]) -> Optional[str]:
-    """'argument --gradinit-init-file: not allowed with ...' when ``cfg`` sets an init file and
-    changes a compute-only setting from its default in ``defaults``; None otherwise."""
-    if not getattr(cfg, "gradinit_init_file", None):
-        return None
-    changed = []
-    for name, default in defaults.items():
-        value = getattr(cfg, name, default)
-        if isinstance(value, enum.Enum):  # fairseq's ChoiceEnum members in configs built by hydra
-            value = value.value
-        if value != default and (name != "gradinit_iters" or (isinstance(value, int) and value > 0)):
-            changed.append(f"--{name.replace('_', '-')} {value}")
-    if not changed:
-        return None
-    return (f"argument --gradinit-init-file: not allowed with {', '.join(changed)}: the file's scales are applied "
-            "and GradInit does not run, so these settings would be ignored. Drop them to apply the file, or drop "
-            "--gradinit-init-file to compute new scales")
 
 
 def read_init_file(path: str, *, flag: str = "--gradinit-init-file") -> dict:
@@ -131,3 +111,9 @@ def unscaled_tensors(model, scales: Mapping[str, float], config: Optional[Mappin
         tensors.setdefault(id(p), (p, []))[1].append(name)
     return [names[0] for p, names in tensors.values()
             if p.requires_grad and not any(n in scales for n in names) and bool(p.detach().count_nonzero())]
+
+
+def saved_gamma(saved: Mapping) -> Optional[float]:
+    """The gamma a saved ``gradinit.json`` ran with (``gamma``, else its config's ``resolved_gamma``)."""
+    gamma = saved.get("gamma")
+    return gamma if gamma is not None else (saved.get("config") or {}).get("resolved_gamma")

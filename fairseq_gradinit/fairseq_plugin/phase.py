@@ -1,10 +1,11 @@
-"""The GradInit phase of a fairseq run: what :meth:`~.hook.GradInitTaskMixin.run` does with a
-:class:`~.plan.GradInitPlan`, a freshly built fp32 model and the user's criterion.
+"""The GradInit phase of a fairseq run: what the task does with a :class:`~.run.GradInitRun`
+(the run's plan, fingerprint, batches and loss, built by :class:`~.hook.GradInitTaskMixin`) and a
+freshly built fp32 model. The phase never sees the task: it reads the run and returns its result.
 
-Batches come from the task's own training iterator and the loss from the criterion, so the same
-code serves translation, language modeling and the other tasks. An existing ``gradinit.json`` is
-never overwritten, the phase's state is checkpointed into the save dir and resumed, and a stop
-(SIGINT/SIGTERM) says what was kept.
+Batches come from the run's batch factory (the task's own training iterator) and the loss from the
+user's criterion, so the same code serves translation, language modeling and the other tasks. An
+existing ``gradinit.json`` is never overwritten, the phase's state is checkpointed into the save dir
+and resumed, and a stop (SIGINT/SIGTERM) says what was kept.
 """
 import dataclasses
 import json
@@ -18,44 +19,27 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..core import BatchPair, DevicePrefetcher, apply_scales, gradinit, summarize_scales
-from ..core.batching import authors_rows, split_draw
+from ..core import apply_scales, gradinit, summarize_scales
 from ..core.health import snapshot_weights
-from .cfg import cfg_value
 from .files import atomic_write_json, remove_stale_temp_files, write_result
 from .analysis.groups import transformer_group
 from .analysis.health_report import measure_health
-from .init_file import clamp_target_error, clamped_init_file, source_fingerprint, unscaled_tensors
-from .option_values import GradInitStop, read_init_file
-from .phase_state import load_phase_state, save_phase_state, state_path
-from .plan import GradInitPlan, build_plan
-from .preflight import precision_error, valid_split_error
+from .init_file import clamp_target_error, clamped_init_file, saved_gamma, source_fingerprint, unscaled_tensors
+from .errors import GradInitError
+from .init_file import read_init_file
+from .phase_state import load_phase_state, save_phase_state
+from .plan import GradInitPlan
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint_diff
+from .run import GRADINIT_JSON, GradInitRun, rank_world
 from .signals import sigterm_raises_interrupt
+from .validation import first_error
 from .tied import (
     apply_multiplier_scales, effective_use_scales, is_multiplier, multiplier_names, multipliers_as_parameters,
 )
-from .training import collate, slice_sample, training_batch_indices, training_dataset
 
 logger = logging.getLogger("fairseq_gradinit.fairseq_plugin.hook")  # one logger for the task's GradInit lines
 
-GRADINIT_JSON = "gradinit.json"
-
-
-def mean_loss_fn(criterion):
-    """The loss the optimizer differentiates: fairseq's summed loss divided by the sample size."""
-
-    def loss_fn(model, sample):
-        loss, sample_size, _ = criterion(model, sample)
-        return loss / max(float(sample_size), 1.0)
-
-    return loss_fn
-
-
-def rank_world():
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
+__all__ = ["GRADINIT_JSON", "apply_saved", "compute", "log_summary", "run_locked", "saved_result_decision"]
 
 
 def saved_result_decision(path: str, current: dict) -> tuple:
@@ -83,16 +67,14 @@ def saved_result_decision(path: str, current: dict) -> tuple:
     return ("reuse", None)
 
 
-def run_locked(task, plan: GradInitPlan, model, criterion):
+def run_locked(run: GradInitRun, model):
     """The phase, the save dir's lock held: apply the init file, reuse this run's ``gradinit.json``
-    or compute the scales (:func:`compute`)."""
+    or compute the scales (:func:`compute`). Returns the
+    :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
     rank, world = rank_world()
-    save_dir = plan.save_dir
-    path = os.path.join(save_dir, GRADINIT_JSON)
-    current = task.gradinit_fingerprint(world, plan) if rank == 0 else None
+    plan, path, current = run.plan, run.result_path, run.fingerprint
     if plan.init_file:
-        return apply_saved(plan, model, plan.init_file, current, INIT_FILE_KEYS, "--gradinit-init-file",
-                           task=task, criterion=criterion)
+        return apply_saved(run, model, plan.init_file, current, INIT_FILE_KEYS, "--gradinit-init-file", measure=True)
 
     # An existing gradinit.json is never overwritten: the same run reuses it, another stops.
     # Rank 0 decides for all ranks, so they cannot split between computing and reusing.
@@ -102,12 +84,12 @@ def run_locked(task, plan: GradInitPlan, model, criterion):
         dist.broadcast_object_list(box, src=0)
         decision = box[0]
     if decision[0] == "stop":
-        raise GradInitStop(decision[1])
+        raise GradInitError(decision[1])
     if decision[0] == "reuse":
         logger.info("gradinit: %s exists and its fingerprint matches this run (model, criterion, seed, data, "
                     "world size, GradInit settings); applying its scales instead of running GradInit", path)
-        return apply_saved(plan, model, path, None, (), "reused")
-    return compute(task, plan, model, criterion, current=current, path=path)
+        return apply_saved(run, model, path, None, (), "reused")
+    return compute(run, model)
 
 
 def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
@@ -126,7 +108,7 @@ def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
 def _write(path: str, out: dict, resume_path: str) -> None:
     lost = write_result(path, out)
     if lost:  # disk full, permissions: say where the result is instead of a traceback
-        raise GradInitStop(lost)
+        raise GradInitError(lost)
     logger.info("gradinit: wrote %s", path)
     if os.path.exists(resume_path):
         os.unlink(resume_path)
@@ -142,7 +124,7 @@ def _stopped(e: KeyboardInterrupt, done: str, path: str, resume_path: str, saved
     return SystemExit(128 + signum)
 
 
-def _scales(model, pairs, criterion, gcfg, *, resume, resume_path: str, checkpoint, interval: int, last: list,
+def _scales(model, pairs, run: GradInitRun, gcfg, *, resume, resume_path: str, checkpoint, interval: int, last: list,
             initial, measure: bool) -> tuple:
     """(GradInit's result, the health of its scales or None unless ``measure``), with per-use
     multipliers of tied embeddings scaled as parameters that training does not update."""
@@ -151,14 +133,14 @@ def _scales(model, pairs, criterion, gcfg, *, resume, resume_path: str, checkpoi
         gcfg = dataclasses.replace(gcfg, fixed_params=is_multiplier)
     with multipliers_as_parameters(model, multipliers):
         try:
-            result = gradinit(model, pairs, mean_loss_fn(criterion), gcfg, state=resume, checkpoint=checkpoint,
+            result = gradinit(model, pairs, run.loss_fn, gcfg, state=resume, checkpoint=checkpoint,
                               checkpoint_interval=interval)
         except ValueError as e:
             if resume is None:
                 raise
-            raise GradInitStop(f"{resume_path}: {e}; delete it to start GradInit anew") from None
-        health = measure_health(model, result.scales, criterion, getattr(last[0], "s", None), initial=initial,
-                                config=gcfg, loss_fn=mean_loss_fn(criterion), history=result.history,
+            raise GradInitError(f"{resume_path}: {e}; delete it to start GradInit anew") from None
+        health = measure_health(model, result.scales, run.criterion, getattr(last[0], "s", None), initial=initial,
+                                config=gcfg, loss_fn=run.loss_fn, history=result.history,
                                 gamma=result.gamma) if measure else None
         last[0] = None
     return result, health
@@ -167,7 +149,7 @@ def _scales(model, pairs, criterion, gcfg, *, resume, resume_path: str, checkpoi
 def _computable(plan: GradInitPlan, model):
     """The plan's GradInitConfig, after checking that it can compute on ``model``."""
     if plan.config is None:  # a plan built by hand: build_plan sets its error
-        raise GradInitStop(plan.config_error)
+        raise GradInitError(plan.config_error)
     dtype = next(model.parameters()).dtype
     if dtype != torch.float32:
         raise ValueError(f"GradInit expects the freshly built fp32 model, got {dtype}")
@@ -176,10 +158,11 @@ def _computable(plan: GradInitPlan, model):
     return plan.config
 
 
-def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dict], path: str):
-    """Compute the scales on this rank's batches, apply them, write ``path`` (rank 0) and return
-    the :class:`~fairseq_gradinit.core.GradInitResult`."""
+def compute(run: GradInitRun, model):
+    """Compute the scales on this rank's batches, apply them, write the run's gradinit.json (rank 0)
+    and return the :class:`~fairseq_gradinit.core.GradInitResult`."""
     rank, world = rank_world()
+    plan, current, path = run.plan, run.fingerprint, run.result_path
     save_dir, gcfg, max_tokens = plan.save_dir, _computable(plan, model), plan.max_tokens
     device = plan.device()
     use_cuda = device.type == "cuda"
@@ -200,22 +183,21 @@ def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dic
             last[0] = pair
             yield pair
 
-    resume, resume_path = _phase_state(save_dir, current, rank, world)
+    resume, resume_path = _phase_state(run.state_path, current, rank, world)
     done_before = 0 if resume is None else len(resume["history"])
     drawn[0] = done_before
     try:
-        source = gradinit_pairs(task, model, max_tokens, gcfg.overlap, device, rank, world, skip=done_before,
-                                plan=plan)
+        source = run.pairs(model, max_tokens, gcfg.overlap, device, rank, world, skip=done_before)
         pairs = counted(source)
     except ValueError as e:
         model.to(orig_device)
-        raise GradInitStop(f"GradInit's batches: {e}") from None
+        raise GradInitError(f"GradInit's batches: {e}") from None
     # fairseq would refuse them after the phase
-    error = precision_error(plan) or valid_split_error(task, model, plan)
+    error = first_error("phase", run, model)
     if error is not None:
         source.close()
         model.to(orig_device)
-        raise GradInitStop(error)
+        raise GradInitError(error)
     interval = plan.checkpoint_interval
     saved_at, failed = [done_before], []
 
@@ -224,32 +206,31 @@ def compute(task, plan: GradInitPlan, model, criterion, *, current: Optional[dic
             return
         saved_at[0] = len(state["history"])
 
-    start = time.time()
+    start, result = time.time(), None
     with sigterm_raises_interrupt():
         try:
             try:
-                result, health = _scales(model, pairs, criterion, gcfg, resume=resume, resume_path=resume_path,
+                result, health = _scales(model, pairs, run, gcfg, resume=resume, resume_path=resume_path,
                                          checkpoint=checkpoint if interval else None, interval=interval,
                                          last=last, initial=initial, measure=rank == 0)
                 initial = None  # free the copy before training
             except FloatingPointError as e:  # non-finite losses: the model is left as built
-                raise GradInitStop(f"{e} {path} was not written and training did not start.") from None
+                raise GradInitError(f"{e} {path} was not written and training did not start.") from None
             finally:
                 source.close()
                 model.to(orig_device)
                 if use_cuda:
                     torch.cuda.empty_cache()
-            task.gradinit_result = result
             summary = log_summary(result.scales)
             if rank == 0:
                 out = result.to_dict()
                 out.update(summary=summary, uses=effective_use_scales(model, result.scales),
                            max_tokens=max_tokens, derived=list(plan.derived), device=str(device),
                            wall_time=time.time() - start, fingerprint=current, health=health,
-                           cudnn_sdpa_guard=getattr(task, "gradinit_sdpa_guard", None))
+                           cudnn_sdpa_guard=run.sdpa_guard)
                 _write(path, out, resume_path)
         except KeyboardInterrupt as e:
-            done = "the GradInit result" if task.gradinit_result is not None else \
+            done = "the GradInit result" if result is not None else \
                 f"iteration {drawn[0]} of {gcfg.iters}"
             raise _stopped(e, done, path, resume_path, saved_at[0]) from None
     return result
@@ -271,9 +252,8 @@ def _saved_phase_state(path: str, state: dict, current: Optional[dict], failed: 
         return False
 
 
-def _phase_state(save_dir: str, current: Optional[dict], rank: int, world: int):
-    """(the saved phase state to resume or None, its path); rank 0 reads it for all ranks."""
-    path = state_path(save_dir)
+def _phase_state(path: str, current: Optional[dict], rank: int, world: int):
+    """(the saved phase state at ``path`` to resume or None, ``path``); rank 0 reads it for all ranks."""
     box = [None]
     if rank == 0:
         try:
@@ -284,35 +264,36 @@ def _phase_state(save_dir: str, current: Optional[dict], rank: int, world: int):
         dist.broadcast_object_list(box, src=0)
     kind, value = box[0]
     if kind == "stop":
-        raise GradInitStop(value)
+        raise GradInitError(value)
     if value is not None:
         logger.info("gradinit: resuming the GradInit phase from %s after iteration %d", path, len(value["history"]))
     return value, path
 
-def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], keys, source: str, *,
-                task=None, criterion=None):
+def apply_saved(run: GradInitRun, model, path: str, current: Optional[dict], keys, source: str, *,
+                measure: bool = False):
     """Apply the scales saved at ``path`` after checking they name this model's tensors; with
-    ``task`` and ``criterion``, rank 0 measures their health on one GradInit batch."""
+    ``measure``, rank 0 measures their health on one GradInit batch of the run."""
+    plan = run.plan
     try:
         saved = read_init_file(path, flag=source)
     except ValueError as e:
-        raise GradInitStop(str(e)) from None
+        raise GradInitError(str(e)) from None
     scales = saved["scales"]
     multipliers = [n for n in scales if is_multiplier(n)]
     if multipliers and not multiplier_names(model):
-        raise GradInitStop(f"{source} {path}: it holds per-use scales of tied embeddings ({', '.join(multipliers)}); "
+        raise GradInitError(f"{source} {path}: it holds per-use scales of tied embeddings ({', '.join(multipliers)}); "
                            "pass --gradinit-tied-embeddings per-use to apply it")
     names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
     known = set(names) | set(multiplier_names(model))
     missing = [n for n in scales if n not in known]
     if missing:
-        raise GradInitStop(
+        raise GradInitError(
             f"{source} {path}: {len(missing)} of its {len(scales)} scales name tensors this model does not "
             f"have, e.g. {missing[:5]} (the model has e.g. {names[:3]}); it was computed for another "
             "architecture")
     unscaled = unscaled_tensors(model, scales, saved.get("config"))
     if unscaled:
-        raise GradInitStop(
+        raise GradInitError(
             f"{source} {path}: no scale for {len(unscaled)} of this model's tensors, e.g. {unscaled[:5]}: they "
             "would start unscaled while the others are scaled (was the file edited?); recompute it, or restore "
             "the missing scales")
@@ -326,9 +307,9 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
     clamp = plan.init_clamp if source == "--gradinit-init-file" else None
     record = _clamp_saved(model, path, saved, clamp) if clamp else None
     if record is not None:
-        _check_clamp_target(plan, record)
+        _check_clamp_target(run.result_path, record)
         scales = record["scales"]
-    measured = task is not None and criterion is not None and rank_world()[0] == 0
+    measured = measure and rank_world()[0] == 0
     initial = snapshot_weights(model) if measured else None
     apply_scales(model, apply_multiplier_scales(model, scales))
     logger.info("gradinit: applied %d scales from %s%s", len(scales), path, " (clamped)" if clamp else "")
@@ -336,33 +317,29 @@ def apply_saved(plan: GradInitPlan, model, path: str, current: Optional[dict], k
     # the training of the run that computed it.
     np_state = np.random.get_state()
     with torch.random.fork_rng(devices=[]):
-        sample = _health_batch(task, plan, model) if measured else None
-        health = measure_health(model, scales, criterion, sample, initial=initial if sample is not None else None,
-                                config=saved.get("config"), loss_fn=mean_loss_fn(criterion),
+        sample = _health_batch(run, model) if measured else None
+        health = measure_health(model, scales, run.criterion, sample,
+                                initial=initial if sample is not None else None,
+                                config=saved.get("config"), loss_fn=run.loss_fn,
                                 history=saved.get("history"), gamma=saved_gamma(saved))
     np.random.set_state(np_state)
     del initial, sample
     if record is not None:
         record["health"] = health
-        _write_clamped(plan, record)
+        _write_clamped(run.result_path, record)
     log_summary(scales)
     return None
 
-def saved_gamma(saved: dict) -> Optional[float]:
-    """The gamma a saved ``gradinit.json`` ran with (``gamma``, else its config's ``resolved_gamma``)."""
-    gamma = saved.get("gamma")
-    return gamma if gamma is not None else (saved.get("config") or {}).get("resolved_gamma")
-
-
-def _health_batch(task, plan: GradInitPlan, model):
+def _health_batch(run: GradInitRun, model):
     """The S batch of GradInit's first iteration for this run, on the model's device, or None (logged)
     where it cannot be drawn: the health check then judges the scales alone."""
+    plan = run.plan
     if not plan.max_tokens:
         return None
     device = next(model.parameters()).device
     overlap = plan.config.overlap if plan.config is not None else 0.5
     try:
-        pairs = gradinit_pairs(task, model, plan.max_tokens, overlap, device, plan=plan)
+        pairs = run.pairs(model, plan.max_tokens, overlap, device)
         try:
             return next(iter(pairs)).s
         finally:
@@ -380,17 +357,16 @@ def _clamp_saved(model, path: str, saved: dict, clamp: str) -> dict:
     try:
         record = clamped_init_file(model, path, saved, clamp)
     except ValueError as e:
-        raise GradInitStop(str(e)) from None
+        raise GradInitError(str(e)) from None
     changed = record["clamped_from"]["changed"]
     logger.info("gradinit: --gradinit-init-clamp changed %d of %d scales%s", len(changed), len(record["scales"]),
                 "".join(f"\n  {n}: {a:.4g} -> {b:.4g}" for n, (a, b) in list(changed.items())[:40]))
     return record
 
-def _check_clamp_target(plan: GradInitPlan, record: dict) -> None:
+def _check_clamp_target(out: str, record: dict) -> None:
     """Stop before the scales are applied when ``--save-dir``'s gradinit.json holds other scales than
     the clamped ``record`` (rank 0 decides for all ranks)."""
     rank, world = rank_world()
-    out = os.path.join(plan.save_dir, GRADINIT_JSON)
     box = [None]
     if rank == 0 and os.path.exists(out):
         try:
@@ -402,12 +378,11 @@ def _check_clamp_target(plan: GradInitPlan, record: dict) -> None:
     if world > 1:
         dist.broadcast_object_list(box, src=0)
     if box[0] is not None:
-        raise GradInitStop(box[0])
+        raise GradInitError(box[0])
 
 
-def _write_clamped(plan: GradInitPlan, record: dict) -> None:
+def _write_clamped(out: str, record: dict) -> None:
     rank, _ = rank_world()
-    out = os.path.join(plan.save_dir, GRADINIT_JSON)
     if rank == 0:
         if os.path.exists(out):  # the same clamped scales (checked before they were applied)
             logger.info("gradinit: %s already holds these clamped scales; left as it is", out)
@@ -422,57 +397,3 @@ def log_summary(scales):
     for group, s in summary.items():
         logger.debug("gradinit:   %-32s %3d  %.4f / %.4f / %.4f", group, s["count"], s["min"], s["mean"], s["max"])
     return summary
-
-
-def gradinit_pairs(task, model, max_tokens: int, overlap: float, device, rank: int = 0,
-                   world: int = 1, skip: int = 0, plan: Optional[GradInitPlan] = None) -> DevicePrefetcher:
-    """Endless (S, S~) pairs on ``device`` from this rank's shard of ``task``'s training data.
-
-    Each pair is one batch of the task's own training iterator with ``max_tokens`` tokens (and
-    the run's ``--batch-size``; over-long samples skipped as fairseq-train skips them); its
-    samples are shuffled and split so S and S~ each hold 1/(2-overlap) of it and share
-    ``overlap`` of S (thirds for overlap 0.5). Each half is collated by the dataset, so every field
-    of the sample (``net_input``, ``target``, ``ntokens``, ``nsentences``, ...) describes exactly
-    its samples, whatever the task. With ``--gradinit-pairs authors`` (the authors' fairseq code)
-    the batch is collated whole, its samples in the dataset collater's order (a translation batch
-    sorted by source length, longest first), and S and S~ are its rows :func:`~..core.batching.authors_rows`
-    (:func:`~.training.slice_sample`: the padded width of the whole batch kept). Pairs are
-    collated on the host ahead of the iteration that uses them (:class:`DevicePrefetcher`; close
-    it when done) and, on CUDA, copied from pinned memory without waiting for the GPU. The first
-    ``skip`` pairs are passed over without collating them (a resumed phase). ``plan``: the run's
-    settings (default: resolved from this task's config).
-    """
-    plan = plan if plan is not None else build_plan(task.gradinit_cfg)
-    dataset = training_dataset(task, plan.train_subset or cfg_value(task.gradinit_cfg, "train_subset"))
-    seed = plan.seed
-    authors = plan.config is not None and plan.config.pairs == "authors"
-    pad = task.target_dictionary.pad() if authors and task.target_dictionary is not None else 1
-    batches = training_batch_indices(task, model, dataset, max_tokens=max_tokens,
-                                     batch_size=plan.train_batch_size, seed=seed)
-    if len(batches) < world:
-        raise ValueError(f"the training set has {len(batches)} batches of {max_tokens} tokens, fewer than "
-                         f"there are ranks ({world}): each rank needs its own; lower --gradinit-max-tokens")
-
-    skipped = [0]
-
-    def gen():
-        epoch = 0
-        while True:
-            epoch += 1
-            rng = np.random.RandomState((seed + 7919 * epoch) % (2 ** 32))
-            shard = [batches[i] for i in rng.permutation(len(batches))][rank::world]
-            for idx in shard:
-                idx = idx if authors else idx[rng.permutation(len(idx))]
-                if skipped[0] < skip:
-                    skipped[0] += 1
-                    continue
-                if authors:
-                    whole = collate(dataset, idx, "cpu")
-                    (a, b), (c, d) = authors_rows(len(idx))
-                    yield BatchPair(slice_sample(whole, a, b, pad), slice_sample(whole, c, d, pad))
-                    continue
-                (a, b), (c, d) = split_draw(len(idx), overlap)
-                s_idx, st_idx = idx[a:b], idx[c:d]
-                yield BatchPair(collate(dataset, s_idx, "cpu"), collate(dataset, st_idx, "cpu"))
-
-    return DevicePrefetcher(gen(), device)

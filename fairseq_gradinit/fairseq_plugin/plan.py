@@ -18,11 +18,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ..core import GradInitConfig
 from .option_values import (
-    PARSE_CHECKS, batch_setting_error, check_when_parsed, derived_options, gradinit_batch_tokens,
-    gradinit_config_from_task, gradinit_enabled, gradinit_option_error, training_optimizer, unsupported_setup_error,
+    derived_options, gradinit_batch_tokens, gradinit_config_from_task, gradinit_enabled, training_optimizer,
 )
 from .options import GLOBAL_SETTINGS, GradInitOptions
 from .restore import restore_source
+from .validation import check_when_parsed, first_error
 
 #: Every field the plugin reads from a task config: the options and the global settings.
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(GradInitOptions) if f.name.startswith("gradinit_"))
@@ -54,6 +54,11 @@ class GradInitPlan:
         if name.startswith("gradinit_") and name in SETTING_NAMES:
             return self.__dict__["settings"][name]
         raise AttributeError(name)
+
+    def setting(self, name: str, default=None):
+        """The setting ``name`` (a ``gradinit_*`` field), or ``default`` where it is unset (None)."""
+        value = self.__dict__["settings"][name]
+        return default if value is None else value
 
     @property
     def enabled(self) -> bool:
@@ -129,9 +134,7 @@ def build_plan(source, *, restore: bool = False) -> GradInitPlan:
         config, config_error = gradinit_config_from_task(view), None
     except ValueError as e:
         config, config_error = None, str(e)
-    error = gradinit_option_error(view)
-    if error is None and gradinit_enabled(view):
-        error = unsupported_setup_error(view) or batch_setting_error(view)
+    error = first_error("settings", view)
     plan = GradInitPlan(settings=types.MappingProxyType(vars(view)), config=config, config_error=config_error,
                         max_tokens=gradinit_batch_tokens(view), derived=tuple(derived_options(view)), error=error)
     if restore:
@@ -147,10 +150,15 @@ def namespace_error(ns) -> Optional[str]:
     return build_plan(ns).error
 
 
+def parse_error(ns) -> Optional[str]:
+    """What the parser of a task the plugin serves refuses in a parsed namespace, or None: the
+    checks of :mod:`.validation` in their order, ``arguments`` (the plugin's models and optimizers,
+    :func:`~.validation.check_every_parse`), ``settings`` (:func:`namespace_error`) and ``training
+    setup``."""
+    return first_error("arguments", ns) or namespace_error(ns) or first_error("training setup", ns)
+
+
 def refuse_bad_values_when_parsed(parser) -> None:
-    """Make ``parser`` refuse bad ``--gradinit-*`` values the way it refuses its own (the ranges
-    depend on each other and on --lr, so they are checked after the parse), after the checks the
-    plugin's models and optimizers registered (:func:`~.option_values.check_every_parse`)."""
-    for check in PARSE_CHECKS:
-        check_when_parsed(parser, check)
-    check_when_parsed(parser, namespace_error)
+    """Make ``parser`` refuse what :func:`parse_error` finds the way it refuses its own arguments
+    (the ranges depend on each other and on --lr, so they are checked after the parse)."""
+    check_when_parsed(parser, parse_error)

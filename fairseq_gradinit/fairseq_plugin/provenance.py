@@ -60,7 +60,7 @@ def gradinit_fingerprint(cfg) -> Dict[str, Any]:
     """
     return fingerprint(
         task_cfg=cfg.task, model_cfg=cfg.model, criterion_cfg=cfg_value(cfg, "criterion"),
-        seed=cfg.common.seed, world_size=cfg.distributed_training.distributed_world_size,
+        seed=cfg.common.seed, world_size=cfg.distributed_training.distributed_world_size, plan=build_plan(cfg.task),
     )
 
 
@@ -76,13 +76,13 @@ def fingerprint_from_args(argv: Sequence[str]) -> Dict[str, Any]:
     return gradinit_fingerprint(training_config(argv, defaults=True))
 
 
-def fingerprint(*, task_cfg, model_cfg, criterion_cfg, seed, world_size,
-                model_args: Optional[Mapping] = None, plan: Optional[GradInitPlan] = None) -> Dict[str, Any]:
-    """The fingerprint from its parts (what the task calls with its own config nodes).
+def fingerprint(*, task_cfg, model_cfg, criterion_cfg, seed, world_size, plan: GradInitPlan,
+                model_args: Optional[Mapping] = None) -> Dict[str, Any]:
+    """The fingerprint from its parts (what the task calls with its own config nodes) and the
+    run's resolved GradInit settings ``plan``.
 
     ``model_args``: :func:`model_arguments` taken earlier, in place of ``model_cfg`` (fairseq
-    fills in derived model arguments while it builds the model). ``plan``: the run's resolved
-    GradInit settings (default: resolved from ``task_cfg``).
+    fills in derived model arguments while it builds the model).
     """
     return {
         "version": __version__,
@@ -91,7 +91,7 @@ def fingerprint(*, task_cfg, model_cfg, criterion_cfg, seed, world_size,
         "seed": int(seed) if seed is not None else None,
         "world_size": int(world_size),
         "data": data_fingerprint(task_cfg),
-        "gradinit": gradinit_settings(plan if plan is not None else task_cfg),
+        "gradinit": gradinit_settings(plan),
     }
 
 
@@ -193,21 +193,19 @@ def stable_fingerprint(fp: Mapping) -> Dict[str, Any]:
     return {**fp, "gradinit": {**gradinit, "resolved": resolved}}
 
 
-def gradinit_settings(plan) -> Dict[str, Any]:
+def gradinit_settings(plan: GradInitPlan) -> Dict[str, Any]:
     """What of the ``--gradinit-*`` options changes the result, resolved (``eta`` from ``--lr``,
     ``optimizer`` from ``--optimizer``, ``gamma`` from eta, tokens per iteration from
     ``--max-tokens``), so that a default and the same value given explicitly agree. Which options
     change the result is declared with them (``result`` of :func:`~fairseq_gradinit.core.config.option`).
-    ``plan``: a :class:`~.plan.GradInitPlan`, or a task config to build it from."""
-    if not isinstance(plan, GradInitPlan):
-        plan = build_plan(plan)
+    ``plan``: the run's :class:`~.plan.GradInitPlan`."""
     if plan.config is not None:
         config = plan.config.to_dict()
         resolved = {k: config[k] for k in result_options()}
         resolved["resolved_gamma"] = config["resolved_gamma"]
     else:  # e.g. GradInit off and --lr 0: nothing to resolve
         resolved = {"invalid": plan.config_error}
-    plugin = {name: _plain(cfg_value(plan, name)) for name in plugin_result_options()
+    plugin = {name: _plain(plan.setting(name)) for name in plugin_result_options()
               if name != "gradinit_max_tokens"}
     return {"resolved": _plain(resolved), "plugin": plugin, "max_tokens": _plain(plan.max_tokens)}
 

@@ -16,9 +16,8 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import TASK_CLASS_NAMES, TASK_DATACLASS_REGISTRY, TASK_REGISTRY
 
 from .hook import GradInitTaskMixin
-from .monitor import monitor_interval
-from .option_values import check_when_parsed, gradinit_enabled
 from .options import GradInitOptions
+from .validation import check_when_parsed, parse_check
 
 logger = logging.getLogger(__name__)
 
@@ -56,17 +55,7 @@ def _legacy_add_args(cls, parser):
     super(cls, cls).add_args(parser)
     group = parser.add_argument_group("GradInit (not available for this task)")
     gen_parser_from_dataclass(group, GradInitOptions())
-    check_when_parsed(parser, _legacy_task_error)
-
-
-def _legacy_task_error(ns) -> Optional[str]:
-    if hasattr(ns, "gradinit_iters") and (gradinit_enabled(ns) or monitor_interval(ns) > 0):
-        return (f"argument --task: task {getattr(ns, 'task', '?')!r} declares its options with "
-                "add_args (no dataclass config), which --gradinit-iters/--gradinit-init-file/"
-                "--gradinit-monitor-interval does not "
-                "support; use a task with a dataclass config (e.g. translation, language_modeling, "
-                "masked_lm) or drop the --gradinit-* options")
-    return None
+    check_when_parsed(parser, parse_check("legacy task"))
 
 
 def serve(name: str, task_cls: type, config: Optional[type], *, served: Optional[Tuple[type, type]] = None) -> type:

@@ -1,9 +1,10 @@
 """The ``translation_gradinit`` task, and GradInit for every fairseq task at plugin load.
 
 The pieces live in their own modules: the option fields (:mod:`.options`), their translation
-into a ``GradInitConfig`` and argument errors (:mod:`.option_values`), a run's settings resolved
-once (:mod:`.plan`), the checkpoint-restore rule
-(:mod:`.restore`), the task hook (:mod:`.hook`) and the registry replacement (:mod:`.registry`).
+into a ``GradInitConfig`` (:mod:`.option_values`), every check (:mod:`.validation`) and its error
+(:mod:`.errors`), a run's settings resolved once (:mod:`.plan`), the checkpoint-restore rule
+(:mod:`.restore`), the run handed to the phase (:mod:`.run`), the task hook (:mod:`.hook`) and the
+registry replacement (:mod:`.registry`).
 The names below stay importable from here.
 """
 import logging
@@ -12,21 +13,22 @@ from dataclasses import dataclass
 from fairseq.tasks import TASK_REGISTRY, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from .hook import GRADINIT_JSON, GradInitTaskMixin, mean_loss_fn
-from .option_values import (
-    GradInitStop, gradinit_config_from_task, gradinit_option_error, parse_scale_bounds, read_init_file,
-    unsupported_setup_error,
-)
+from .hook import GradInitTaskMixin
+from .loss import mean_loss_fn
+from .errors import GradInitError, GradInitStop
+from .option_values import gradinit_config_from_task, parse_scale_bounds, read_init_file
 from .options import GradInitOptions
 from .plan import GradInitPlan, build_plan, namespace_error
 from .registry import serve_all_tasks
 from .restore import restore_source, will_restore_checkpoint
+from .run import GRADINIT_JSON
 from .run_log import LOG_LEVEL_ENV, quiet_fairseq_printouts
+from .validation import gradinit_option_error, unsupported_setup_error
 
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "GRADINIT_JSON", "GradInitOptions", "GradInitPlan", "GradInitStop", "GradInitTaskMixin", "TranslationGradInitConfig",
+    "GRADINIT_JSON", "GradInitError", "GradInitOptions", "GradInitPlan", "GradInitStop", "GradInitTaskMixin", "TranslationGradInitConfig",
     "TranslationGradInitTask", "build_plan", "gradinit_config_from_task", "gradinit_option_error", "mean_loss_fn",
     "namespace_error", "parse_scale_bounds", "read_init_file", "restore_source", "unsupported_setup_error",
     "will_restore_checkpoint",

@@ -156,7 +156,8 @@ def d512():
 
 
 def test_the_collapsed_d512_scales_are_flagged_for_all_three(d512):
-    from fairseq_gradinit.fairseq_plugin.phase import mean_loss_fn, saved_gamma
+    from fairseq_gradinit.fairseq_plugin.init_file import saved_gamma
+    from fairseq_gradinit.fairseq_plugin.loss import mean_loss_fn
 
     fm, sample = d512
     saved = json.loads(EVIDENCE.read_text())

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 fairseq = pytest.importorskip("fairseq")
-from fairseq import options, tasks, utils  # noqa: E402
+from fairseq import tasks, utils  # noqa: E402
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (serves fairseq's tasks)
@@ -18,14 +18,8 @@ from fairseq_gradinit.core.config import LOSS_CHANGE_BOUNDS, default_gamma  # no
 from fairseq_gradinit.fairseq_plugin.options import GLOBAL_SETTINGS, GradInitOptions, PluginOptions  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.plan import GradInitPlan, build_plan, namespace_error  # noqa: E402
 from fairseq_helpers import make_tiny_bin  # noqa: E402
+from fairseq_train import TINY_ONE_LAYER as TINY, parse  # noqa: E402
 
-TINY = [
-    "--arch", "transformer_iwslt_de_en", "--encoder-layers", "1", "--decoder-layers", "1",
-    "--encoder-embed-dim", "16", "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32",
-    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
-    "--share-all-embeddings", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-    "--optimizer", "adam", "--max-tokens", "300", "--cpu", "--seed", "3", "--num-workers", "0",
-]
 
 
 @pytest.fixture(scope="module")
@@ -33,16 +27,12 @@ def tiny_data(tmp_path_factory):
     return make_tiny_bin(tmp_path_factory.mktemp("plandata"), {"train": 120, "valid": 20, "test": 20}, 400)
 
 
-def _parsed(argv):
-    return options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
-
-
 def test_global_settings_are_read_off_the_interpolations_and_exist_on_the_namespace():
     interpolated = {name for name, f in PluginOptions.__dataclass_fields__.items()
                     if isinstance(f.default, str) and f.default.startswith("${")}
     assert set(GLOBAL_SETTINGS) == interpolated
     assert GLOBAL_SETTINGS["gradinit_train_lr"] == "lr" and GLOBAL_SETTINGS["gradinit_train_optimizer"] == "optimizer"
-    ns = _parsed(["data-bin-not-read", "--task", "translation", *TINY])
+    ns = parse(["data-bin-not-read", "--task", "translation", *TINY])
     missing = [attr for attr in GLOBAL_SETTINGS.values() if not hasattr(ns, attr)]
     assert missing == []
 
@@ -54,7 +44,7 @@ def test_global_settings_are_read_off_the_interpolations_and_exist_on_the_namesp
     ["--lr", "0", "--gradinit-iters", "0"],
 ])
 def test_the_command_line_and_the_task_config_give_one_plan(extra):
-    ns = _parsed(["data-bin-not-read", "--task", "translation", *TINY, *extra])
+    ns = parse(["data-bin-not-read", "--task", "translation", *TINY, *extra])
     from_ns = build_plan(ns)
     from_cfg = build_plan(convert_namespace_to_omegaconf(ns).task)
     assert json.dumps(dict(from_ns.settings), default=str, sort_keys=True) == \
@@ -67,7 +57,7 @@ def test_the_command_line_and_the_task_config_give_one_plan(extra):
 
 
 def test_the_parse_check_reports_the_plans_error():
-    ns = _parsed(["data-bin-not-read", "--task", "translation", *TINY, "--lr", "5e-4", "--gradinit-iters", "2"])
+    ns = parse(["data-bin-not-read", "--task", "translation", *TINY, "--lr", "5e-4", "--gradinit-iters", "2"])
     assert build_plan(ns).error is None and namespace_error(ns) is None
     ns.ddp_backend = "fully_sharded"
     plan = build_plan(ns)
@@ -89,7 +79,7 @@ def test_a_plan_is_frozen_and_read_like_the_task_config():
 
 def test_the_phase_runs_from_a_plan_made_by_hand(tiny_data, tmp_path):
     """The task's run(plan, model, criterion) needs no parser: a plan from Python, a model and a criterion."""
-    ns = _parsed([str(tiny_data), "--task", "translation", *TINY])
+    ns = parse([str(tiny_data), "--task", "translation", *TINY])
     cfg = convert_namespace_to_omegaconf(ns)
     np.random.seed(3)
     utils.set_torch_seed(3)
@@ -116,7 +106,7 @@ def test_the_phase_runs_from_a_plan_made_by_hand(tiny_data, tmp_path):
 
 
 def test_a_plan_with_an_error_does_not_run(tiny_data, tmp_path):
-    ns = _parsed([str(tiny_data), "--task", "translation", *TINY])
+    ns = parse([str(tiny_data), "--task", "translation", *TINY])
     cfg = convert_namespace_to_omegaconf(ns)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
@@ -193,7 +183,7 @@ def test_the_plan_holds_the_restore_decision(tmp_path):
 def test_applying_an_init_file_measures_its_health_and_leaves_the_random_state(tiny_data, tmp_path):
     """An init file's health is measured on a GradInit batch, without touching torch's or numpy's random
     state: training from the file stays the training of the run that computed it."""
-    ns = _parsed([str(tiny_data), "--task", "translation", *TINY])
+    ns = parse([str(tiny_data), "--task", "translation", *TINY])
     cfg = convert_namespace_to_omegaconf(ns)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)

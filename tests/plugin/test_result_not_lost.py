@@ -39,7 +39,7 @@ def test_disk_full_while_writing_gradinit_json_keeps_the_result(tiny_data, tmp_p
 def test_gradinit_with_only_non_finite_losses_is_one_line(tiny_data, tmp_path, monkeypatch):
     """Every iteration skipped (NaN loss): the engine gives up after --gradinit-max-consecutive-skips;
     fairseq-train ends with its reason in one line (before: a FloatingPointError traceback)."""
-    from fairseq_gradinit.fairseq_plugin import phase
+    from fairseq_gradinit.fairseq_plugin import hook
 
     def nan_loss(criterion):
         def loss_fn(model, sample):
@@ -47,7 +47,7 @@ def test_gradinit_with_only_non_finite_losses_is_one_line(tiny_data, tmp_path, m
             return loss * float("nan")
         return loss_fn
 
-    monkeypatch.setattr(phase, "mean_loss_fn", nan_loss)
+    monkeypatch.setattr(hook, "mean_loss_fn", nan_loss)  # the loss the task hands the phase
     save = tmp_path / "ck"
     with pytest.raises(SystemExit) as exc:
         train_inprocess([str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",

@@ -2,9 +2,10 @@
 ``fairseq_plugin/``) uses none of the models and optimizers the plugin registers with fairseq
 (``fairseq_plugin/models/``, ``fairseq_plugin/optim/``); those use of the adapter only the public
 registration of argument checks and two fairseq helpers it shares (fairseq-train's batching, an atomic
-write); the analysis (``fairseq_plugin/analysis/``) builds on the adapter, which uses only its
-name grouping and health check. Importing the plugin still registers every model, architecture and
-optimizer."""
+write). The analysis (``fairseq_plugin/analysis/``) has two levels: its name grouping and health check
+lie below the adapter (they import nothing of it, and the adapter uses them), its per-layer report above
+(it may use the adapter's public pieces; the adapter never imports it), so no arrow points back up.
+Importing the plugin still registers every model, architecture and optimizer."""
 import pytest
 
 from test_import_graph import PACKAGE, imports_of, our_modules
@@ -14,7 +15,7 @@ REGISTERED = (f"{PLUGIN}.models", f"{PLUGIN}.optim")
 ANALYSIS = f"{PLUGIN}.analysis"
 #: What the registered models and optimizers may take from the adapter: module -> names.
 ADAPTER_USES = {
-    f"{PLUGIN}.option_values": {"check_every_parse"},
+    f"{PLUGIN}.validation": {"check_every_parse"},
     f"{PLUGIN}.training": {"training_dataset", "training_iterator"},
     f"{PLUGIN}.files": {"atomic_write_json"},
 }
@@ -69,13 +70,24 @@ def test_models_and_optimizers_use_only_the_public_check_registration_of_the_ada
                 found.append(f"{m} imports {sorted(names)} from {target}")
     assert not found, found
     wskip = {t: set(n) for t, n in imports(modules, f"{PLUGIN}.models.wskip")}
-    assert wskip[f"{PLUGIN}.option_values"] == {"check_every_parse"}
+    assert wskip[f"{PLUGIN}.validation"] == {"check_every_parse"}
 
 
 def test_the_adapter_uses_the_analysis_only_for_groups_and_the_health_check():
     modules = our_modules()
     used = {t for m in adapter_modules(modules) for t, _ in imports(modules, m) if inside(t, ANALYSIS)}
     assert used == {f"{ANALYSIS}.groups", f"{ANALYSIS}.health_report"}
+
+
+def test_the_analysis_below_the_adapter_imports_none_of_it_and_the_report_above_it_uses_public_names():
+    modules = our_modules()
+    below = (f"{ANALYSIS}.groups", f"{ANALYSIS}.health_report")
+    up = [f"{m} imports {t}" for m in below for t, _ in imports(modules, m) if is_adapter(t, modules) or t == PLUGIN]
+    assert not up, up
+    report = imports(modules, f"{ANALYSIS}.report")
+    used = {t for t, _ in report if is_adapter(t, modules)}
+    assert used and not any(n.startswith("_") for t, names in report for n in names)
+    assert not any(m == f"{ANALYSIS}.report" for a in adapter_modules(modules) for m, _ in imports(modules, a))
 
 
 def test_importing_the_plugin_registers_its_models_architectures_and_optimizer():

@@ -31,7 +31,8 @@ from .groups import transformer_place
 from .health_report import batch_size, log_health
 from ..tied import apply_multiplier_scales
 from ..hook import GradInitTaskMixin
-from ..phase import mean_loss_fn, saved_gamma
+from ..init_file import saved_gamma
+from ..loss import mean_loss_fn
 from ..training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
 logger = logging.getLogger(__name__)
@@ -138,7 +139,8 @@ def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1
 def saved_gradinit_batch(fm, saved: Mapping[str, Any]):
     """The S batch of the last GradInit iteration recorded in ``saved`` (a ``gradinit.json``), drawn
     again from the task's training data as the plugin drew it on rank 0, and a note when it cannot
-    be the same batch (written before 0.3.0, or no ``max_tokens``: another training batch)."""
+    be the same batch (written by a version that drew its batches otherwise, :data:`BATCHES_CHANGED_IN`, or
+    no ``max_tokens``: another training batch)."""
     conf = saved.get("config") or {}
     max_tokens = saved.get("max_tokens") or fm.cfg.dataset.max_tokens
     if not max_tokens:

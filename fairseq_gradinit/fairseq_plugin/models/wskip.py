@@ -21,7 +21,7 @@ learnable vector ω of shape ``(embed_dim,)``: two per encoder layer (``omega_se
   entries of the (time, batch, channel) tensors, padding included, as Admin's released code
   computes them. Every rank computes the same values and rank 0's are broadcast, so all ranks end
   identical. The random-number state is restored afterwards.
-* ``admin-closed-form``: the ``admin-torch`` package's rule (0.1.0, ``calculate_init``, default
+* ``admin-closed-form``: the ``admin-torch`` package's rule (``calculate_init``, default
   'O(logn)'), ω = sqrt((N + 1) / ln(N + 1) - 1), with N = 2 x encoder layers for the encoder and
   N = 3 x decoder layers for the decoder (the number of residuals in each stack).
 
@@ -54,7 +54,7 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ...core.admin import AdminProfile, closed_form_omega
 from ..files import atomic_write_json
-from ..option_values import check_every_parse
+from ..validation import check_every_parse
 from ..training import training_dataset, training_iterator
 
 logger = logging.getLogger(__name__)

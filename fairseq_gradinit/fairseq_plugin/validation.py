@@ -1,0 +1,467 @@
+"""Every check of the plugin, in one registry: what each refuses, and when it runs.
+
+A check is a named function that returns what it refuses (a message that says what to do) or None.
+:func:`register_check` files it under the point of the run where it runs (``WHEN``):
+
+- ``arguments``: a parsed ``fairseq-train`` namespace, first; the checks of the models and optimizers
+  the plugin registers (:func:`check_every_parse`);
+- ``settings``: the run's ``--gradinit-*`` values and the global settings they depend on (a view of
+  the plan's settings; :func:`~.plan.build_plan` records the first refusal as ``plan.error``);
+- ``training setup``: settings fairseq trips over only after the GradInit phase, refused when parsed;
+- ``legacy task``: a parsed namespace of a task that declares its options with ``add_args``;
+- ``model``: the freshly built model and the task config, before any work;
+- ``per-use scales``: the same, once the per-use multipliers of tied embeddings are installed;
+- ``resume``: the model, the checkpoint about to be restored and the task;
+- ``phase``: the run (:class:`~.run.GradInitRun`) and the model, when the phase starts, on the machine
+  that runs it.
+
+At parse time the parser refuses the first message the way it refuses its own arguments
+(:func:`check_when_parsed`: ``error: ...``, exit status 2); at run time :func:`require` raises it as
+:class:`~.errors.GradInitError`, which the task's entry points end in one line (:mod:`.errors`).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import glob
+import os
+import re
+from typing import Callable, List, Mapping, Optional, Tuple
+
+import torch
+
+from ..argtypes import parse_betas
+from ..core.options import parse_scale_bounds
+from ..core.uses import unstepped_uses_error
+from .cfg import cfg_value
+from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
+from .errors import GradInitError
+from .files import unwritable_folder_reason
+from .init_file import compute_only_defaults, read_init_file
+from .monitor import monitor_interval, monitor_option_error
+from .option_values import gradinit_config_from_task, gradinit_enabled
+from .options import GradInitOptions
+from .tied import multiplier_names, uncovered_ties
+
+#: The points of a run where checks run, in order.
+WHEN = ("arguments", "settings", "training setup", "legacy task", "model", "per-use scales", "resume", "phase")
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One registered check: ``fn(*args) -> message or None``, run at ``when`` (one of ``WHEN``)."""
+
+    name: str
+    when: str
+    fn: Callable[..., Optional[str]]
+
+
+_CHECKS: List[Check] = []
+
+
+def register_check(when: str, name: Optional[str] = None):
+    """A decorator filing a check under ``when`` (one of ``WHEN``), after those filed there before;
+    registering the same function twice has no effect."""
+    if when not in WHEN:
+        raise ValueError(f"unknown point {when!r} of a run; expected one of {WHEN}")
+
+    def register(fn):
+        if not any(c.fn is fn for c in _CHECKS):
+            _CHECKS.append(Check(name or fn.__name__, when, fn))
+        return fn
+
+    return register
+
+
+def check_every_parse(check) -> None:
+    """Make every ``fairseq-train`` parser of a task the plugin serves refuse what
+    ``check(namespace) -> message or None`` finds, before the ``--gradinit-*`` checks. For the models
+    and optimizers the plugin registers: fairseq hands their ``add_args`` an argument group, not the
+    parser. Registering the same check twice has no effect."""
+    register_check("arguments")(check)
+
+
+def checks(when: str) -> Tuple[Check, ...]:
+    """The checks filed under ``when``, in the order they run."""
+    return tuple(c for c in _CHECKS if c.when == when)
+
+
+def first_error(when: str, *args) -> Optional[str]:
+    """The message of the first check under ``when`` that refuses ``args``, or None."""
+    for check in checks(when):
+        error = check.fn(*args)
+        if error:
+            return error
+    return None
+
+
+def require(when: str, *args) -> None:
+    """Raise :class:`~.errors.GradInitError` with the first refusal under ``when``, if any."""
+    error = first_error(when, *args)
+    if error is not None:
+        raise GradInitError(error)
+
+
+@functools.lru_cache(maxsize=None)
+def parse_check(*whens: str) -> Callable[..., Optional[str]]:
+    """One parse-time check running the checks under ``whens`` in turn (the same function for the
+    same points, so that :func:`check_when_parsed` adds it once)."""
+
+    def check(ns) -> Optional[str]:
+        for when in whens:
+            error = first_error(when, ns)
+            if error:
+                return error
+        return None
+
+    return check
+
+
+# -- settings: the --gradinit-* values, as argparse words its errors ---------------------------------
+_CONFIG_ERROR = re.compile(r"^GradInitConfig\.(\w+)=(.*?) is invalid: (.*)$", re.S)
+
+
+def _as_argument_error(message: str, eta_from_lr: bool) -> str:
+    """A GradInitConfig/option ValueError as argparse words it: 'argument --flag: ...'."""
+    m = _CONFIG_ERROR.match(message)
+    if m:
+        name, value, rest = m.groups()
+        flag = "--gradinit-" + name.replace("_", "-")
+        if name == "eta" and eta_from_lr:
+            flag = "--lr (the default of --gradinit-eta)"
+        return f"argument {flag}: invalid value {value}: {rest}"
+    if message.startswith("--gradinit-"):
+        flag, _, rest = message.partition(" ")
+        return f"argument {flag}: {rest}"
+    return message
+
+
+@register_check("settings", "options")
+def gradinit_option_error(cfg) -> Optional[str]:
+    """The first invalid ``--gradinit-*`` value of ``cfg`` as 'argument --flag: ...', or None.
+
+    ``cfg`` is the task config (or a :class:`~.plan.GradInitPlan`). The ranges are those of
+    :class:`GradInitConfig`; ``--lr`` is checked as GradInit's eta only when GradInit computes
+    (``--gradinit-iters`` > 0).
+    """
+    monitor_error = monitor_option_error(cfg)
+    if monitor_error:
+        return monitor_error
+    iters = cfg.gradinit_iters
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
+        return f"argument --gradinit-iters: invalid value {iters!r}: expected an integer >= 0 (0 = GradInit off)"
+    max_tokens = cfg.gradinit_max_tokens
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        return f"argument --gradinit-max-tokens: invalid value {max_tokens!r}: expected an integer >= 1"
+    interval = getattr(cfg, "gradinit_checkpoint_interval", 0)
+    if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
+        return (f"argument --gradinit-checkpoint-interval: invalid value {interval!r}: expected an integer >= 0 "
+                "(0 = never)")
+    eta_from_lr = cfg.gradinit_eta is None
+    clamp = getattr(cfg, "gradinit_init_clamp", None)
+    if clamp and not cfg.gradinit_init_file:
+        return ("argument --gradinit-init-clamp: clamps the scales of --gradinit-init-file, and none is given: add "
+                "--gradinit-init-file PATH, or bound scales that GradInit computes with --gradinit-scale-bounds")
+    try:
+        # --lr matters only when GradInit computes (an init file or GradInit off never uses eta).
+        gradinit_config_from_task(cfg, lr_matters=iters > 0)
+        if cfg.gradinit_init_file:
+            read_init_file(cfg.gradinit_init_file)
+        if clamp:
+            parse_scale_bounds(clamp, flag="--gradinit-init-clamp")
+    except ValueError as e:
+        return _as_argument_error(str(e), eta_from_lr)
+    return combination_error(cfg, defaults=compute_only_defaults(GradInitOptions))
+
+
+def unsupported_setup_error(cfg) -> Optional[str]:
+    """Why GradInit cannot run in this distributed setup (and what to do), or None."""
+    if str(cfg_value(cfg, "gradinit_ddp_backend", "")) == "fully_sharded":
+        return ("--ddp-backend fully_sharded is not supported with --gradinit-*: FSDP shards and flattens the "
+                "parameters GradInit scales. Use --ddp-backend pytorch_ddp, legacy_ddp or no_c10d, or drop "
+                "--gradinit-iters/--gradinit-init-file")
+    mp = cfg_value(cfg, "gradinit_model_parallel_size", 1)
+    if isinstance(mp, int) and mp > 1:
+        return (f"--model-parallel-size {mp} is not supported with --gradinit-*: model parallelism splits each "
+                "tensor across ranks and GradInit needs whole tensors. Use --model-parallel-size 1 (data "
+                "parallel), or drop --gradinit-iters/--gradinit-init-file")
+    if cfg_value(cfg, "gradinit_pipeline_model_parallel", False) is True:
+        return ("--pipeline-model-parallel is not supported with --gradinit-*: GradInit needs the whole model on "
+                "each rank. Train data parallel (drop --pipeline-model-parallel), or drop "
+                "--gradinit-iters/--gradinit-init-file")
+    return None
+
+
+def batch_setting_error(cfg) -> Optional[str]:
+    """Why GradInit cannot batch the training data with these settings, or None.
+
+    GradInit's batches hold a token budget (split into S and S~); ``--batch-size`` alone gives
+    none. A budget below the longest sentence is not an error: such sentences are skipped, as
+    fairseq-train's own training iterator skips them.
+    """
+    if cfg_value(cfg, "gradinit_init_file"):
+        return None
+    if not (cfg_value(cfg, "gradinit_max_tokens") or cfg_value(cfg, "gradinit_train_max_tokens")):
+        return ("argument --gradinit-max-tokens: GradInit draws batches of a number of tokens and none is set: "
+                "pass --max-tokens N (or --gradinit-max-tokens N; --batch-size alone is not enough)")
+    return None
+
+
+@register_check("settings", "distributed setup")
+def distributed_setup_check(view) -> Optional[str]:
+    """:func:`unsupported_setup_error` where GradInit runs or applies scales."""
+    return unsupported_setup_error(view) if gradinit_enabled(view) else None
+
+
+@register_check("settings", "batch tokens")
+def batch_tokens_check(view) -> Optional[str]:
+    """:func:`batch_setting_error` where GradInit runs or applies scales."""
+    return batch_setting_error(view) if gradinit_enabled(view) else None
+
+
+def combination_error(cfg, *, defaults: Mapping[str, object]) -> Optional[str]:
+    """'argument --gradinit-init-file: not allowed with ...' when ``cfg`` sets an init file and
+    changes a compute-only setting from its default in ``defaults``; None otherwise."""
+    if not getattr(cfg, "gradinit_init_file", None):
+        return None
+    changed = []
+    for name, default in defaults.items():
+        value = getattr(cfg, name, default)
+        if isinstance(value, enum.Enum):  # fairseq's ChoiceEnum members in configs built by hydra
+            value = value.value
+        if value != default and (name != "gradinit_iters" or (isinstance(value, int) and value > 0)):
+            changed.append(f"--{name.replace('_', '-')} {value}")
+    if not changed:
+        return None
+    return (f"argument --gradinit-init-file: not allowed with {', '.join(changed)}: the file's scales are applied "
+            "and GradInit does not run, so these settings would be ignored. Drop them to apply the file, or drop "
+            "--gradinit-init-file to compute new scales")
+
+
+
+# -- parse time: the parser refuses what a check finds -----------------------------------------------
+def check_when_parsed(parser, check) -> None:
+    """Make ``parser`` refuse what ``check(namespace) -> message or None`` finds, the way it refuses
+    its own arguments: after the parse, ``parser.error`` prints the usage and 'error: ...' and exits
+    with status 2. Adding the same check twice has no effect."""
+    checks = getattr(parser, "_gradinit_checks", None)
+    if checks is None:
+        checks = parser._gradinit_checks = []
+        parse_known_args = parser.parse_known_args  # parse_args goes through it
+
+        def checked(*args, **kwargs):
+            ns, extra = parse_known_args(*args, **kwargs)
+            for fn in checks:
+                error = fn(ns)
+                if error is not None:
+                    parser.error(error)
+            return ns, extra
+
+        parser.parse_known_args = checked
+    if check not in checks:
+        checks.append(check)
+
+
+# -- training setup: what fairseq trips over only after the phase, refused when parsed --------------
+#: Optimizers whose --adam-betas/--adam-eps fairseq or torch check only when the optimizer is built.
+ADAM_LIKE = ("adam", "radam")
+
+
+def _optimizer_error(ns) -> Optional[str]:
+    optimizer = getattr(ns, "optimizer", None)
+    if optimizer not in ADAM_LIKE:
+        return None
+    betas = getattr(ns, "adam_betas", None)
+    if betas is not None:
+        try:
+            parse_betas(betas)
+        except ValueError as e:
+            return f"argument --adam-betas: {str(e).split(': ', 1)[-1]} (--optimizer {optimizer})"
+    eps = getattr(ns, "adam_eps", None)
+    if eps is not None and not (isinstance(eps, (int, float)) and eps >= 0):
+        return f"argument --adam-eps: invalid value {eps!r}: expected a number >= 0 (--optimizer {optimizer})"
+    return None
+
+
+def _save_dir_error(ns) -> Optional[str]:
+    save_dir = getattr(ns, "save_dir", None)
+    if not save_dir or getattr(ns, "no_save", False):
+        return None
+    reason = unwritable_folder_reason(save_dir)
+    # Only a file in the way: permissions (and CUDA for --fp16) belong to the machine that runs the
+    # command, while the same command line is also parsed elsewhere (study plans, the per-layer report).
+    if reason and "not a folder" in reason:
+        return f"argument --save-dir: {save_dir} {reason}; GradInit's result and the checkpoints go there: give a " \
+               "folder you can write"
+    return None
+
+
+def _train_split_error(ns) -> Optional[str]:
+    data = getattr(ns, "data", None)
+    subset = getattr(ns, "train_subset", None) or "train"
+    if not data:
+        return None
+    first = str(data).split(os.pathsep)[0]
+    if not os.path.isdir(first):  # the task's setup refuses it, before anything is built
+        return None
+    pattern = glob.escape(subset) + "*"
+    root = glob.escape(first)
+    if glob.glob(os.path.join(root, pattern)) or glob.glob(os.path.join(root, "*", pattern)):
+        return None
+    return (f"argument data: {first} has no '{subset}' split (no file {subset}.* in it or its subfolders); "
+            "GradInit and training read it: binarize it with fairseq-preprocess --trainpref, or pass --train-subset")
+
+
+def computes(ns) -> bool:
+    """Whether a parsed namespace asks GradInit to compute (``--gradinit-iters`` > 0, no init file): only
+    then would a typo in the training setup cost the whole phase."""
+    iters = getattr(ns, "gradinit_iters", 0)
+    return isinstance(iters, int) and iters > 0 and not getattr(ns, "gradinit_init_file", None)
+
+
+@register_check("training setup", "optimizer")
+def optimizer_check(ns) -> Optional[str]:
+    return _optimizer_error(ns) if computes(ns) else None
+
+
+@register_check("training setup", "save dir")
+def save_dir_check(ns) -> Optional[str]:
+    return _save_dir_error(ns) if computes(ns) else None
+
+
+@register_check("training setup", "train split")
+def train_split_check(ns) -> Optional[str]:
+    return _train_split_error(ns) if computes(ns) else None
+
+
+def training_setup_error(ns) -> Optional[str]:
+    """The first setting of a parsed ``fairseq-train`` namespace that would fail only after the
+    GradInit phase, as 'argument --flag: ...', or None (also when GradInit does not compute)."""
+    return first_error("training setup", ns)
+
+
+# -- phase: on the machine that runs it, when the phase starts ----------------------------------------
+def valid_split_error(task, model, plan) -> Optional[str]:
+    """fairseq's refusal of a validation sample longer than the model and task allow (e.g. a long
+    document with ``--sample-break-mode complete_doc``), which fairseq-train meets at its first
+    validation, after the GradInit phase (and a validation split it cannot load). The splits are
+    loaded here as fairseq-train loads them next. None with ``--skip-invalid-size-inputs-valid-test``
+    or ``--disable-validation`` (read from the run's ``plan``)."""
+    if True in (plan.setting("gradinit_skip_invalid_valid", False), plan.setting("gradinit_disable_validation", False)):
+        return None
+    from fairseq import utils
+
+    subsets = [s for s in str(plan.setting("gradinit_valid_subset", "") or "").split(",") if s]
+    max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
+    for subset in subsets:
+        try:
+            if subset not in task.datasets:
+                task.load_dataset(subset, combine=False, epoch=1)
+            dataset = task.datasets[subset]
+        except (OSError, KeyError) as e:
+            return f"validation split '{subset}' cannot be loaded ({type(e).__name__}: {e}); fix --valid-subset or the data"
+        try:
+            task.filter_indices_by_size(dataset.ordered_indices(), dataset, max_positions, ignore_invalid_inputs=False)
+        except Exception as e:  # fairseq raises a bare Exception naming the sample
+            return f"validation split '{subset}': {e} (found before GradInit)"
+    return None
+
+
+def valid_split_check(run, model) -> Optional[str]:
+    """:func:`valid_split_error` through the run (which knows the task's splits)."""
+    return run.valid_split_error(model)
+
+
+def precision_error(plan) -> Optional[str]:
+    """``--fp16``/``--memory-efficient-fp16`` on a machine without CUDA: fairseq-train fails when it
+    builds its fp16 optimizer, after the GradInit phase. Checked when the phase starts, on the machine
+    that runs it (not when parsed: the same command line is parsed on other machines too)."""
+    import torch
+
+    for flag in ("fp16", "memory_efficient_fp16"):
+        if plan.setting(f"gradinit_{flag}", False) is True and not torch.cuda.is_available():
+            option = "--" + flag.replace("_", "-")
+            return (f"{option}: fp16 training needs a CUDA GPU and this machine has none; fairseq-train would fail "
+                    f"after the GradInit phase. Drop {option} to train in fp32 here, or run on a GPU")
+    return None
+
+
+@register_check("phase", "precision")
+def precision_check(run, model) -> Optional[str]:
+    return precision_error(run.plan)
+
+
+register_check("phase", "validation split")(valid_split_check)  # after the precision: as cheap checks go first
+
+
+# -- model, resume, legacy task ------------------------------------------------------------------
+@register_check("model", "unstepped uses")
+def unstepped_uses_check(model, cfg) -> Optional[str]:
+    """``--gradinit-unstepped-uses`` checked against the model's uses once the model exists, before any
+    work (when GradInit computes)."""
+    if int(cfg_value(cfg, "gradinit_iters", 0) or 0) <= 0:
+        return None
+    return unstepped_uses_error(model, cfg_value(cfg, "gradinit_unstepped_uses"), label="--gradinit-unstepped-uses ")
+
+
+@register_check("per-use scales", "tied embeddings")
+def tied_embeddings_check(model, cfg) -> Optional[str]:
+    """``--gradinit-tied-embeddings per-use`` on a model whose tie gets no per-use scales."""
+    if str(cfg_value(cfg, "gradinit_tied_embeddings", "shared")) != "per-use" or not gradinit_enabled(cfg):
+        return None
+    uncovered = uncovered_ties(model)
+    if not uncovered:
+        return None
+    return (f"--gradinit-tied-embeddings per-use: this model ties {' = '.join(uncovered[0])} (one tensor), "
+            "which gets no per-use scales (they exist for fairseq's embed_tokens with embed_scale, as in "
+            "the transformer models); use --gradinit-tied-embeddings shared")
+
+
+def _load(path: str) -> dict:
+    try:  # memory-mapped: the keys and the task state are needed, not the tensors
+        state = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except (RuntimeError, ValueError):  # not a zip-format checkpoint
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    return state if isinstance(state, dict) else {}
+
+
+@register_check("resume", "checkpoint")
+def resume_error(model, source: str, task=None) -> Optional[str]:
+    """Why the checkpoint ``source`` cannot be restored into ``model`` as built with this command
+    line, or None: it was trained with other dictionaries than the data-bin's (``task``'s), or
+    ``--gradinit-tied-embeddings per-use`` is given for a checkpoint trained with shared scales
+    (its state has no per-use multipliers)."""
+    try:
+        state = _load(source)
+    except Exception as e:  # noqa: BLE001 - empty, truncated or not a checkpoint: one line, not a traceback
+        reason = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]  # its first sentence
+        return (f"cannot resume from {source}: it is not a readable checkpoint ({type(e).__name__}: {reason}); it may "
+                "be truncated (a run stopped while writing it). Move it away to resume from another checkpoint "
+                "(--restore-file) or to start anew")
+    if task is not None:
+        data = getattr(getattr(task, "gradinit_cfg", None), "data", None) or "the data-bin"
+        error = dictionary_mismatch((state.get("task_state") or {}).get(DICTIONARIES_KEY), dictionary_digests(task),
+                                    data=str(data))
+        if error is not None:
+            return f"cannot resume from {source}: {error}"
+    multipliers = multiplier_names(model)
+    if not multipliers:
+        return None
+    keys = set(state.get("model") or {})
+    if not any(name in keys for name in multipliers):
+        return (f"the checkpoint {source} was trained with shared scales of the tied embeddings (its state has no "
+                f"per-use multiplier such as {multipliers[0]}): resume it without --gradinit-tied-embeddings per-use "
+                "(the tying of a run is fixed when it starts)")
+    return None
+
+
+@register_check("legacy task", "dataclass config")
+def legacy_task_error(ns) -> Optional[str]:
+    if hasattr(ns, "gradinit_iters") and (gradinit_enabled(ns) or monitor_interval(ns) > 0):
+        return (f"argument --task: task {getattr(ns, 'task', '?')!r} declares its options with "
+                "add_args (no dataclass config), which --gradinit-iters/--gradinit-init-file/"
+                "--gradinit-monitor-interval does not "
+                "support; use a task with a dataclass config (e.g. translation, language_modeling, "
+                "masked_lm) or drop the --gradinit-* options")
+    return None
