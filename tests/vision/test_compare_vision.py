@@ -1,6 +1,7 @@
 """gradinit-compare-vision end to end at tiny size: the quick start's command path, on Fashion-MNIST when the
 Debian package is installed and on synthetic images otherwise."""
 import json
+import re
 import math
 from pathlib import Path
 
@@ -126,5 +127,9 @@ def test_quick_start_page_quotes_the_suite_thread_measurement():
     assert (f"{s[(2, False)]:.1f} s with 2 threads and {s[(1, False)]:.1f} s with one; with one core busy, "
             f"{s[(2, True)]:.1f} s with 2 threads and {s[(1, True)]:.1f} s with one") in one_line
     assert all(s[(1, busy)] <= s[(2, busy)] for busy in (False, True))  # what the page advises
+    # The record keeps the command as it ran; the page names those files and where they are now.
     for path in stored["command"].split()[-3:]:
-        assert f"`{path}`" in one_line and (REPO / path).is_file()
+        assert f"`{path}`" in one_line
+    now = one_line.split(", now ", 1)[1].split(")", 1)[0]
+    assert len(re.findall(r"`(tests/[\w/]+\.py)`", now)) == 3
+    assert all((REPO / p).is_file() for p in re.findall(r"`(tests/[\w/]+\.py)`", now))
