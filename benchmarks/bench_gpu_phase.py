@@ -153,8 +153,8 @@ def build_synthetic(args, device):
 
 def build_data_bin(args, device):
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (registers the plugin's tasks)
-    from fairseq_gradinit.fairseq_plugin.loss import mean_loss_fn
-    from fairseq_gradinit.fairseq_plugin.training import build_training_model
+    from fairseq_gradinit.fairseq_plugin.data.loss import mean_loss_fn
+    from fairseq_gradinit.fairseq_plugin.data.training import build_training_model
 
     argv = [args.data_bin, "--user-dir", str(REPO / "fairseq_gradinit"), "--task", "translation",
             "--arch", "transformer_iwslt_de_en", "--share-decoder-input-output-embed", "--dropout", "0.3",

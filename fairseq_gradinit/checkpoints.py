@@ -3,7 +3,7 @@
 fairseq 0.12.3 calls ``torch.load`` without ``weights_only``; torch >= 2.6 defaults it to True and then
 refuses fairseq's checkpoints, which pickle an ``argparse.Namespace`` or an omegaconf config. Upstream
 fairseq later passed ``weights_only=False``; so does :func:`load_trusted_checkpoint`, which the plugin
-gives fairseq's own checkpoint code (:mod:`fairseq_gradinit.fairseq_plugin.compat`) and the BLEU tool
+gives fairseq's own checkpoint code (:mod:`fairseq_gradinit.fairseq_plugin.registration.compat`) and the BLEU tool
 uses to read a checkpoint. A fairseq process started without the plugin gets the same through
 :func:`trusted_loading_env`. Only load checkpoints you trust: unpickling runs code.
 """

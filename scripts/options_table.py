@@ -26,7 +26,7 @@ def tables() -> dict:
 
     out = {}
     try:
-        from fairseq_gradinit.fairseq_plugin.options import option_table
+        from fairseq_gradinit.fairseq_plugin.settings.options import option_table
 
         out["fairseq"] = option_table()
     except ImportError:  # fairseq not installed: only the engine's tables

@@ -16,7 +16,7 @@ def main():
 
     parser = options.get_training_parser()
     args = options.parse_args_and_arch(parser, input_args=argv)  # imports the plugin (--user-dir)
-    from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin
+    from fairseq_gradinit.fairseq_plugin.registration.hook import GradInitTaskMixin
 
     record = {}
     original_run = GradInitTaskMixin.run

@@ -37,7 +37,7 @@ def train_inprocess(argv, tpu=None):
     if tpu is not None:
         cfg.common.tpu = tpu
     from fairseq_cli import train
-    from fairseq_gradinit.fairseq_plugin.lock import release_save_dirs
+    from fairseq_gradinit.fairseq_plugin.phase.lock import release_save_dirs
 
     try:
         distributed_utils.call_main(cfg, train.main)

@@ -5,7 +5,7 @@ An *arm* is a name plus ``fairseq-train`` arguments on top of a common base (a p
 
 1. validates every arm's arguments with fairseq's own parser before anything runs;
 2. groups the GradInit arms by what determines their scales
-   (:func:`~fairseq_gradinit.fairseq_plugin.provenance.fingerprint_from_args`: model arguments,
+   (:func:`~fairseq_gradinit.fairseq_plugin.phase.provenance.fingerprint_from_args`: model arguments,
    criterion, seed, data, world size, GradInit settings) and computes each group's scales once, in a
    *GradInit phase* (:func:`~.plan.gradinit_phase_main`: the task, model and criterion built exactly as
    ``fairseq-train`` builds them, no training), into a cache folder that later studies reuse while

@@ -158,7 +158,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         raise ValueError("the main data-bin (first argument) is required")
     if args.out is None:
         raise ValueError("--out DIR is required")
-    from fairseq_gradinit.fairseq_plugin.files import unwritable_folder_reason
+    from fairseq_gradinit.fairseq_plugin.data.files import unwritable_folder_reason
 
     for flag, folder in (("--out", args.out), ("--gradinit-cache", args.gradinit_cache)):
         reason = unwritable_folder_reason(str(folder)) if folder is not None else None
@@ -263,7 +263,7 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
     if bleu_script is not None:
         args.bleu_script = bleu_script
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
-    from fairseq_gradinit.fairseq_plugin import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
+    from fairseq_gradinit.fairseq_plugin.registration import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
     from .presets import describe_presets, get_preset, list_presets
 
     if args.list_presets is not None:

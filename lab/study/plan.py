@@ -178,7 +178,7 @@ def check_bleu_step(cfg: StudyConfig) -> None:
 
 
 def group_key(fp: Mapping) -> str:
-    from fairseq_gradinit.fairseq_plugin.provenance import COMPARED_KEYS, stable_fingerprint
+    from fairseq_gradinit.fairseq_plugin.phase.provenance import COMPARED_KEYS, stable_fingerprint
 
     fp = stable_fingerprint(fp)
     compared = {k: fp.get(k) for k in COMPARED_KEYS}
@@ -188,7 +188,7 @@ def group_key(fp: Mapping) -> str:
 def cached_scales_match(group_dir: Path, fp: Mapping) -> bool:
     """Whether ``group_dir`` holds scales computed for fingerprint ``fp`` (the sidecar
     ``fingerprint.json``, and the one inside ``gradinit.json`` where the task records it)."""
-    from fairseq_gradinit.fairseq_plugin.provenance import fingerprint_diff
+    from fairseq_gradinit.fairseq_plugin.phase.provenance import fingerprint_diff
 
     scales, side = group_dir / "gradinit.json", group_dir / "fingerprint.json"
     if not scales.is_file() or not side.is_file():
@@ -207,7 +207,7 @@ def cached_scales_match(group_dir: Path, fp: Mapping) -> bool:
 
 def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup]]:
     """Each arm's fairseq-train arguments (validated by fairseq's parser) and the GradInit groups."""
-    from fairseq_gradinit.fairseq_plugin.provenance import fingerprint_from_args
+    from fairseq_gradinit.fairseq_plugin.phase.provenance import fingerprint_from_args
 
     base = merge_args(study_defaults(cfg), list(cfg.base))
     if cfg.cpu and not has_option(base, "--cpu"):
@@ -250,7 +250,7 @@ def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup
 def arm_command(cfg: StudyConfig, plan: ArmPlan, groups: Mapping[str, GradInitGroup]) -> List[str]:
     argv = list(plan.argv)
     if plan.group is not None:
-        from fairseq_gradinit.fairseq_plugin.init_file import compute_only_flags
+        from fairseq_gradinit.fairseq_plugin.settings.init_file import compute_only_flags
 
         # The group's phase computed the scales with these settings; the arm only applies them.
         argv = merge_args(argv, ["--gradinit-init-file", str(groups[plan.group].scales_file)],
@@ -284,7 +284,7 @@ def gradinit_phase_main(argv: Sequence[str]) -> int:
     from fairseq.dataclass.initialize import add_defaults
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_gradinit.fairseq_plugin.training import build_from_config
+    from fairseq_gradinit.fairseq_plugin.data.training import build_from_config
 
     args = _parse_fairseq_args(argv, arm="gradinit-phase")
     cfg = convert_namespace_to_omegaconf(args)

@@ -123,8 +123,8 @@ def tiny_data(tmp_path_factory):
 
 def test_plugin_iteration_adds_one_host_sync_to_the_model_passes(tiny_data):
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (registers the tasks)
-    from fairseq_gradinit.fairseq_plugin.loss import mean_loss_fn
-    from fairseq_gradinit.fairseq_plugin.training import build_training_model
+    from fairseq_gradinit.fairseq_plugin.data.loss import mean_loss_fn
+    from fairseq_gradinit.fairseq_plugin.data.training import build_training_model
     from fairseq_train import TINY_TIED_MODEL as MODEL
 
     fm = build_training_model([str(tiny_data), "--task", "translation", *MODEL])

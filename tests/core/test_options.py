@@ -57,7 +57,7 @@ def test_an_added_option_reaches_every_front_end():
     """The docs' worked example: a field declared with option() is a flag, parses and is compared."""
     from fairseq.dataclass.utils import gen_parser_from_dataclass
 
-    from fairseq_gradinit.fairseq_plugin.options import FAIRSEQ_DEFAULTS, options_dataclass
+    from fairseq_gradinit.fairseq_plugin.settings.options import FAIRSEQ_DEFAULTS, options_dataclass
 
     @dataclass
     class WithWarmup(GradInitConfig):
@@ -134,7 +134,7 @@ def test_research_settings_are_listed_apart_in_the_tables():
 def test_plugin_research_settings_are_marked_where_declared():
     pytest.importorskip("fairseq")
     from fairseq_gradinit.core.options import EXPERIMENTAL_NOTE
-    from fairseq_gradinit.fairseq_plugin.options import PLUGIN_OPTIONS, option_table
+    from fairseq_gradinit.fairseq_plugin.settings.options import PLUGIN_OPTIONS, option_table
 
     assert {s.name for s in PLUGIN_OPTIONS if s.experimental} == {"init_clamp"}
     after = option_table().partition(EXPERIMENTAL_NOTE)[2]

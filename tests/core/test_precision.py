@@ -176,8 +176,8 @@ def test_precision_offered_by_every_front_end():
 
     assert "precision" in result_options()  # it changes the learned scales: fingerprints compare it
     assert inspect.signature(vision_gradinit).parameters["precision"].default == "fp32"
-    from fairseq_gradinit.fairseq_plugin.option_values import gradinit_config_from_task
-    from fairseq_gradinit.fairseq_plugin.options import GradInitOptions
+    from fairseq_gradinit.fairseq_plugin.settings.option_values import gradinit_config_from_task
+    from fairseq_gradinit.fairseq_plugin.settings.options import GradInitOptions
 
     assert GradInitOptions().gradinit_precision == "fp32"
     opts = GradInitOptions(gradinit_precision="bf16", gradinit_train_lr=[5e-4], gradinit_train_optimizer="adam",

@@ -110,7 +110,7 @@ def test_vision_defaults_are_the_cifar_recipe_with_one_pass():
 
 def test_plugin_defaults_take_the_authors_bounds():
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.fairseq_plugin.options import FAIRSEQ_DEFAULTS
+    from fairseq_gradinit.fairseq_plugin.settings.options import FAIRSEQ_DEFAULTS
 
     authors = recipe("authors-iwslt14").values
     assert FAIRSEQ_DEFAULTS["scale_bounds"].value == authors["scale_bounds"]

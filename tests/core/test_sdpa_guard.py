@@ -111,7 +111,7 @@ def test_the_kernel_test_runs_on_this_gpu():
 # ---- fairseq ---------------------------------------------------------------------------------------
 def test_fp16_fairseq_config_on_an_affected_gpu_is_guarded(monkeypatch, caplog):
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.fairseq_plugin import sdpa
+    from fairseq_gradinit.fairseq_plugin.features import sdpa
 
     monkeypatch.setattr(sdpa, "training_device", lambda cfg: torch.device("cuda", 0))
     monkeypatch.setattr(SdpaEnvironment, "detect", classmethod(lambda cls, device=None: env()))

@@ -58,7 +58,7 @@ def tiny_bin(tmp_path_factory):
 def _resolved(tiny_bin, base, args):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_gradinit.fairseq_plugin.option_values import gradinit_config_from_task
+    from fairseq_gradinit.fairseq_plugin.settings.option_values import gradinit_config_from_task
     from lab.study.arms import merge_args
     from lab.study.plan import _parse_fairseq_args
 

@@ -105,7 +105,7 @@ def test_a_repeat_call_needs_the_arms_named():
 # ------------------------------------------------------------------------------------------------
 def _missing_options():
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.fairseq_plugin.task import TranslationGradInitConfig
+    from fairseq_gradinit.fairseq_plugin.registration.task import TranslationGradInitConfig
 
     fields = {"--" + n.replace("_", "-") for n in TranslationGradInitConfig.__dataclass_fields__}
     return [o for o in NEEDED if o not in fields]

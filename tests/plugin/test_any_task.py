@@ -15,7 +15,7 @@ from fairseq import options  # noqa: E402
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (serves every task)
-from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.registration.hook import GradInitTaskMixin  # noqa: E402
 
 from fairseq_helpers import REPO, free_port, make_tiny_bin, make_tiny_lm_bin, run_ranks  # noqa: E402
 from fairseq_train import TINY_LM, train  # noqa: E402

@@ -51,7 +51,7 @@ def test_a_save_dir_that_cannot_be_created_stops_before_the_phase(tiny_data, tmp
     same folder when the phase starts: one line, before any iteration."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_gradinit.fairseq_plugin.training import build_from_config
+    from fairseq_gradinit.fairseq_plugin.data.training import build_from_config
 
     file = tmp_path / "a-file"
     file.write_text("")

@@ -15,15 +15,15 @@ from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (registers the task)
 from fairseq_gradinit.core import apply_scales  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.cfg import cfg_value  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.analysis.groups import transformer_group  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.task import (  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.data.cfg import cfg_value  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.features.groups import transformer_group  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.registration.task import (  # noqa: E402
     TranslationGradInitConfig,
     TranslationGradInitTask,
     gradinit_config_from_task,
     will_restore_checkpoint,
 )
-from fairseq_gradinit.fairseq_plugin.user_dir import user_dir  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.registration.user_dir import user_dir  # noqa: E402
 
 from fairseq_helpers import REPO, free_port, run_ranks  # noqa: E402
 from fairseq_train import (  # noqa: E402
@@ -246,7 +246,7 @@ def test_global_settings_resolve_from_the_command_line(extra):
 
 
 def _resolved(argv):
-    from fairseq_gradinit.fairseq_plugin.option_values import derived_options, gradinit_batch_tokens
+    from fairseq_gradinit.fairseq_plugin.settings.option_values import derived_options, gradinit_batch_tokens
 
     ns = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
     task_cfg = convert_namespace_to_omegaconf(ns).task

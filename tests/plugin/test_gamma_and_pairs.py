@@ -137,7 +137,7 @@ def tiny_data(tmp_path_factory):
 
 def test_plugin_authors_pairs_are_slices_of_one_collated_batch(tiny_data):
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (registers the tasks)
-    from fairseq_gradinit.fairseq_plugin.training import (
+    from fairseq_gradinit.fairseq_plugin.data.training import (
         build_training_model, collate, training_batch_indices, training_dataset,
     )
     from fairseq_train import TINY_MODEL

@@ -143,7 +143,7 @@ def d512():
     pytest.importorskip("fairseq")
     from fairseq_helpers import make_tiny_bin
     import fairseq_gradinit.fairseq_plugin  # noqa: F401
-    from fairseq_gradinit.fairseq_plugin.training import build_training_model, collate, training_dataset
+    from fairseq_gradinit.fairseq_plugin.data.training import build_training_model, collate, training_dataset
     import tempfile
 
     root = Path(tempfile.mkdtemp(prefix="d512-"))
@@ -156,8 +156,8 @@ def d512():
 
 
 def test_the_collapsed_d512_scales_are_flagged_for_all_three(d512):
-    from fairseq_gradinit.fairseq_plugin.init_file import saved_gamma
-    from fairseq_gradinit.fairseq_plugin.loss import mean_loss_fn
+    from fairseq_gradinit.fairseq_plugin.settings.init_file import saved_gamma
+    from fairseq_gradinit.fairseq_plugin.data.loss import mean_loss_fn
 
     fm, sample = d512
     saved = json.loads(EVIDENCE.read_text())

@@ -11,7 +11,7 @@ pytest.importorskip("fairseq")
 
 import torch  # noqa: E402
 
-from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.registration.hook import GradInitTaskMixin  # noqa: E402
 from fairseq_helpers import REPO  # noqa: E402
 from fairseq_train import TINY_MODEL, train_inprocess  # noqa: E402
 

@@ -19,9 +19,9 @@ from fairseq.tasks import FairseqTask  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
 from fairseq_gradinit.core.norm_stats import norm_input_stats  # noqa: E402
-from fairseq_gradinit.fairseq_plugin import monitor  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.hook import GradInitTaskMixin  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.monitor import (  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.features import monitor  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.registration.hook import GradInitTaskMixin  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.features.monitor import (  # noqa: E402
     MONITOR_JSONL, group_of, monitor_option_error, training_weights,
 )
 
@@ -322,7 +322,7 @@ def test_fixed_batch_passes_leave_batchnorm_statistics_alone(tmp_path):
 
 
 def test_monitor_is_not_part_of_the_gradinit_fingerprint():
-    from fairseq_gradinit.fairseq_plugin.options import plugin_result_options
+    from fairseq_gradinit.fairseq_plugin.settings.options import plugin_result_options
 
     assert "gradinit_monitor_interval" not in plugin_result_options()
 
@@ -337,7 +337,7 @@ def test_monitor_interval_must_be_a_count(value):
 def test_negative_monitor_interval_is_an_argument_error(capsys):
     from fairseq import options
 
-    import fairseq_gradinit.fairseq_plugin.task  # noqa: F401  (serves fairseq's tasks)
+    import fairseq_gradinit.fairseq_plugin.registration.task  # noqa: F401  (serves fairseq's tasks)
 
     argv = ["/nonexistent-data", "--task", "translation", "--arch", "transformer_iwslt_de_en"]
     def parse(extra):
@@ -489,7 +489,7 @@ def test_attention_logits_match_fairseqs_own_attention():
     """Logits, masks and probabilities against fairseq's MultiheadAttention (its own path with
     before_softmax, and its returned per-head weights) for a decoder self-attention with a future mask
     and padding, and an encoder one with left padding."""
-    from fairseq_gradinit.fairseq_plugin.monitor_stats import attention_logits, attention_summary
+    from fairseq_gradinit.fairseq_plugin.features.monitor_stats import attention_logits, attention_summary
 
     model, d = tiny_transformer()
     model.eval()
@@ -516,7 +516,7 @@ def test_attention_logits_match_fairseqs_own_attention():
 
 
 def test_branch_ratio_is_the_branch_output_norm_over_the_residual():
-    from fairseq_gradinit.fairseq_plugin.monitor_stats import recording_branches
+    from fairseq_gradinit.fairseq_plugin.features.monitor_stats import recording_branches
 
     model, d = tiny_transformer()
     model.eval()
@@ -606,7 +606,7 @@ def test_docs_name_every_curve_series_the_panels_and_the_warning_threshold():
 
 
 def test_a_failing_attention_statistic_is_recorded_and_the_pass_goes_on(monkeypatch):
-    from fairseq_gradinit.fairseq_plugin import monitor_stats
+    from fairseq_gradinit.fairseq_plugin.features import monitor_stats
 
     model, d = tiny_transformer()
     model.eval()

@@ -15,11 +15,11 @@ from fairseq import tasks, utils  # noqa: E402
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (serves fairseq's tasks)
-from fairseq_gradinit.fairseq_plugin import phase  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.loss import mean_loss_fn  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.options import GradInitOptions  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.plan import build_plan  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.run import GradInitRun  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.phase import compute as phase  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.data.loss import mean_loss_fn  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.options import GradInitOptions  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.plan import build_plan  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.phase.run import GradInitRun  # noqa: E402
 from fairseq_train import TINY_ONE_LAYER as TINY, parse  # noqa: E402
 
 
@@ -80,7 +80,7 @@ def test_the_phase_runs_from_a_run_object_and_returns_its_result(tiny_data, tmp_
 
 
 def test_every_check_is_registered_in_one_place_with_when_it_runs():
-    from fairseq_gradinit.fairseq_plugin import validation
+    from fairseq_gradinit.fairseq_plugin.settings import validation
     from fairseq_gradinit.fairseq_plugin.models.wskip import wskip_argument_error
 
     names = {when: [c.name for c in validation.checks(when)] for when in validation.WHEN}
@@ -96,7 +96,7 @@ def test_every_check_is_registered_in_one_place_with_when_it_runs():
 
 def test_a_check_raises_one_error_type_and_the_task_ends_it_in_one_line(tiny_data, tmp_path):
     from fairseq_gradinit.fairseq_plugin.errors import GradInitError, GradInitStop
-    from fairseq_gradinit.fairseq_plugin.validation import require
+    from fairseq_gradinit.fairseq_plugin.settings.validation import require
 
     with pytest.raises(GradInitError, match="^argument --gradinit-iters: invalid value -1"):
         require("settings", build_plan(GradInitOptions(gradinit_iters=-1)))
@@ -111,13 +111,13 @@ def test_only_the_boundary_turns_an_error_into_an_exit():
     """No module of the adapter but errors.py makes a GradInitStop; SystemExit only for a signal's exit."""
     from pathlib import Path
 
-    root = Path(phase.__file__).parent
+    root = Path(phase.__file__).parents[1]  # the plugin
     found = []
     for path in sorted(root.rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("GradInitStop", "SystemExit"):
                 found.append(f"{path.relative_to(root)}:{node.func.id}")
-    assert found == ["errors.py:GradInitStop", "phase.py:SystemExit"], found
+    assert found == ["errors.py:GradInitStop", "phase/compute.py:SystemExit"], found
 
 
 def test_the_plan_is_built_in_one_place_per_entry_point_with_no_fallbacks():
@@ -125,7 +125,7 @@ def test_the_plan_is_built_in_one_place_per_entry_point_with_no_fallbacks():
     command line (no task) build their own. Nothing downstream rebuilds it."""
     from pathlib import Path
 
-    root = Path(phase.__file__).parent
+    root = Path(phase.__file__).parents[1]  # the plugin
     calls = []
     for path in sorted(root.rglob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))

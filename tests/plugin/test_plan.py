@@ -15,8 +15,8 @@ import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (serves fairseq's tas
 from fairseq_gradinit.core import GradInitConfig, overlapping_pairs  # noqa: E402
 from fairseq_gradinit.core.batching import split_draw, tilde_rows  # noqa: E402
 from fairseq_gradinit.core.config import LOSS_CHANGE_BOUNDS, default_gamma  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.options import GLOBAL_SETTINGS, GradInitOptions, PluginOptions  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.plan import GradInitPlan, build_plan, namespace_error  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.options import GLOBAL_SETTINGS, GradInitOptions, PluginOptions  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.plan import GradInitPlan, build_plan, namespace_error  # noqa: E402
 from fairseq_helpers import make_tiny_bin  # noqa: E402
 from fairseq_train import TINY_ONE_LAYER as TINY, parse  # noqa: E402
 

@@ -13,7 +13,7 @@ pytest.importorskip("fairseq")
 from fairseq import options  # noqa: E402
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
-from fairseq_gradinit.fairseq_plugin import provenance  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.phase import provenance  # noqa: E402
 from fairseq_helpers import REPO, free_port, run_ranks  # noqa: E402
 from fairseq_train import TINY_MODEL, env_with_repo, train_inprocess  # noqa: E402
 
@@ -272,7 +272,7 @@ RESUME_CASES = {
 def test_restore_source_is_what_fairseq_loads(tmp_path, case):
     from fairseq import checkpoint_utils
 
-    from fairseq_gradinit.fairseq_plugin.task import restore_source
+    from fairseq_gradinit.fairseq_plugin.registration.task import restore_source
 
     files, extra = RESUME_CASES[case]
     other = tmp_path / "other"
@@ -545,7 +545,7 @@ def test_a_full_disk_at_the_periodic_phase_state_warns_once_and_the_phase_goes_o
                                                                                    caplog):
     import errno
 
-    from fairseq_gradinit.fairseq_plugin import phase
+    from fairseq_gradinit.fairseq_plugin.phase import compute as phase
 
     def disk_full(path, state, fingerprint):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -602,7 +602,7 @@ def test_a_clamp_cannot_make_a_scale_the_file_check_refuses(tmp_path):
     never gives a negative scale or a zero weight: a bound that would is refused."""
     from torch import nn
 
-    from fairseq_gradinit.fairseq_plugin.init_file import clamped_init_file
+    from fairseq_gradinit.fairseq_plugin.settings.init_file import clamped_init_file
 
     model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
     path = tmp_path / "gradinit.json"

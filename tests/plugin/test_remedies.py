@@ -83,7 +83,7 @@ def test_init_clamp_applies_clamped_scales_and_records_them(tmp_path):
             for n in names}
     assert record["scales"] == pytest.approx(want)
     # the degenerate file's verdict is recorded with the clamped scales: no weight left at the floor
-    from fairseq_gradinit.fairseq_plugin.analysis.health_report import measure_health
+    from fairseq_gradinit.fairseq_plugin.features.health_report import measure_health
 
     health = record["health"]
     assert health["floor"]["weights"]["count"] == 0 and not health["pairs_off"], health
@@ -181,7 +181,7 @@ def test_dropout_option_runs_the_passes_in_train_mode_and_restores_the_flags(dro
 
 
 def test_a_fingerprint_from_before_an_engine_setting_existed_matches_its_default_only():
-    from fairseq_gradinit.fairseq_plugin.provenance import fingerprint_diff
+    from fairseq_gradinit.fairseq_plugin.phase.provenance import fingerprint_diff
 
     current = {"gradinit": {"resolved": {"eta": 1e-3, "max_step_ratio": None, "dropout": False, "precision": "fp32"}}}
     old = {"gradinit": {"resolved": {"eta": 1e-3}}}

@@ -235,7 +235,7 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
 
 def test_transformer_place():
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.fairseq_plugin.analysis.groups import TensorPlace, transformer_place
+    from fairseq_gradinit.fairseq_plugin.features.groups import TensorPlace, transformer_place
 
     assert transformer_place("decoder.layers.3.encoder_attn.v_proj.weight") == TensorPlace("decoder", 3, "encoder_attn.v", "weight")
     assert transformer_place("encoder.layers.0.fc1.bias") == TensorPlace("encoder", 0, "fc1", "bias")

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_gradinit.fairseq_plugin import files  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.data import files  # noqa: E402
 from fairseq_train import TINY_MODEL, train_inprocess  # noqa: E402
 
 
@@ -39,7 +39,7 @@ def test_disk_full_while_writing_gradinit_json_keeps_the_result(tiny_data, tmp_p
 def test_gradinit_with_only_non_finite_losses_is_one_line(tiny_data, tmp_path, monkeypatch):
     """Every iteration skipped (NaN loss): the engine gives up after --gradinit-max-consecutive-skips;
     fairseq-train ends with its reason in one line (before: a FloatingPointError traceback)."""
-    from fairseq_gradinit.fairseq_plugin import hook
+    from fairseq_gradinit.fairseq_plugin.registration import hook
 
     def nan_loss(criterion):
         def loss_fn(model, sample):

@@ -7,7 +7,7 @@ import torch
 
 pytest.importorskip("fairseq")
 
-import fairseq_gradinit.fairseq_plugin.phase as phase  # noqa: E402
+import fairseq_gradinit.fairseq_plugin.phase.compute as phase  # noqa: E402
 from fairseq_helpers import make_tiny_bin  # noqa: E402
 from fairseq_train import TINY_MODEL, train_inprocess  # noqa: E402
 

@@ -11,7 +11,7 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq_gradinit.fairseq_plugin.run_log import TrainingProgress, summary_line  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.phase.run_log import TrainingProgress, summary_line  # noqa: E402
 
 from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
 
@@ -38,7 +38,7 @@ class Clock:
 def test_progress_line_every_interval_with_the_mean_loss_in_base_2(caplog):
     clock = Clock()
     progress = TrainingProgress(10.0, clock=clock)
-    caplog.set_level(logging.INFO, logger="fairseq_gradinit.fairseq_plugin.run_log")
+    caplog.set_level(logging.INFO, logger="fairseq_gradinit.fairseq_plugin.phase.run_log")
     for update in range(6):  # two train_steps per update (--update-freq 2): 12 nats over 4 samples each
         for _ in range(2):
             progress.on_train_step(update, (torch.tensor(12.0), 4, {}), ignore_grad=False)

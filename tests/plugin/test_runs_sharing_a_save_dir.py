@@ -88,10 +88,10 @@ def test_a_second_run_after_the_first_runs_phase_stops_before_any_work(tiny_data
 
 
 def test_the_lock_is_kept_until_the_process_ends_and_then_removed(tmp_path):
-    from fairseq_gradinit.fairseq_plugin import lock
+    from fairseq_gradinit.fairseq_plugin.phase import lock
 
     code = ("import os, sys\n"
-            "from fairseq_gradinit.fairseq_plugin.lock import hold_save_dir\n"
+            "from fairseq_gradinit.fairseq_plugin.phase.lock import hold_save_dir\n"
             "hold_save_dir(sys.argv[1]); hold_save_dir(sys.argv[1])  # again: a no-op\n"
             "print(open(os.path.join(sys.argv[1], '.gradinit.lock')).read().split()[0] == str(os.getpid()))\n")
     out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "a")], cwd=REPO, env=env_with_repo(),

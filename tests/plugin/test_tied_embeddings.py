@@ -9,8 +9,8 @@ import torch
 pytest.importorskip("fairseq")
 
 import fairseq_gradinit.fairseq_plugin  # noqa: E402,F401  (registers the tasks)
-from fairseq_gradinit.fairseq_plugin.training import build_training_model  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.tied import (  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.data.training import build_training_model  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.features.tied import (  # noqa: E402
     effective_use_scales, install_multipliers, multiplier_names, multipliers_as_parameters,
 )
 from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
@@ -31,7 +31,7 @@ def _model(tiny_data, *extra):
 
 
 def _sample(fm):
-    from fairseq_gradinit.fairseq_plugin.training import collate, training_dataset
+    from fairseq_gradinit.fairseq_plugin.data.training import collate, training_dataset
 
     dataset = training_dataset(fm.task)
     return collate(dataset, list(range(8)), fm.device)
@@ -144,7 +144,7 @@ def test_per_use_end_to_end_resume_and_reload(tiny_data, tmp_path):
     # flag has its default: the multipliers are installed from the checkpoint's state all the same
     from fairseq import tasks
 
-    from fairseq_gradinit.fairseq_plugin.training import training_config
+    from fairseq_gradinit.fairseq_plugin.data.training import training_config
 
     cli_task = tasks.setup_task(training_config([str(tiny_data), "--task", "translation_gradinit", *MODEL]).task)
     generate_models, _ = checkpoint_utils.load_model_ensemble([str(save / "checkpoint_last.pt")], task=cli_task)

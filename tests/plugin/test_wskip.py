@@ -15,7 +15,7 @@ from fairseq import options  # noqa: E402
 from fairseq.dataclass.utils import convert_namespace_to_omegaconf  # noqa: E402
 
 from fairseq_gradinit.core.admin import AdminProfile, closed_form_omega  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.analysis.groups import transformer_group  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.features.groups import transformer_group  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.models.wskip import ADMIN_JSON, WSkipTransformerModel, admin_profile  # noqa: E402
 
 # The tiny corpus, model options and fairseq-train helpers of the plugin tests.

@@ -27,7 +27,7 @@ def test_every_flag_of_the_table_and_commands_parses_with_the_plugin():
     cmds = doc_commands()
     assert len(cmds) == 4
     table_flags = set(re.findall(r"^\| [^|]+ \| `(--gradinit-[a-z-]+)", DOC, flags=re.M))
-    from fairseq_gradinit.fairseq_plugin.task import TranslationGradInitConfig
+    from fairseq_gradinit.fairseq_plugin.registration.task import TranslationGradInitConfig
 
     fields = {"--" + n.replace("_", "-") for n in TranslationGradInitConfig.__dataclass_fields__}
     assert len(table_flags) == 5 and table_flags <= fields

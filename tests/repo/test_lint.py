@@ -22,11 +22,7 @@ CONFIG = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
 CONTRACTS = [c["id"] for c in CONFIG["tool"]["importlinter"]["contracts"]]
 #: Contracts the code does not keep yet, with what keeps them. xfail(strict): once the code keeps one, its
 #: test fails until it is removed from here, so a kept contract stays kept.
-PENDING = {
-    "plugin-acyclic": "analysis/report.py imports hook and phase, which import analysis/ (groups, "
-    "health_report): kept once the adapter's helpers leave analysis/ or the report stops "
-    "importing the adapter",
-}
+PENDING = {}  # contract id -> why it is broken today (expected to fail until then)
 
 
 def ruff():

@@ -1,93 +1,88 @@
-"""The fairseq plugin's layout, read from the source: the GradInit adapter (the modules directly in
-``fairseq_plugin/``) uses none of the models and optimizers the plugin registers with fairseq
-(``fairseq_plugin/models/``, ``fairseq_plugin/optim/``); those use of the adapter only the public
-registration of argument checks and two fairseq helpers it shares (fairseq-train's batching, an atomic
-write). The analysis (``fairseq_plugin/analysis/``) has two levels: its name grouping and health check
-lie below the adapter (they import nothing of it, and the adapter uses them), its per-layer report above
-(it may use the adapter's public pieces; the adapter never imports it), so no arrow points back up.
-Importing the plugin still registers every model, architecture and optimizer."""
+"""The fairseq plugin's layout, read from the source: the adapter lives in rooms by concern, and every import
+between them runs down the order analysis > registration > models, optim > phase > settings > features >
+data > errors (never back up, never between the two registered packages). The registered models and
+optimizers take from the adapter only the public check registration and two fairseq helpers; the per-layer
+report uses only public names and nothing imports it. Importing the plugin still registers every model,
+architecture and optimizer. ``pyproject.toml``'s import contracts state the same order for import-linter;
+this test reads it from the source on its own."""
 import pytest
 
 from test_import_graph import PACKAGE, imports_of, our_modules
 
 PLUGIN = f"{PACKAGE}.fairseq_plugin"
-REGISTERED = (f"{PLUGIN}.models", f"{PLUGIN}.optim")
-ANALYSIS = f"{PLUGIN}.analysis"
+#: Top to bottom; rooms on one level may not import each other.
+ORDER = [("analysis",), ("registration",), ("models", "optim"), ("phase",), ("settings",), ("features",),
+         ("data",), ("errors",)]
+LEVEL = {room: i for i, rooms in enumerate(ORDER) for room in rooms}
 #: What the registered models and optimizers may take from the adapter: module -> names.
 ADAPTER_USES = {
-    f"{PLUGIN}.validation": {"check_every_parse"},
-    f"{PLUGIN}.training": {"training_dataset", "training_iterator"},
-    f"{PLUGIN}.files": {"atomic_write_json"},
+    f"{PLUGIN}.settings.validation": {"check_every_parse"},
+    f"{PLUGIN}.data.training": {"training_dataset", "training_iterator"},
+    f"{PLUGIN}.data.files": {"atomic_write_json"},
 }
 
 
-def inside(name, package):
-    return name == package or name.startswith(package + ".")
+def room(name):
+    """The room of a plugin module (None for the plugin package itself)."""
+    rest = name[len(PLUGIN) + 1:] if name.startswith(PLUGIN + ".") else ""
+    return rest.split(".")[0] or None
 
 
-def is_adapter(name, modules):
-    """A module directly in ``fairseq_plugin/`` (not one of its subpackages)."""
-    return name.rpartition(".")[0] == PLUGIN and modules[name].name != "__init__.py"
+def plugin_imports(modules):
+    """(module, imported module, names) for each import between two of the plugin's modules."""
+    for name, path in modules.items():
+        if name.startswith(PLUGIN + "."):
+            for target, names in imports_of(path, name, modules):
+                if target.startswith(PLUGIN) and target != name:
+                    yield name, target, names
 
 
-def adapter_modules(modules):
-    return [m for m in modules if is_adapter(m, modules)]
-
-
-def imports(modules, name):
-    return list(imports_of(modules[name], name, modules))
-
-
-def test_the_layout_has_the_three_rooms():
+def test_every_module_of_the_plugin_is_in_a_room():
     modules = our_modules()
-    for name in ("models.wskip", "models.postln_lm", "optim.radam", "analysis.report", "analysis.groups",
-                 "analysis.health_report", "hook", "plan", "option_values"):
+    loose = [m for m in modules if m.startswith(PLUGIN + ".") and room(m) not in LEVEL]
+    assert not loose, loose
+    for name in ("registration.task", "registration.hook", "settings.plan", "settings.validation", "phase.compute",
+                 "phase.run", "features.tied", "features.monitor", "data.training", "analysis.report",
+                 "models.wskip", "optim.radam", "errors"):
         assert f"{PLUGIN}.{name}" in modules, name
-    assert not any(m in modules for m in (f"{PLUGIN}.wskip", f"{PLUGIN}.radam", f"{PLUGIN}.report"))
 
 
-def test_the_adapter_imports_no_model_or_optimizer():
-    modules = our_modules()
-    adapter = adapter_modules(modules)
-    assert f"{PLUGIN}.hook" in adapter and f"{PLUGIN}.phase" in adapter
-    found = [f"{m} imports {t}" for m in adapter for t, _ in imports(modules, m)
-             if any(inside(t, p) for p in REGISTERED)]
-    assert not found, found
+def imports_back_up(edges):
+    """The imports of ``edges`` ((module, imported module, names)) that do not run down the order."""
+    return [f"{m} imports {t}" for m, t, _ in edges
+            if room(t) is None or (room(m) != room(t) and LEVEL[room(m)] >= LEVEL[room(t)])]
 
 
-def test_models_and_optimizers_use_only_the_public_check_registration_of_the_adapter():
-    modules = our_modules()
-    found = []
-    registered = [m for m in modules if any(inside(m, p) for p in REGISTERED)]
-    assert len(registered) == 5, registered  # the two packages, wskip, postln_lm, radam
-    for m in registered:
-        for target, names in imports(modules, m):
-            if inside(target, ANALYSIS):
-                found.append(f"{m} imports {target}")
-            elif target == PLUGIN:
-                found.append(f"{m} imports the plugin package")
-            elif is_adapter(target, modules) and not set(names) <= ADAPTER_USES.get(target, set()):
-                found.append(f"{m} imports {sorted(names)} from {target}")
-    assert not found, found
-    wskip = {t: set(n) for t, n in imports(modules, f"{PLUGIN}.models.wskip")}
-    assert wskip[f"{PLUGIN}.validation"] == {"check_every_parse"}
-
-
-def test_the_adapter_uses_the_analysis_only_for_groups_and_the_health_check():
-    modules = our_modules()
-    used = {t for m in adapter_modules(modules) for t, _ in imports(modules, m) if inside(t, ANALYSIS)}
-    assert used == {f"{ANALYSIS}.groups", f"{ANALYSIS}.health_report"}
-
-
-def test_the_analysis_below_the_adapter_imports_none_of_it_and_the_report_above_it_uses_public_names():
-    modules = our_modules()
-    below = (f"{ANALYSIS}.groups", f"{ANALYSIS}.health_report")
-    up = [f"{m} imports {t}" for m in below for t, _ in imports(modules, m) if is_adapter(t, modules) or t == PLUGIN]
+def test_imports_between_rooms_run_down_only():
+    up = imports_back_up(plugin_imports(our_modules()))
     assert not up, up
-    report = imports(modules, f"{ANALYSIS}.report")
-    used = {t for t, _ in report if is_adapter(t, modules)}
-    assert used and not any(n.startswith("_") for t, names in report for n in names)
-    assert not any(m == f"{ANALYSIS}.report" for a in adapter_modules(modules) for m, _ in imports(modules, a))
+
+
+def test_the_rule_catches_imports_back_up_and_across_a_level():
+    edges = [(f"{PLUGIN}.settings.plan", f"{PLUGIN}.phase.run", []),  # up
+             (f"{PLUGIN}.models.wskip", f"{PLUGIN}.optim.radam", []),  # across one level
+             (f"{PLUGIN}.data.cfg", PLUGIN, []),  # the package itself
+             (f"{PLUGIN}.phase.run", f"{PLUGIN}.settings.plan", []),  # down: fine
+             (f"{PLUGIN}.phase.run", f"{PLUGIN}.phase.state", [])]  # within a room: fine
+    assert len(imports_back_up(edges)) == 3
+
+
+def test_models_and_optimizers_use_only_the_public_check_registration_and_two_helpers():
+    modules = our_modules()
+    found = [f"{m} imports {sorted(names)} from {t}" for m, t, names in plugin_imports(modules)
+             if room(m) in ("models", "optim") and room(t) not in ("models", "optim")
+             and not set(names) <= ADAPTER_USES.get(t, set())]
+    assert not found, found
+    wskip = {t: set(n) for t, n in imports_of(modules[f"{PLUGIN}.models.wskip"], f"{PLUGIN}.models.wskip", modules)}
+    assert wskip[f"{PLUGIN}.settings.validation"] == {"check_every_parse"}
+
+
+def test_the_report_uses_public_names_and_nothing_imports_it():
+    modules = our_modules()
+    report = f"{PLUGIN}.analysis.report"
+    used = [(t, names) for m, t, names in plugin_imports(modules) if m == report]
+    assert used and not any(n.startswith("_") for _, names in used for n in names)
+    assert not [m for m, t, _ in plugin_imports(modules) if t == report]
 
 
 def test_importing_the_plugin_registers_its_models_architectures_and_optimizer():

@@ -1,2 +1,2 @@
-"""Analysis of GradInit results in fairseq: the per-layer report (:mod:`.report`), the grouping of
-Transformer parameter names (:mod:`.groups`) and the health check of a result (:mod:`.health_report`)."""
+"""The per-layer report of a GradInit result in fairseq (:mod:`.report`, the ``gradinit-report`` command's
+engine): the top of the plugin, using the adapter's public pieces; nothing in the plugin imports it."""

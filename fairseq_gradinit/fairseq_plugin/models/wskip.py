@@ -53,9 +53,9 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
 
 from ...core.admin import AdminProfile, closed_form_omega
-from ..files import atomic_write_json
-from ..validation import check_every_parse
-from ..training import training_dataset, training_iterator
+from ..data.files import atomic_write_json
+from ..settings.validation import check_every_parse
+from ..data.training import training_dataset, training_iterator
 
 logger = logging.getLogger(__name__)
 

@@ -19,25 +19,25 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..core import apply_scales, gradinit, summarize_scales
-from ..core.health import snapshot_weights
-from .files import atomic_write_json, remove_stale_temp_files, write_result
-from .analysis.groups import transformer_group
-from .analysis.health_report import measure_health
-from .init_file import clamp_target_error, clamped_init_file, saved_gamma, source_fingerprint, unscaled_tensors
-from .errors import GradInitError
-from .init_file import read_init_file
-from .phase_state import load_phase_state, save_phase_state
-from .plan import GradInitPlan
+from ...core import apply_scales, gradinit, summarize_scales
+from ...core.health import snapshot_weights
+from ..data.files import atomic_write_json, remove_stale_temp_files, write_result
+from ..features.groups import transformer_group
+from ..features.health_report import measure_health
+from ..settings.init_file import clamp_target_error, clamped_init_file, saved_gamma, source_fingerprint, unscaled_tensors
+from ..errors import GradInitError
+from ..settings.init_file import read_init_file
+from .state import load_phase_state, save_phase_state
+from ..settings.plan import GradInitPlan
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint_diff
 from .run import GRADINIT_JSON, GradInitRun, rank_world
 from .signals import sigterm_raises_interrupt
-from .validation import first_error
-from .tied import (
+from ..settings.validation import first_error
+from ..features.tied import (
     apply_multiplier_scales, effective_use_scales, is_multiplier, multiplier_names, multipliers_as_parameters,
 )
 
-logger = logging.getLogger("fairseq_gradinit.fairseq_plugin.hook")  # one logger for the task's GradInit lines
+logger = logging.getLogger("fairseq_gradinit.fairseq_plugin.registration.hook")  # one logger for the task's GradInit lines
 
 __all__ = ["GRADINIT_JSON", "apply_saved", "compute", "log_summary", "run_locked", "saved_result_decision"]
 

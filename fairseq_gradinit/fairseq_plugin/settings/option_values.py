@@ -3,10 +3,10 @@ training command (eta from ``--lr``, the optimizer, gamma, tokens per iteration)
 :mod:`.validation`'s."""
 from typing import Optional
 
-from ..core import GradInitConfig
-from ..core.config import first_step
-from ..core.options import parse_scale_bounds, values_from  # noqa: F401  (parse_scale_bounds: re-exported)
-from .cfg import cfg_value
+from ...core import GradInitConfig
+from ...core.config import first_step
+from ...core.options import parse_scale_bounds, values_from  # noqa: F401  (parse_scale_bounds: re-exported)
+from ..data.cfg import cfg_value
 from .init_file import read_init_file  # noqa: F401  (re-exported)
 from .options import ENGINE_OPTIONS
 

@@ -2,7 +2,7 @@
 
 The task (:class:`~.hook.GradInitTaskMixin`) builds it once, when its criterion exists, from what
 only the task knows (its training data, its config, the model's arguments as given, the cuDNN
-attention guard's decision), and hands it to the phase (:mod:`.phase`). The phase reads the run and
+attention guard's decision), and hands it to the phase (:mod:`.compute`). The phase reads the run and
 the model and returns its result; it never sees the task, so data flows one way: fairseq to the task
 to the run to the phase.
 """
@@ -15,12 +15,12 @@ from typing import Any, Callable, Mapping, Optional
 import numpy as np
 import torch.distributed as dist
 
-from ..core import BatchPair, DevicePrefetcher
-from ..core.batching import authors_rows, split_draw
-from .cfg import cfg_value
-from .phase_state import state_path
-from .plan import GradInitPlan
-from .training import collate, slice_sample, training_batch_indices, training_dataset
+from ...core import BatchPair, DevicePrefetcher
+from ...core.batching import authors_rows, split_draw
+from ..data.cfg import cfg_value
+from .state import state_path
+from ..settings.plan import GradInitPlan
+from ..data.training import collate, slice_sample, training_batch_indices, training_dataset
 
 #: The file of a run's scales in ``--save-dir`` (never overwritten).
 GRADINIT_JSON = "gradinit.json"
@@ -64,7 +64,7 @@ class GradInitRun:
 
     @property
     def state_path(self) -> str:
-        """``--save-dir``'s phase state (:mod:`.phase_state`)."""
+        """``--save-dir``'s phase state (:mod:`.state`)."""
         return state_path(self.plan.save_dir)
 
 

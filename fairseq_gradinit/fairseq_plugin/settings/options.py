@@ -13,10 +13,10 @@ from typing import Any, Optional
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from ..core.config import option
-from ..core.options import Default, OptionSpec, options_of
-from ..core.recipes import recipe
-from ..core.sdpa_guard import GUARD_MODES
+from ...core.config import option
+from ...core.options import Default, OptionSpec, options_of
+from ...core.recipes import recipe
+from ...core.sdpa_guard import GUARD_MODES
 
 #: The authors' IWSLT setting of the per-group bounds: biases may reach 0, LayerNorm weights capped at 100.
 AUTHORS_SCALE_BOUNDS = recipe("authors-iwslt14").values["scale_bounds"]
@@ -170,6 +170,6 @@ def plugin_result_options() -> tuple:
 
 def option_table() -> str:
     """Every ``--gradinit-*`` option of the plugin as a Markdown table (docs/options.md's, generated)."""
-    from ..core.options import markdown_table
+    from ...core.options import markdown_table
 
     return markdown_table(ENGINE_OPTIONS + PLUGIN_OPTIONS)

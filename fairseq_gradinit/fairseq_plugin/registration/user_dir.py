@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 def user_dir() -> str:
     """Absolute path of the installed ``fairseq_gradinit`` package."""
-    return str(Path(__file__).resolve().parents[1])
+    return str(Path(__file__).resolve().parents[2])
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:

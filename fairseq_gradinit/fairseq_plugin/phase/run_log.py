@@ -20,8 +20,8 @@ from typing import Callable, Optional
 
 import torch
 
-from ..core.progress import format_duration
-from .cfg import cfg_value
+from ...core.progress import format_duration
+from ..data.cfg import cfg_value
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import socket
 import time
 from typing import Dict, Iterator, Optional
 
-from .errors import GradInitError
+from ..errors import GradInitError
 
 logger = logging.getLogger(__name__)
 

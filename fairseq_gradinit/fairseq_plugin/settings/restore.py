@@ -2,7 +2,7 @@
 import os
 from typing import Optional
 
-from .cfg import cfg_value
+from ..data.cfg import cfg_value
 
 
 def restore_source(cfg) -> Optional[str]:

@@ -6,30 +6,30 @@ copies fp32 master weights, so training starts from exactly the GradInit weights
 entry points build the model with ``from_checkpoint=True`` (and never build the training
 criterion with a fresh model), so they never run it; nor does a run that resumes from a
 checkpoint. The task resolves the run's settings once (:class:`~.plan.GradInitPlan`), builds the
-run (:class:`~.run.GradInitRun`) and hands it to the phase (:mod:`.phase`), which never sees the task.
+run (:class:`~.run.GradInitRun`) and hands it to the phase (:mod:`..phase.compute`), which never sees the task.
 The checks are :mod:`.validation`'s; a refusal ends fairseq-train in one line at the task's entry
 points (:func:`~.errors.one_line_exit`).
 """
 import logging
 import os
 
-from ..core import DevicePrefetcher
-from .cfg import cfg_value
+from ...core import DevicePrefetcher
+from ..data.cfg import cfg_value
 from .compat import takes_keyword
-from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
-from .errors import GradInitError, one_line_exit
-from .lock import hold_save_dir
-from .monitor import monitor_from_cfg
-from .option_values import gradinit_enabled
-from .loss import mean_loss_fn
-from .phase import run_locked
-from .plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
-from .provenance import fingerprint, model_arguments
-from .run import GRADINIT_JSON, GradInitRun, batch_factory, gradinit_pairs, rank_world
-from .sdpa import guard_from_cfg
-from .run_log import progress_from_cfg, summarize_at_exit
-from .tied import install_multipliers, install_multipliers_on_load
-from .validation import require, valid_split_error
+from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
+from ..errors import GradInitError, one_line_exit
+from ..phase.lock import hold_save_dir
+from ..features.monitor import monitor_from_cfg
+from ..settings.option_values import gradinit_enabled
+from ..data.loss import mean_loss_fn
+from ..phase.compute import run_locked
+from ..settings.plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
+from ..phase.provenance import fingerprint, model_arguments
+from ..phase.run import GRADINIT_JSON, GradInitRun, batch_factory, gradinit_pairs, rank_world
+from ..features.sdpa import guard_from_cfg
+from ..phase.run_log import progress_from_cfg, summarize_at_exit
+from ..features.tied import install_multipliers, install_multipliers_on_load
+from ..settings.validation import require, valid_split_error
 
 logger = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class GradInitTaskMixin:
         """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
         with batches from this task's training data and the loss of ``criterion``, holding the save
         dir's lock (:mod:`.lock`) until the process ends: a second run into the folder stops. Builds
-        the run (:meth:`gradinit_run`), hands it to the phase (:func:`~.phase.run_locked`) and keeps
+        the run (:meth:`gradinit_run`), hands it to the phase (:func:`~..phase.compute.run_locked`) and keeps
         its result in ``gradinit_result``: the :class:`~fairseq_gradinit.core.GradInitResult` (None
         when saved scales were applied)."""
         with one_line_exit():  # a GradInitError ends fairseq-train in one line

@@ -13,7 +13,7 @@ import json
 import os
 from typing import Mapping, Optional
 
-from ..core.scales import scales_error
+from ...core.scales import scales_error
 
 
 def compute_only_options() -> tuple:
@@ -63,8 +63,8 @@ def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:
     keeps the source's fingerprint (its scales still fit that run's weights) and no fingerprint of
     its own, since no GradInit run computed these scales: a later ``--gradinit-iters`` run into the
     folder must not take them for its result."""
-    from ..core.options import parse_scale_bounds
-    from ..core.scales import clamp_scales
+    from ...core.options import parse_scale_bounds
+    from ...core.scales import clamp_scales
 
     bounds = parse_scale_bounds(clamp, flag="--gradinit-init-clamp")
     out = clamp_scales(model, saved["scales"], bounds)

@@ -6,8 +6,8 @@ from typing import Optional
 
 import torch
 
-from ..core.sdpa_guard import SdpaGuardDecision, guard_cudnn_sdpa
-from .cfg import cfg_value
+from ...core.sdpa_guard import SdpaGuardDecision, guard_cudnn_sdpa
+from ..data.cfg import cfg_value
 
 OPT_OUT = "--gradinit-cudnn-sdpa-guard off"
 

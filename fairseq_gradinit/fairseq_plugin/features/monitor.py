@@ -33,11 +33,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from ..core.norm_stats import norm_input_stats
-from ..core.sdpa_guard import HALF_PRECISIONS, SdpaEnvironment, assess
-from ..version import __version__
-from .cfg import cfg_value
-from .analysis.groups import transformer_place
+from ...core.norm_stats import norm_input_stats
+from ...core.sdpa_guard import HALF_PRECISIONS, SdpaEnvironment, assess
+from ...version import __version__
+from ..data.cfg import cfg_value
+from .groups import transformer_place
 from .monitor_stats import recording_attention, recording_branches
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ import types
 
 import torch
 
-from ..checkpoints import load_trusted_checkpoint
+from ...checkpoints import load_trusted_checkpoint
 
 logger = logging.getLogger(__name__)
 

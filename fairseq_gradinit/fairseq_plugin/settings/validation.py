@@ -31,18 +31,18 @@ from typing import Callable, List, Mapping, Optional, Tuple
 
 import torch
 
-from ..argtypes import parse_betas
-from ..core.options import parse_scale_bounds
-from ..core.uses import unstepped_uses_error
-from .cfg import cfg_value
-from .dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
-from .errors import GradInitError
-from .files import unwritable_folder_reason
+from ...argtypes import parse_betas
+from ...core.options import parse_scale_bounds
+from ...core.uses import unstepped_uses_error
+from ..data.cfg import cfg_value
+from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
+from ..errors import GradInitError
+from ..data.files import unwritable_folder_reason
 from .init_file import compute_only_defaults, read_init_file
-from .monitor import monitor_interval, monitor_option_error
+from ..features.monitor import monitor_interval, monitor_option_error
 from .option_values import gradinit_config_from_task, gradinit_enabled
 from .options import GradInitOptions
-from .tied import multiplier_names, uncovered_ties
+from ..features.tied import multiplier_names, uncovered_ties
 
 #: The points of a run where checks run, in order.
 WHEN = ("arguments", "settings", "training setup", "legacy task", "model", "per-use scales", "resume", "phase")

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from fairseq import utils
 
-from ..core.batching import slice_batch
+from ...core.batching import slice_batch
 
 logger = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import os
 import tempfile
 from typing import List, Optional
 
-from ..paths import unwritable_folder_reason  # noqa: F401  (the one path check, shared with the commands)
+from ...paths import unwritable_folder_reason  # noqa: F401  (the one path check, shared with the commands)
 
 
 

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from ..core import GradInitConfig
+from ...core import GradInitConfig
 from .option_values import (
     derived_options, gradinit_batch_tokens, gradinit_config_from_task, gradinit_enabled, training_optimizer,
 )

@@ -21,11 +21,11 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from ..version import __version__
-from .cfg import cfg_value
-from ..core.options import result_options
-from .options import plugin_result_options
-from .plan import GradInitPlan, build_plan
+from ...version import __version__
+from ..data.cfg import cfg_value
+from ...core.options import result_options
+from ..settings.options import plugin_result_options
+from ..settings.plan import GradInitPlan, build_plan
 
 #: Fingerprint keys that must agree for a saved result to be reused as if computed now.
 COMPARED_KEYS = ("model", "criterion", "seed", "data", "world_size", "gradinit")
@@ -71,7 +71,7 @@ def fingerprint_from_args(argv: Sequence[str]) -> Dict[str, Any]:
     model and loads no data (it reads the data directory's files to hash them). A bad argument
     exits like ``fairseq-train`` does (``SystemExit(2)``).
     """
-    from .training import training_config
+    from ..data.training import training_config
 
     return gradinit_fingerprint(training_config(argv, defaults=True))
 
@@ -172,7 +172,7 @@ def _added_later_at_default(path: str, value: Any) -> bool:
     computed with that default."""
     import dataclasses
 
-    from ..core import GradInitConfig
+    from ...core import GradInitConfig
 
     prefix = "gradinit.resolved."
     if not path.startswith(prefix):

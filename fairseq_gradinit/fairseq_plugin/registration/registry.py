@@ -16,8 +16,8 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import TASK_CLASS_NAMES, TASK_DATACLASS_REGISTRY, TASK_REGISTRY
 
 from .hook import GradInitTaskMixin
-from .options import GradInitOptions
-from .validation import check_when_parsed, parse_check
+from ..settings.options import GradInitOptions
+from ..settings.validation import check_when_parsed, parse_check
 
 logger = logging.getLogger(__name__)
 
