@@ -35,6 +35,20 @@ def test_no_function_of_the_phase_takes_or_touches_a_task():
         assert list(inspect.signature(getattr(phase, name)).parameters) == ["run", "model"]
 
 
+def test_no_module_of_the_phase_room_takes_or_names_a_task():
+    """The whole room (the phase, its run, state, lock, fingerprint, signals and run log), not only the
+    phase's own module: a task enters the run only through the batch factory the task binds."""
+    from pathlib import Path
+
+    found = []
+    for path in sorted(Path(phase.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        found += [f"{path.name}:{f.name}" for f in ast.walk(tree) if isinstance(f, ast.FunctionDef)
+                  for a in f.args.args + f.args.kwonlyargs if a.arg == "task"]
+        found += [f"{path.name}:{n.lineno}" for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "task"]
+    assert len(list(Path(phase.__file__).parent.glob("*.py"))) >= 7 and not found, found
+
+
 def _model_and_criterion(data):
     cfg = convert_namespace_to_omegaconf(parse([str(data), "--task", "translation", *TINY]))
     np.random.seed(3)

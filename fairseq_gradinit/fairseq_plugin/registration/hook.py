@@ -25,7 +25,8 @@ from ..data.loss import mean_loss_fn
 from ..phase.compute import run_locked
 from ..settings.plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
 from ..phase.provenance import fingerprint, model_arguments
-from ..phase.run import GRADINIT_JSON, GradInitRun, batch_factory, gradinit_pairs, rank_world
+from ..phase.run import GRADINIT_JSON, GradInitRun, rank_world
+from .batches import batch_factory, gradinit_pairs
 from ..features.sdpa import guard_from_cfg
 from ..phase.run_log import progress_from_cfg, summarize_at_exit
 from ..features.tied import install_multipliers, install_multipliers_on_load
@@ -198,7 +199,7 @@ class GradInitTaskMixin:
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
                        world: int = 1, skip: int = 0) -> DevicePrefetcher:
-        """:func:`~.run.gradinit_pairs` of this task under the plan its criterion resolved: endless
+        """:func:`~.batches.gradinit_pairs` of this task under the plan its criterion resolved: endless
         (S, S~) pairs on ``device``."""
         if self.gradinit_plan is None:
             raise ValueError("GradInit's batches follow the run's plan, resolved when the task builds its criterion: "
