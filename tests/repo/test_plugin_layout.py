@@ -99,3 +99,18 @@ def test_importing_the_plugin_registers_its_models_architectures_and_optimizer()
     assert ARCH_MODEL_REGISTRY["transformer_lm_postln"] is MODEL_REGISTRY["transformer_lm"]
     assert OPTIMIZER_REGISTRY["radam"].__name__ == "FairseqRAdam"
     assert "translation_gradinit" in TASK_REGISTRY
+
+
+def test_the_install_page_names_the_rooms_in_their_order_and_the_test_areas():
+    import re
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    page = (repo / "docs" / "install.md").read_text(encoding="utf-8")
+    section = " ".join(page.split("## Where the code lives", 1)[1].split())
+    rooms = section.split("rooms that import only the rooms below them:", 1)[1].split("- `fairseq_gradinit/vision/`")[0]
+    named = [tuple(re.findall(r"`(\w+)`", level.split("(")[0])) for level in rooms.split(" > ")]
+    assert named == ORDER
+    areas = section.split("`tests/`: by area,", 1)[1]
+    folders = {p.name for p in (repo / "tests").iterdir() if p.is_dir() and p.name not in ("data", "__pycache__")}
+    assert set(re.findall(r"`(\w+)`", areas)) == folders
