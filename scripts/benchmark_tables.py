@@ -223,7 +223,7 @@ def main(argv=None) -> int:
         for name, fn in BLOCKS.items():
             print(f"## {name}\n{fn()}\n")
         return 0
-    from fairseq_gradinit.tools.generated import update_generated
+    from generated import update_generated  # scripts/generated.py, beside this script
 
     return update_generated(REPO, FILES, render, write=args.write, tool="benchmark_tables")
 

@@ -59,7 +59,7 @@ def main(argv=None) -> int:
         for name, table in generated.items():
             print(f"## {name}\n\n{table}")
         return 0
-    from fairseq_gradinit.tools.generated import update_generated
+    from generated import update_generated  # scripts/generated.py, beside this script
 
     return update_generated(REPO, FILES, lambda text: render(text, generated), write=args.write,
                             tool="options_table")
