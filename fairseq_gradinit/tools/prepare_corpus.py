@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="threads of SentencePiece training; the learned model depends on this number "
                         "(another thread count can give another vocabulary), so it is fixed rather than taken "
                         "from the machine: the same corpus and options give the same data-bin everywhere; "
-                        "2 reproduces the data-bins of the documented evidence (docs/gradinit-report.md)")
+                        "2 reproduces the data-bins the documented runs used")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the prepared data (or a partial build) in OUT; the old data stays until the "
                         "new build has succeeded")
