@@ -207,3 +207,21 @@ def test_applying_an_init_file_measures_its_health_and_leaves_the_random_state(t
     health = json.loads((out / "gradinit.json").read_text())["health"]
     assert health["batch"]["sentences"] > 0 and health["norms"]
     assert all(n["gain_after"] > 0 for n in health["norms"])
+
+
+def test_the_task_resolves_its_plan_once_when_it_builds_the_model(tiny_data, monkeypatch):
+    """The model's build resolves the plan (before the guard and the model checks read it); the monitor
+    is made from it and the criterion reuses the same object: one build per run, none at the task's setup."""
+    from fairseq_gradinit.fairseq_plugin.registration import hook
+
+    built = []
+    monkeypatch.setattr(hook, "build_plan", lambda cfg: built.append(build_plan(cfg)) or built[-1])
+    cfg = convert_namespace_to_omegaconf(parse([str(tiny_data), "--task", "translation", *TINY,
+                                                "--gradinit-monitor-interval", "3", "--save-dir", "elsewhere"]))
+    task = tasks.setup_task(cfg.task)
+    assert built == []
+    task.build_model(cfg.model)
+    assert len(built) == 1 and task.gradinit_plan is built[0] and task.gradinit_plan.monitor_interval == 3
+    assert task.gradinit_monitor.interval == 3 and task.gradinit_monitor.path == "elsewhere/monitor.jsonl"
+    task.build_criterion(cfg.criterion)
+    assert len(built) == 1 and task.gradinit_plan is built[0]
