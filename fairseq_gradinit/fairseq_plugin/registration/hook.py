@@ -168,12 +168,14 @@ class GradInitTaskMixin:
             # parsed; this also covers configs built otherwise (fairseq-hydra-train, Python). Checked
             # before Admin's profiling and GradInit, so that stopping here costs nothing.
             plan = self.gradinit_plan
+            # Which checkpoint fairseq will restore: the save dir as the run starts (fairseq's own refusals
+            # of --finetune-from-model combinations raise here, before the save dir is locked).
+            source = restore_source(plan)
             if plan.error is not None:
                 raise GradInitError(plan.error)
             if plan.enabled:  # one run per --save-dir, from here until the process ends (.lock)
                 rank, world = rank_world()
                 hold_save_dir(plan.save_dir, rank=rank, world=world)
-            source = restore_source(plan)  # decided here: the save dir as the run starts
             if source is not None:
                 require("resume", model, source, self)
             if source is None:
