@@ -55,15 +55,6 @@ GAP_JUMP = 0.4
 BUG_LENGTH_MODULUS, BUG_LENGTH_RESIDUE = 128, 64
 
 
-def monitor_option_error(cfg) -> Optional[str]:
-    """'argument --gradinit-monitor-interval: ...' for a value that is not an integer >= 0, else None."""
-    value = getattr(cfg, "gradinit_monitor_interval", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return (f"argument --gradinit-monitor-interval: invalid value {value!r}: expected an integer >= 0 "
-                "(0 = monitor off)")
-    return None
-
-
 def monitor_from_plan(plan) -> Optional["TrainingMonitor"]:
     """The monitor a run's plan asks for, or None when ``--gradinit-monitor-interval`` is 0."""
     interval = plan.monitor_interval

@@ -42,7 +42,6 @@ from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary
 from ..errors import GradInitError
 from ..data.files import unwritable_folder_reason
 from .init_file import compute_only_defaults, read_init_file
-from ..features.monitor import monitor_option_error
 from .option_values import gradinit_config_from_task, gradinit_enabled
 from .options import GradInitOptions
 from ..features.tied import multiplier_names, uncovered_ties
@@ -138,6 +137,15 @@ def _as_argument_error(message: str, eta_from_lr: bool) -> str:
         flag, _, rest = message.partition(" ")
         return f"argument {flag}: {rest}"
     return message
+
+
+def monitor_option_error(cfg) -> Optional[str]:
+    """'argument --gradinit-monitor-interval: ...' for a value that is not an integer >= 0, else None."""
+    value = getattr(cfg, "gradinit_monitor_interval", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return (f"argument --gradinit-monitor-interval: invalid value {value!r}: expected an integer >= 0 "
+                "(0 = monitor off)")
+    return None
 
 
 @register_check("settings", "options")
