@@ -2,7 +2,6 @@
 and its wiring into fairseq-train (gradinit.json, monitor.jsonl)."""
 import json
 import logging
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -112,18 +111,22 @@ def test_the_kernel_test_runs_on_this_gpu():
 def test_fp16_fairseq_config_on_an_affected_gpu_is_guarded(monkeypatch, caplog):
     pytest.importorskip("fairseq")
     from fairseq_gradinit.fairseq_plugin.features import sdpa
+    from fairseq_gradinit.fairseq_plugin.settings.options import GradInitOptions
+    from fairseq_gradinit.fairseq_plugin.settings.plan import GradInitPlan, build_plan
 
-    monkeypatch.setattr(sdpa, "training_device", lambda cfg: torch.device("cuda", 0))
+    def plan(**settings):  # fairseq's globals unset: interpolations no config resolves
+        return build_plan(GradInitOptions(**settings))
+
+    monkeypatch.setattr(GradInitPlan, "device", lambda self: torch.device("cuda", 0))
     monkeypatch.setattr(SdpaEnvironment, "detect", classmethod(lambda cls, device=None: env()))
     caplog.set_level(logging.INFO)
-    cfg = SimpleNamespace(gradinit_cudnn_sdpa_guard="auto", gradinit_fp16=True, gradinit_cpu=False)
-    decision = sdpa.guard_from_cfg(cfg)
+    decision = sdpa.guard_from_plan(plan(gradinit_cudnn_sdpa_guard="auto", gradinit_fp16=True, gradinit_cpu=False))
     assert decision.action == "disabled" and decision.precision == "fp16"
     assert "--gradinit-cudnn-sdpa-guard off" in guard_lines(caplog)[0].getMessage()
-    assert sdpa.training_precision(SimpleNamespace(gradinit_bf16=True)) == "bf16"
-    assert sdpa.training_precision(SimpleNamespace(gradinit_amp=True)) == "amp"
-    assert sdpa.training_precision(SimpleNamespace(gradinit_iters=5, gradinit_precision="bf16")) == "bf16"
-    assert sdpa.training_precision(SimpleNamespace(gradinit_fp16="${common.fp16}")) == "fp32"
+    assert sdpa.training_precision(plan(gradinit_bf16=True)) == "bf16"
+    assert sdpa.training_precision(plan(gradinit_amp=True)) == "amp"
+    assert sdpa.training_precision(plan(gradinit_iters=5, gradinit_precision="bf16")) == "bf16"
+    assert sdpa.training_precision(plan(gradinit_fp16="${common.fp16}")) == "fp32"  # not resolvable: not set
 
 
 def test_fairseq_train_records_the_guard_in_gradinit_json_and_monitor_jsonl(tmp_path, caplog):

@@ -22,8 +22,9 @@ from fairseq_gradinit.core.norm_stats import norm_input_stats  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.features import monitor  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.registration.hook import GradInitTaskMixin  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.features.monitor import (  # noqa: E402
-    MONITOR_JSONL, group_of, monitor_option_error, training_weights,
+    MONITOR_JSONL, group_of, training_weights,
 )
+from fairseq_gradinit.fairseq_plugin.settings.validation import monitor_option_error  # noqa: E402
 
 VOCAB, DIM = 11, 8
 

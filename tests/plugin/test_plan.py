@@ -17,6 +17,7 @@ from fairseq_gradinit.core.batching import split_draw, tilde_rows  # noqa: E402
 from fairseq_gradinit.core.config import LOSS_CHANGE_BOUNDS, default_gamma  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.settings.options import GLOBAL_SETTINGS, GradInitOptions, PluginOptions  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.settings.plan import GradInitPlan, build_plan, namespace_error  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.restore import restore_source  # noqa: E402
 from fairseq_helpers import make_tiny_bin  # noqa: E402
 from fairseq_train import TINY_ONE_LAYER as TINY, parse  # noqa: E402
 
@@ -87,7 +88,7 @@ def test_the_phase_runs_from_a_plan_made_by_hand(tiny_data, tmp_path):
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
     assert task.gradinit_result is None  # GradInit off in the config: nothing ran yet
-    assert isinstance(task.gradinit_plan, GradInitPlan) and not task.gradinit_plan.enabled  # built with the criterion
+    assert isinstance(task.gradinit_plan, GradInitPlan) and not task.gradinit_plan.enabled  # built with the model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     plan = build_plan(GradInitOptions(
         gradinit_iters=2, gradinit_train_lr=[5e-4], gradinit_train_max_tokens=300, gradinit_seed=3,
@@ -170,14 +171,14 @@ def test_one_loss_function_type():
     assert report.LossFn is runtime.LossFn and api.LossFn is runtime.LossFn
 
 
-def test_the_plan_holds_the_restore_decision(tmp_path):
-    """Decided where the run starts (the criterion's plan), not when a command line is parsed elsewhere."""
+def test_the_restore_decision_is_the_save_dir_s_when_the_run_starts(tmp_path):
+    """Not a setting: the same plan decides from the save dir as it is when asked (the criterion's)."""
     settings = dict(gradinit_iters=2, gradinit_train_lr=[5e-4], gradinit_train_max_tokens=100,
                     gradinit_save_dir=str(tmp_path), gradinit_restore_file="checkpoint_last.pt")
-    assert build_plan(GradInitOptions(**settings), restore=True).restore is None
+    plan = build_plan(GradInitOptions(**settings))
+    assert restore_source(plan) is None
     (tmp_path / "checkpoint_last.pt").write_bytes(b"x")
-    assert build_plan(GradInitOptions(**settings), restore=True).restore == str(tmp_path / "checkpoint_last.pt")
-    assert build_plan(GradInitOptions(**settings)).restore is None
+    assert restore_source(plan) == str(tmp_path / "checkpoint_last.pt")
 
 
 def test_applying_an_init_file_measures_its_health_and_leaves_the_random_state(tiny_data, tmp_path):
@@ -206,3 +207,21 @@ def test_applying_an_init_file_measures_its_health_and_leaves_the_random_state(t
     health = json.loads((out / "gradinit.json").read_text())["health"]
     assert health["batch"]["sentences"] > 0 and health["norms"]
     assert all(n["gain_after"] > 0 for n in health["norms"])
+
+
+def test_the_task_resolves_its_plan_once_when_it_builds_the_model(tiny_data, monkeypatch):
+    """The model's build resolves the plan (before the guard and the model checks read it); the monitor
+    is made from it and the criterion reuses the same object: one build per run, none at the task's setup."""
+    from fairseq_gradinit.fairseq_plugin.registration import hook
+
+    built = []
+    monkeypatch.setattr(hook, "build_plan", lambda cfg: built.append(build_plan(cfg)) or built[-1])
+    cfg = convert_namespace_to_omegaconf(parse([str(tiny_data), "--task", "translation", *TINY,
+                                                "--gradinit-monitor-interval", "3", "--save-dir", "elsewhere"]))
+    task = tasks.setup_task(cfg.task)
+    assert built == []
+    task.build_model(cfg.model)
+    assert len(built) == 1 and task.gradinit_plan is built[0] and task.gradinit_plan.monitor_interval == 3
+    assert task.gradinit_monitor.interval == 3 and task.gradinit_monitor.path == "elsewhere/monitor.jsonl"
+    task.build_criterion(cfg.criterion)
+    assert len(built) == 1 and task.gradinit_plan is built[0]

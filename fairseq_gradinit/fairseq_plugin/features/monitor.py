@@ -36,7 +36,6 @@ from torch.nn.modules.batchnorm import _NormBase
 from ...core.norm_stats import norm_input_stats
 from ...core.sdpa_guard import HALF_PRECISIONS, SdpaEnvironment, assess
 from ...version import __version__
-from ..data.cfg import cfg_value
 from .groups import transformer_place
 from .monitor_stats import recording_attention, recording_branches
 
@@ -56,29 +55,13 @@ GAP_JUMP = 0.4
 BUG_LENGTH_MODULUS, BUG_LENGTH_RESIDUE = 128, 64
 
 
-def monitor_interval(cfg) -> int:
-    """``--gradinit-monitor-interval`` of a task config (0 when absent)."""
-    value = cfg_value(cfg, "gradinit_monitor_interval", 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
-def monitor_option_error(cfg) -> Optional[str]:
-    """'argument --gradinit-monitor-interval: ...' for a value that is not an integer >= 0, else None."""
-    value = getattr(cfg, "gradinit_monitor_interval", 0)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        return (f"argument --gradinit-monitor-interval: invalid value {value!r}: expected an integer >= 0 "
-                "(0 = monitor off)")
-    return None
-
-
-def monitor_from_cfg(cfg) -> Optional["TrainingMonitor"]:
-    """The monitor a task config asks for, or None when ``--gradinit-monitor-interval`` is 0."""
-    interval = monitor_interval(cfg)
+def monitor_from_plan(plan) -> Optional["TrainingMonitor"]:
+    """The monitor a run's plan asks for, or None when ``--gradinit-monitor-interval`` is 0."""
+    interval = plan.monitor_interval
     if interval <= 0:
         return None
-    save_dir = cfg_value(cfg, "gradinit_save_dir", "checkpoints")
-    seed = cfg_value(cfg, "gradinit_seed", 1)
-    return TrainingMonitor(interval=interval, path=os.path.join(str(save_dir), MONITOR_JSONL),
+    seed = plan.setting("gradinit_seed", 1)
+    return TrainingMonitor(interval=interval, path=os.path.join(str(plan.save_dir), MONITOR_JSONL),
                            seed=int(seed) if isinstance(seed, int) else 1)
 
 

@@ -11,6 +11,9 @@ Two entry points give the same dict:
 
 - :func:`gradinit_fingerprint` from the full fairseq config ``fairseq-train`` builds;
 - :func:`fingerprint_from_args` from a ``fairseq-train`` argument list, without building a model.
+
+The fingerprint records fairseq's own model, task and criterion config, so this module reads
+fairseq's settings as they come (:func:`~..data.cfg.cfg_value`); GradInit's own come from the plan.
 """
 from __future__ import annotations
 

@@ -21,7 +21,6 @@ from typing import Callable, Optional
 import torch
 
 from ...core.progress import format_duration
-from ..data.cfg import cfg_value
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +76,10 @@ class TrainingProgress:
         return text
 
 
-def progress_from_cfg(cfg, enabled: bool) -> Optional[TrainingProgress]:
+def progress_from_plan(plan) -> Optional[TrainingProgress]:
     """The run's :class:`TrainingProgress`, or None when GradInit is off or the interval is 0."""
-    seconds = cfg_value(cfg, "gradinit_progress_seconds", 0) or 0
-    return TrainingProgress(float(seconds)) if enabled and seconds > 0 else None
+    seconds = plan.setting("gradinit_progress_seconds", 0) or 0
+    return TrainingProgress(float(seconds)) if plan.enabled and seconds > 0 else None
 
 
 def summary_line(result_path: str, save_dir: str) -> Optional[str]:

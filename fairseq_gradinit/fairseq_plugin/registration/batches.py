@@ -8,7 +8,6 @@ import numpy as np
 
 from ...core import BatchPair, DevicePrefetcher
 from ...core.batching import authors_rows, split_draw
-from ..data.cfg import cfg_value
 from ..data.training import collate, slice_sample, training_batch_indices, training_dataset
 from ..settings.plan import GradInitPlan
 
@@ -31,7 +30,7 @@ def gradinit_pairs(task, model, max_tokens: int, overlap: float, device, rank: i
     it when done) and, on CUDA, copied from pinned memory without waiting for the GPU. The first
     ``skip`` pairs are passed over without collating them (a resumed phase).
     """
-    dataset = training_dataset(task, plan.train_subset or cfg_value(task.gradinit_cfg, "train_subset"))
+    dataset = training_dataset(task, plan.train_subset)
     seed = plan.seed
     authors = plan.config is not None and plan.config.pairs == "authors"
     pad = task.target_dictionary.pad() if authors and task.target_dictionary is not None else 1

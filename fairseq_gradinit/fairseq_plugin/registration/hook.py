@@ -5,8 +5,11 @@ GradInit runs in ``build_criterion``: ``fairseq-train`` calls ``task.build_model
 copies fp32 master weights, so training starts from exactly the GradInit weights. Inference
 entry points build the model with ``from_checkpoint=True`` (and never build the training
 criterion with a fresh model), so they never run it; nor does a run that resumes from a
-checkpoint. The task resolves the run's settings once (:class:`~.plan.GradInitPlan`), builds the
-run (:class:`~.run.GradInitRun`) and hands it to the phase (:mod:`..phase.compute`), which never sees the task.
+checkpoint. The task resolves the run's settings once, when it first needs them (building the
+model), into its plan (:class:`~.plan.GradInitPlan`, :attr:`GradInitTaskMixin.gradinit_plan`):
+the cuDNN attention guard, the model checks, the per-use scales, the monitor, the run log, the batches
+and the phase read it, none reads the config. The task builds the run (:class:`~.run.GradInitRun`) and
+hands it to the phase (:mod:`..phase.compute`), which never sees the task.
 The checks are :mod:`.validation`'s; a refusal ends fairseq-train in one line at the task's entry
 points (:func:`~.errors.one_line_exit`).
 """
@@ -14,22 +17,21 @@ import logging
 import os
 
 from ...core import DevicePrefetcher
-from ..data.cfg import cfg_value
 from .compat import takes_keyword
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
 from ..errors import GradInitError, one_line_exit
 from ..phase.lock import hold_save_dir
-from ..features.monitor import monitor_from_cfg
-from ..settings.option_values import gradinit_enabled
+from ..features.monitor import monitor_from_plan
 from ..data.loss import mean_loss_fn
 from ..phase.compute import run_locked
 from ..settings.plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
 from ..phase.provenance import fingerprint, model_arguments
 from ..phase.run import GRADINIT_JSON, GradInitRun, rank_world
 from .batches import batch_factory, gradinit_pairs
-from ..features.sdpa import guard_from_cfg
-from ..phase.run_log import progress_from_cfg, summarize_at_exit
+from ..features.sdpa import guard_from_plan
+from ..phase.run_log import progress_from_plan, summarize_at_exit
 from ..features.tied import install_multipliers, install_multipliers_on_load
+from ..settings.restore import restore_source
 from ..settings.validation import require, valid_split_error
 
 logger = logging.getLogger(__name__)
@@ -60,11 +62,33 @@ class GradInitTaskMixin:
         self._gradinit_model_args = None
         self._gradinit_criterion_cfg = None
         self.gradinit_result = None
-        self.gradinit_plan = None  # the run's GradInitPlan, resolved when the criterion is built
-        self.gradinit_monitor = monitor_from_cfg(self.gradinit_cfg)  # --gradinit-monitor-interval; None: off
+        self._gradinit_plan = None
+        self._gradinit_features = None  # (monitor, progress), made from the plan when first needed
         self.gradinit_sdpa_guard = None  # the cuDNN attention guard's decision, made when the model is built
-        # --gradinit-progress-seconds; None: off
-        self.gradinit_progress = progress_from_cfg(self.gradinit_cfg, gradinit_enabled(self.gradinit_cfg))
+
+    @property
+    def gradinit_plan(self) -> GradInitPlan:
+        """The run's settings, resolved once from the task config (:func:`~.plan.build_plan`) when first
+        needed: when the model is built, before anything reads a setting."""
+        if self._gradinit_plan is None:
+            self._gradinit_plan = build_plan(self.gradinit_cfg)
+        return self._gradinit_plan
+
+    @property
+    def gradinit_monitor(self):
+        """The training monitor (``--gradinit-monitor-interval``), None when off."""
+        return self._gradinit_side_features()[0]
+
+    @property
+    def gradinit_progress(self):
+        """The progress lines (``--gradinit-progress-seconds``), None when off or GradInit is off."""
+        return self._gradinit_side_features()[1]
+
+    def _gradinit_side_features(self):
+        if self._gradinit_features is None:
+            plan = self.gradinit_plan
+            self._gradinit_features = (monitor_from_plan(plan), progress_from_plan(plan))
+        return self._gradinit_features
 
     def train_step(self, sample, model, criterion, optimizer, update_num, *args, **kwargs):
         if self.gradinit_monitor is not None:
@@ -93,7 +117,7 @@ class GradInitTaskMixin:
         with one_line_exit():  # a GradInitError ends fairseq-train in one line
             state_dict = dict(state_dict or {})
             error = dictionary_mismatch(state_dict.pop(DICTIONARIES_KEY, None), dictionary_digests(self),
-                                        data=str(cfg_value(self.gradinit_cfg, "data", "the data-bin")))
+                                        data=str(getattr(self.gradinit_cfg, "data", None) or "the data-bin"))
             if error is not None:
                 raise GradInitError(error)
             super().load_state_dict(state_dict)
@@ -106,25 +130,26 @@ class GradInitTaskMixin:
             if takes_keyword(super().build_model, "from_checkpoint"):
                 kwargs["from_checkpoint"] = from_checkpoint
             from_checkpoint = bool(from_checkpoint)
-            if not from_checkpoint and gradinit_enabled(self.gradinit_cfg):
+            plan = self.gradinit_plan
+            if not from_checkpoint and plan.enabled:
                 # The model's arguments as given: building fills in derived ones (e.g. the shared
                 # output embedding), and the fingerprint must equal the one of the command line.
                 self._gradinit_model_args = model_arguments(cfg)
             if not from_checkpoint and self.gradinit_sdpa_guard is None:
                 # Before anything runs the model (Admin's profiling, GradInit, training).
-                decision = guard_from_cfg(self.gradinit_cfg)
+                decision = guard_from_plan(plan)
                 self.gradinit_sdpa_guard = None if decision is None else decision.to_dict()
                 if self.gradinit_monitor is not None:
                     self.gradinit_monitor.sdpa_guard = self.gradinit_sdpa_guard
             model = super().build_model(cfg, **kwargs)
             install_multipliers_on_load(model)
             if not from_checkpoint:  # checked once the model exists, before any work
-                require("model", model, self.gradinit_cfg)
-            if str(cfg_value(self.gradinit_cfg, "gradinit_tied_embeddings", "shared")) == "per-use":
+                require("model", model, plan)
+            if plan.tied_embeddings == "per-use":
                 # Also when loading a checkpoint: its state holds the multipliers.
                 installed = install_multipliers(model)
                 if not from_checkpoint:
-                    require("per-use scales", model, self.gradinit_cfg)
+                    require("per-use scales", model, plan)
                     logger.info("gradinit: per-use scales of tied embeddings: multipliers %s",
                                 ", ".join(installed) or "none (the model ties no embedding matrix)")
             # Remember a freshly built training model; GradInit runs once the criterion exists.
@@ -139,16 +164,18 @@ class GradInitTaskMixin:
             if model is None or from_checkpoint:
                 return criterion
             self._gradinit_criterion_cfg = cfg
-            # The run's settings, resolved once. The command line was checked when parsed; this also
-            # covers configs built otherwise (fairseq-hydra-train, Python). Checked before Admin's
-            # profiling and GradInit, so that stopping here costs nothing.
-            plan = self.gradinit_plan = build_plan(self.gradinit_cfg, restore=True)
+            # The run's settings, resolved when the model was built. The command line was checked when
+            # parsed; this also covers configs built otherwise (fairseq-hydra-train, Python). Checked
+            # before Admin's profiling and GradInit, so that stopping here costs nothing.
+            plan = self.gradinit_plan
+            # Which checkpoint fairseq will restore: the save dir as the run starts (fairseq's own refusals
+            # of --finetune-from-model combinations raise here, before the save dir is locked).
+            source = restore_source(plan)
             if plan.error is not None:
                 raise GradInitError(plan.error)
             if plan.enabled:  # one run per --save-dir, from here until the process ends (.lock)
                 rank, world = rank_world()
                 hold_save_dir(plan.save_dir, rank=rank, world=world)
-            source = plan.restore
             if source is not None:
                 require("resume", model, source, self)
             if source is None:
@@ -199,9 +226,6 @@ class GradInitTaskMixin:
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
                        world: int = 1, skip: int = 0) -> DevicePrefetcher:
-        """:func:`~.batches.gradinit_pairs` of this task under the plan its criterion resolved: endless
+        """:func:`~.batches.gradinit_pairs` of this task under its plan (:attr:`gradinit_plan`): endless
         (S, S~) pairs on ``device``."""
-        if self.gradinit_plan is None:
-            raise ValueError("GradInit's batches follow the run's plan, resolved when the task builds its criterion: "
-                             "build the model and the criterion first")
         return gradinit_pairs(self, model, max_tokens, overlap, device, rank, world, skip, plan=self.gradinit_plan)

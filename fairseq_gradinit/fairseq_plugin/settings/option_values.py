@@ -1,6 +1,9 @@
 """The ``--gradinit-*`` options as a core :class:`GradInitConfig`: what the plugin derives from the
 training command (eta from ``--lr``, the optimizer, gamma, tokens per iteration). Their checks are
-:mod:`.validation`'s."""
+:mod:`.validation`'s.
+
+These functions translate fairseq's config (or a parsed namespace) into the plan's values, so they read
+it as it comes (:func:`~..data.cfg.cfg_value`); consumers read the plan."""
 from typing import Optional
 
 from ...core import GradInitConfig

@@ -5,7 +5,10 @@ Every ``--gradinit-*`` option and every global setting the plugin reads (``--lr`
 ``${...}`` interpolations carry the globals, :class:`~.options.PluginOptions`) or from a parsed
 ``fairseq-train`` namespace (whose attributes :data:`~.options.GLOBAL_SETTINGS` names, read off the
 same interpolations). Both go through :func:`build_plan`; the check when the command line is parsed,
-the task's checks before the phase, the fingerprint and the phase all read the plan.
+the task's model checks, the cuDNN attention guard, the monitor, the run log, the batches, the checks
+before the phase, the fingerprint and the phase all read the plan.
+
+This module translates fairseq's config into the plan: it is one of the few that read a config itself.
 """
 from __future__ import annotations
 
@@ -21,7 +24,6 @@ from .option_values import (
     derived_options, gradinit_batch_tokens, gradinit_config_from_task, gradinit_enabled, training_optimizer,
 )
 from .options import GLOBAL_SETTINGS, GradInitOptions
-from .restore import restore_source
 from .validation import check_when_parsed, first_error
 
 #: Every field the plugin reads from a task config: the options and the global settings.
@@ -47,8 +49,6 @@ class GradInitPlan:
     #: The options derived from the training command because they were not given.
     derived: Tuple[str, ...]
     error: Optional[str]
-    #: The checkpoint ``fairseq-train`` will restore (GradInit then does not run), when decided.
-    restore: Optional[str] = None
 
     def __getattr__(self, name: str):
         if name.startswith("gradinit_") and name in SETTING_NAMES:
@@ -90,6 +90,12 @@ class GradInitPlan:
         return int(self.settings["gradinit_checkpoint_interval"] or 0)
 
     @property
+    def monitor_interval(self) -> int:
+        """``--gradinit-monitor-interval`` (0: monitor off; also for a value that is not an integer)."""
+        value = self.settings["gradinit_monitor_interval"]
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    @property
     def train_subset(self) -> Optional[str]:
         return self.settings["gradinit_train_subset"]
 
@@ -124,22 +130,19 @@ def plugin_settings(source) -> Mapping[str, Any]:
     return types.MappingProxyType(out)
 
 
-def build_plan(source, *, restore: bool = False) -> GradInitPlan:
+def build_plan(source) -> GradInitPlan:
     """The plan of the run a task config or a parsed namespace describes (never raises for bad
-    settings: ``plan.error`` says what is wrong). ``restore``: also decide which checkpoint
-    ``fairseq-train`` will restore (on the machine that runs it; fairseq's own refusals of
-    ``--finetune-from-model`` combinations raise ``ValueError`` here)."""
+    settings: ``plan.error`` says what is wrong). Which checkpoint ``fairseq-train`` will restore is
+    not a setting but a fact of the save dir when the run starts: :func:`~.restore.restore_source`
+    of the plan."""
     view = types.SimpleNamespace(**plugin_settings(source))
     try:
         config, config_error = gradinit_config_from_task(view), None
     except ValueError as e:
         config, config_error = None, str(e)
     error = first_error("settings", view)
-    plan = GradInitPlan(settings=types.MappingProxyType(vars(view)), config=config, config_error=config_error,
+    return GradInitPlan(settings=types.MappingProxyType(vars(view)), config=config, config_error=config_error,
                         max_tokens=gradinit_batch_tokens(view), derived=tuple(derived_options(view)), error=error)
-    if restore:
-        plan = dataclasses.replace(plan, restore=restore_source(plan))
-    return plan
 
 
 def namespace_error(ns) -> Optional[str]:

@@ -1,4 +1,7 @@
-"""Which checkpoint ``fairseq-train`` will restore: GradInit runs only for a fresh model."""
+"""Which checkpoint ``fairseq-train`` will restore: GradInit runs only for a fresh model.
+
+A mirror of fairseq's own checkpoint logic: it reads fairseq's checkpoint settings the way fairseq
+does (:func:`~..data.cfg.cfg_value`), from the run's plan or from a raw config alike."""
 import os
 from typing import Optional
 

@@ -9,7 +9,7 @@ A check is a named function that returns what it refuses (a message that says wh
   the plan's settings; :func:`~.plan.build_plan` records the first refusal as ``plan.error``);
 - ``training setup``: settings fairseq trips over only after the GradInit phase, refused when parsed;
 - ``legacy task``: a parsed namespace of a task that declares its options with ``add_args``;
-- ``model``: the freshly built model and the task config, before any work;
+- ``model``: the freshly built model and the run's plan, before any work;
 - ``per-use scales``: the same, once the per-use multipliers of tied embeddings are installed;
 - ``resume``: the model, the checkpoint about to be restored and the task;
 - ``phase``: the run (:class:`~.run.GradInitRun`) and the model, when the phase starts, on the machine
@@ -18,6 +18,9 @@ A check is a named function that returns what it refuses (a message that says wh
 At parse time the parser refuses the first message the way it refuses its own arguments
 (:func:`check_when_parsed`: ``error: ...``, exit status 2); at run time :func:`require` raises it as
 :class:`~.errors.GradInitError`, which the task's entry points end in one line (:mod:`.errors`).
+
+The parse-time and settings checks read a parsed namespace or a view of the settings as they come
+(:func:`~..data.cfg.cfg_value`); the checks from ``model`` on read the run's plan.
 """
 from __future__ import annotations
 
@@ -39,7 +42,6 @@ from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary
 from ..errors import GradInitError
 from ..data.files import unwritable_folder_reason
 from .init_file import compute_only_defaults, read_init_file
-from ..features.monitor import monitor_interval, monitor_option_error
 from .option_values import gradinit_config_from_task, gradinit_enabled
 from .options import GradInitOptions
 from ..features.tied import multiplier_names, uncovered_ties
@@ -135,6 +137,15 @@ def _as_argument_error(message: str, eta_from_lr: bool) -> str:
         flag, _, rest = message.partition(" ")
         return f"argument {flag}: {rest}"
     return message
+
+
+def monitor_option_error(cfg) -> Optional[str]:
+    """'argument --gradinit-monitor-interval: ...' for a value that is not an integer >= 0, else None."""
+    value = getattr(cfg, "gradinit_monitor_interval", 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return (f"argument --gradinit-monitor-interval: invalid value {value!r}: expected an integer >= 0 "
+                "(0 = monitor off)")
+    return None
 
 
 @register_check("settings", "options")
@@ -397,18 +408,18 @@ register_check("phase", "validation split")(valid_split_check)  # after the prec
 
 # -- model, resume, legacy task ------------------------------------------------------------------
 @register_check("model", "unstepped uses")
-def unstepped_uses_check(model, cfg) -> Optional[str]:
+def unstepped_uses_check(model, plan) -> Optional[str]:
     """``--gradinit-unstepped-uses`` checked against the model's uses once the model exists, before any
-    work (when GradInit computes)."""
-    if int(cfg_value(cfg, "gradinit_iters", 0) or 0) <= 0:
+    work (when GradInit computes), as the run's ``plan`` says."""
+    if int(plan.setting("gradinit_iters", 0) or 0) <= 0:
         return None
-    return unstepped_uses_error(model, cfg_value(cfg, "gradinit_unstepped_uses"), label="--gradinit-unstepped-uses ")
+    return unstepped_uses_error(model, plan.setting("gradinit_unstepped_uses"), label="--gradinit-unstepped-uses ")
 
 
 @register_check("per-use scales", "tied embeddings")
-def tied_embeddings_check(model, cfg) -> Optional[str]:
+def tied_embeddings_check(model, plan) -> Optional[str]:
     """``--gradinit-tied-embeddings per-use`` on a model whose tie gets no per-use scales."""
-    if str(cfg_value(cfg, "gradinit_tied_embeddings", "shared")) != "per-use" or not gradinit_enabled(cfg):
+    if plan.tied_embeddings != "per-use" or not plan.enabled:
         return None
     uncovered = uncovered_ties(model)
     if not uncovered:
@@ -458,7 +469,9 @@ def resume_error(model, source: str, task=None) -> Optional[str]:
 
 @register_check("legacy task", "dataclass config")
 def legacy_task_error(ns) -> Optional[str]:
-    if hasattr(ns, "gradinit_iters") and (gradinit_enabled(ns) or monitor_interval(ns) > 0):
+    interval = cfg_value(ns, "gradinit_monitor_interval", 0)
+    monitored = isinstance(interval, int) and not isinstance(interval, bool) and interval > 0
+    if hasattr(ns, "gradinit_iters") and (gradinit_enabled(ns) or monitored):
         return (f"argument --task: task {getattr(ns, 'task', '?')!r} declares its options with "
                 "add_args (no dataclass config), which --gradinit-iters/--gradinit-init-file/"
                 "--gradinit-monitor-interval does not "
