@@ -1,4 +1,4 @@
-"""Small models and batches the engine tests share."""
+"""Small models, batches and a finite-difference gradient the engine tests share."""
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,3 +23,13 @@ def lm_loss(model, tokens):
 def token_batches(n, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 20, (8, 12), generator=g) for _ in range(n)]
+
+
+def central_differences(f, base, h=1e-6):
+    """The gradient of the scalar function ``f`` at the vector ``base`` by central differences."""
+    fd = torch.zeros_like(base)
+    for i in range(base.numel()):
+        e = torch.zeros_like(base)
+        e[i] = h
+        fd[i] = (f(base + e) - f(base - e)) / (2 * h)
+    return fd

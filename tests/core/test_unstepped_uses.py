@@ -6,6 +6,7 @@ from torch import nn
 
 from fairseq_gradinit.core import GradInit, GradInitConfig, gradinit, gradinit_mode
 from fairseq_gradinit.core.runtime import gradients
+from tiny_models import central_differences
 
 V, D = 13, 6
 
@@ -72,12 +73,7 @@ def test_objective_scale_gradient_with_an_unstepped_tied_use_matches_finite_diff
         W = [w.clone() for w in sc.W]
         f = lambda a: reference_objective(model, sc.names, W, a, direction, eta, s_tilde).item()  # noqa: E731
         assert loss.item() / eta == pytest.approx(f(base), rel=1e-10)
-        h = 1e-6
-        fd = torch.zeros_like(base)
-        for i in range(base.numel()):
-            e = torch.zeros_like(base)
-            e[i] = h
-            fd[i] = (f(base + e) - f(base - e)) / (2 * h)
+        fd = central_differences(f, base)
     torch.testing.assert_close(analytic, fd, rtol=1e-6, atol=1e-8)
     # and it differs from the step that moves every use
     engine_all = GradInit(model, lm_loss, GradInitConfig(optimizer=optimizer, eta=eta, gamma=1e9, iters=1))

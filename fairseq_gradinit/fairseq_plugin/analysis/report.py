@@ -27,13 +27,13 @@ from ...core import apply_scales
 from ...core.health import scale_health, snapshot_weights, swapped_weights
 from ...core.modes import gradinit_mode
 from ...core.report import ReportConfig, init_report, unique_trainable
+from ..data.loss import mean_loss_fn
+from ..data.training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 from ..features.groups import transformer_place
 from ..features.health_report import batch_size, log_health
 from ..features.tied import apply_multiplier_scales
 from ..registration.hook import GradInitTaskMixin
 from ..settings.init_file import saved_gamma
-from ..data.loss import mean_loss_fn
-from ..data.training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 
 logger = logging.getLogger(__name__)
 

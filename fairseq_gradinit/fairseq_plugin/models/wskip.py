@@ -54,8 +54,8 @@ from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, Trans
 
 from ...core.admin import AdminProfile, closed_form_omega
 from ..data.files import atomic_write_json
-from ..settings.validation import check_every_parse
 from ..data.training import training_dataset, training_iterator
+from ..settings.validation import check_every_parse
 
 logger = logging.getLogger(__name__)
 

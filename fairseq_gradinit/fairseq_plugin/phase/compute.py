@@ -22,20 +22,30 @@ import torch.distributed as dist
 from ...core import apply_scales, gradinit, summarize_scales
 from ...core.health import snapshot_weights
 from ..data.files import atomic_write_json, remove_stale_temp_files, write_result
+from ..errors import GradInitError
 from ..features.groups import transformer_group
 from ..features.health_report import measure_health
-from ..settings.init_file import clamp_target_error, clamped_init_file, saved_gamma, source_fingerprint, unscaled_tensors
-from ..errors import GradInitError
-from ..settings.init_file import read_init_file
-from .state import load_phase_state, save_phase_state
+from ..features.tied import (
+    apply_multiplier_scales,
+    effective_use_scales,
+    is_multiplier,
+    multiplier_names,
+    multipliers_as_parameters,
+)
+from ..settings.init_file import (
+    clamp_target_error,
+    clamped_init_file,
+    read_init_file,
+    saved_gamma,
+    source_fingerprint,
+    unscaled_tensors,
+)
 from ..settings.plan import GradInitPlan
+from ..settings.validation import first_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint_diff
 from .run import GRADINIT_JSON, GradInitRun, rank_world
 from .signals import sigterm_raises_interrupt
-from ..settings.validation import first_error
-from ..features.tied import (
-    apply_multiplier_scales, effective_use_scales, is_multiplier, multiplier_names, multipliers_as_parameters,
-)
+from .state import load_phase_state, save_phase_state
 
 logger = logging.getLogger("fairseq_gradinit.fairseq_plugin.registration.hook")  # one logger for the task's GradInit lines
 

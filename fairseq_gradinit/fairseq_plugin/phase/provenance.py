@@ -24,9 +24,9 @@ import os
 import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
+from ...core.options import result_options
 from ...version import __version__
 from ..data.cfg import cfg_value
-from ...core.options import result_options
 from ..settings.options import plugin_result_options
 from ..settings.plan import GradInitPlan, build_plan
 

@@ -17,22 +17,22 @@ import logging
 import os
 
 from ...core import DevicePrefetcher
-from .compat import takes_keyword
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
-from ..errors import GradInitError, one_line_exit
-from ..phase.lock import hold_save_dir
-from ..features.monitor import monitor_from_plan
 from ..data.loss import mean_loss_fn
+from ..errors import GradInitError, one_line_exit
+from ..features.monitor import monitor_from_plan
+from ..features.sdpa import guard_from_plan
+from ..features.tied import install_multipliers, install_multipliers_on_load
 from ..phase.compute import run_locked
-from ..settings.plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
+from ..phase.lock import hold_save_dir
 from ..phase.provenance import fingerprint, model_arguments
 from ..phase.run import GRADINIT_JSON, GradInitRun, rank_world
-from .batches import batch_factory, gradinit_pairs
-from ..features.sdpa import guard_from_plan
 from ..phase.run_log import progress_from_plan, summarize_at_exit
-from ..features.tied import install_multipliers, install_multipliers_on_load
+from ..settings.plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
 from ..settings.restore import restore_source
 from ..settings.validation import require, valid_split_error
+from .batches import batch_factory, gradinit_pairs
+from .compat import takes_keyword
 
 logger = logging.getLogger(__name__)
 
@@ -91,12 +91,11 @@ class GradInitTaskMixin:
         return self._gradinit_features
 
     def train_step(self, sample, model, criterion, optimizer, update_num, *args, **kwargs):
+        ignore_grad = bool(kwargs.get("ignore_grad", args[0] if args else False))
         if self.gradinit_monitor is not None:
-            ignore_grad = bool(kwargs.get("ignore_grad", args[0] if args else False))
             self.gradinit_monitor.on_train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
         result = super().train_step(sample, model, criterion, optimizer, update_num, *args, **kwargs)
         if self.gradinit_progress is not None:
-            ignore_grad = bool(kwargs.get("ignore_grad", args[0] if args else False))
             self.gradinit_progress.on_train_step(update_num, result, ignore_grad)
         return result
 
@@ -178,7 +177,7 @@ class GradInitTaskMixin:
                 hold_save_dir(plan.save_dir, rank=rank, world=world)
             if source is not None:
                 require("resume", model, source, self)
-            if source is None:
+            else:
                 # A model's own preparation before GradInit (transformer_wskip: Admin's profiling).
                 prepare = getattr(model, "before_first_update", None)
                 if callable(prepare):

@@ -15,9 +15,9 @@ import fairseq.tasks as fairseq_tasks
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import TASK_CLASS_NAMES, TASK_DATACLASS_REGISTRY, TASK_REGISTRY
 
-from .hook import GradInitTaskMixin
 from ..settings.options import GradInitOptions
 from ..settings.validation import check_when_parsed, parse_check
+from .hook import GradInitTaskMixin
 
 logger = logging.getLogger(__name__)
 

@@ -13,17 +13,17 @@ from dataclasses import dataclass
 from fairseq.tasks import TASK_REGISTRY, register_task
 from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-from .hook import GradInitTaskMixin
 from ..data.loss import mean_loss_fn
 from ..errors import GradInitError, GradInitStop
+from ..phase.run import GRADINIT_JSON
+from ..phase.run_log import LOG_LEVEL_ENV, quiet_fairseq_printouts
 from ..settings.option_values import gradinit_config_from_task, parse_scale_bounds, read_init_file
 from ..settings.options import GradInitOptions
 from ..settings.plan import GradInitPlan, build_plan, namespace_error
-from .registry import serve_all_tasks
 from ..settings.restore import restore_source, will_restore_checkpoint
-from ..phase.run import GRADINIT_JSON
-from ..phase.run_log import LOG_LEVEL_ENV, quiet_fairseq_printouts
 from ..settings.validation import gradinit_option_error, unsupported_setup_error
+from .hook import GradInitTaskMixin
+from .registry import serve_all_tasks
 
 logger = logging.getLogger(__name__)
 

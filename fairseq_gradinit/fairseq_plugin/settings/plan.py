@@ -21,7 +21,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ...core import GradInitConfig
 from .option_values import (
-    derived_options, gradinit_batch_tokens, gradinit_config_from_task, gradinit_enabled, training_optimizer,
+    derived_options,
+    gradinit_batch_tokens,
+    gradinit_config_from_task,
+    gradinit_enabled,
+    training_optimizer,
 )
 from .options import GLOBAL_SETTINGS, GradInitOptions
 from .validation import check_when_parsed, first_error

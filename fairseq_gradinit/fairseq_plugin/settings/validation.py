@@ -39,12 +39,12 @@ from ...core.options import parse_scale_bounds
 from ...core.uses import unstepped_uses_error
 from ..data.cfg import cfg_value
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
-from ..errors import GradInitError
 from ..data.files import unwritable_folder_reason
+from ..errors import GradInitError
+from ..features.tied import multiplier_names, uncovered_ties
 from .init_file import compute_only_defaults, read_init_file
 from .option_values import gradinit_config_from_task, gradinit_enabled
 from .options import GradInitOptions
-from ..features.tied import multiplier_names, uncovered_ties
 
 #: The points of a run where checks run, in order.
 WHEN = ("arguments", "settings", "training setup", "legacy task", "model", "per-use scales", "resume", "phase")
