@@ -1,9 +1,10 @@
 """The repository is self-contained: its corpus is what data/README.md says, and the README's quick start runs
-from a fresh clone with no folder beside it (at a tiny size)."""
+from a fresh clone with no folder beside it, all three steps (at a tiny size)."""
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shlex
@@ -91,6 +92,11 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
     assert (save / "gradinit.json").is_file() and (save / "checkpoint_last.pt").is_file()
     assert re.search(r"gradinit iter 2/2 \| .* \| \d+s elapsed, ETA 0s", log)
     assert "gradinit: 2 iterations (" in log
+
+    # step 3 as written: BLEU of the trained checkpoint against the raw test file, as JSON
+    run([sys.executable, *evaluate[1:]], 600)
+    bleu = json.loads((clone / evaluate[evaluate.index("--output-json") + 1]).read_text(encoding="utf-8"))
+    assert isinstance(bleu["bleu"], float) and bleu["signature"].startswith("nrefs:1")
 
     # the known third-party deprecation noise is hidden, fairseq's own lines are not (fairseq-train imports
     # torch.jit before it loads the plugin: that one warning stays)
