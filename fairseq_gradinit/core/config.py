@@ -295,6 +295,16 @@ class GradInitConfig:
         "tensor's upper bound; groups whose lower bound is 0, e.g. the authors' biases, are left alone): a "
         "tensor scaled far below eta is overwritten by the first updates of training, as without warmup; "
         "None: no such bound"))
+    lookahead_steps: int = option(1, experimental=True, since="0.5.0", help=(
+        "Adam only: how many training steps the objective simulates: 1, the paper's L(S~; theta - eta*sign(g)); "
+        "K > 1, K steps of Adam (bias-corrected, eps 1e-8, lookahead_betas) from the init at learning rate eta, "
+        "the first from g (sign g up to eps/|g|), each later one from the gradient on S where the earlier ones "
+        "led, all held constant, and the loss on S~ after the K-th: scales whose first steps keep lowering the loss, "
+        "not only the first; each step beyond the first costs one more forward/backward pass on S per objective "
+        "iteration"))
+    lookahead_betas: Tuple[float, float] = option((0.9, 0.98), experimental=True, since="0.5.0", help=(
+        "with lookahead_steps > 1: the Adam betas of the simulated training steps (those of the training, "
+        "e.g. '(0.9, 0.98)')"))
     dropout: bool = option(False, experimental=True, since="0.4.0", help=(
         "run GradInit's passes in train mode, dropout on, so that the scales are chosen for the loss training "
         "will see (the paper and the authors' code use eval mode, no dropout; normalization layers use batch "
@@ -366,6 +376,21 @@ class GradInitConfig:
             if self.optimizer != "adam":
                 invalid(self, "max_step_ratio", "None with optimizer='sgd' (the bound is defined for Adam's sign "
                                                 "step, whose size does not depend on the gradient)")
+        if isinstance(self.lookahead_steps, bool) or not isinstance(self.lookahead_steps, int) or \
+                self.lookahead_steps < 1:
+            invalid(self, "lookahead_steps", "an integer >= 1 (1: the paper's one simulated step)")
+        try:
+            b1, b2 = (float(b) for b in self.lookahead_betas)
+        except (TypeError, ValueError):
+            b1 = b2 = math.nan
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            invalid(self, "lookahead_betas", "a pair of floats in [0, 1), e.g. (0.9, 0.98)")
+        self.lookahead_betas = (b1, b2)
+        if self.lookahead_steps > 1:
+            if self.optimizer != "adam":
+                invalid(self, "lookahead_steps", "1 with optimizer='sgd' (the simulated steps are Adam's)")
+            if self.unstepped_uses is not None:
+                invalid(self, "lookahead_steps", "1 with unstepped_uses (the simulated steps move every use)")
         if self.unstepped_uses is not None:
             if not isinstance(self.unstepped_uses, str) or not self.unstepped_uses:
                 invalid(self, "unstepped_uses", "None or a non-empty regular expression on parameter names")

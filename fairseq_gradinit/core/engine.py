@@ -234,6 +234,34 @@ class GradInit:
         del loss
         return ((self.scaled.alpha_grad(h, torch.float64, consume=True) - base) / eps).to(self.alpha.dtype)
 
+    def _lookahead_direction(self, s, grads: List[torch.Tensor]) -> List[torch.Tensor]:
+        """The sum u_1 + ... + u_K of K simulated Adam updates from alpha W (``lookahead_steps``),
+        Adam's bias-corrected m_t / (sqrt(v_t) + 1e-8): u_1 from g (sign g up to eps / |g|), each later
+        u_t from the gradient on S at alpha W - eta (u_1 + ... + u_{t-1}), averaged over ranks as g.
+        The u_t are constants of the objective, as A[g] is: its derivative in alpha_i stays
+        <dL/dtheta_i, W_i>."""
+        b1, b2 = self.cfg.lookahead_betas
+        m = [torch.zeros_like(g) for g in grads]
+        v = [torch.zeros_like(g) for g in grads]
+        total = [torch.zeros_like(g) for g in grads]
+        g = grads
+        for t in range(1, self.cfg.lookahead_steps + 1):
+            if t > 1:
+                self.scaled.write(self.alpha, direction=total, eta=self.cfg.eta)
+                loss = check_loss(self.loss_fn(self.model, s))
+                g = self.scaled.gather(gradients(loss, self.scaled.params))
+                del loss
+                self.dist.mean_([g.flat] if isinstance(g, FlatViews) else g)
+                g = self.scaled.without_fixed(g)
+            torch._foreach_mul_(m, b1)
+            torch._foreach_add_(m, g, alpha=1.0 - b1)
+            torch._foreach_mul_(v, b2)
+            torch._foreach_addcmul_(v, g, g, value=1.0 - b2)
+            denom = torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, 1.0 - b2 ** t)), 1e-8)
+            torch._foreach_add_(total, torch._foreach_div(torch._foreach_div(m, 1.0 - b1 ** t), denom))
+            del denom
+        return total
+
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
         """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
         if self.unstepped is None:
@@ -378,7 +406,10 @@ class GradInit:
         else:
             rec.branch = self._last_branch = "objective"
             del g_local, g_all
-            direction = self.step_direction(grads, gnorm)
+            if self.cfg.lookahead_steps > 1:
+                direction = self._lookahead_direction(s, grads)
+            else:
+                direction = self.step_direction(grads, gnorm)
             alpha_grad, loss_t = self._objective_grad(s_tilde, direction)
             del direction, grads
             loss_t = loss_t.reshape(1)

@@ -15,7 +15,7 @@ from typing import List, Mapping, Optional, Sequence, Tuple
 from fairseq_gradinit.paths import FOLDER, TAR_GZ, check_output
 from .archive import SUMMARY_FILES, check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
-from .estimate import THROUGHPUT, CallEstimate, estimate_call, plan_jobs
+from .estimate import GPU_THROUGHPUT, THROUGHPUT, CallEstimate, estimate_call, plan_jobs
 from .merge import earlier_study
 from .plan import REPO_ROOT, ArmPlan, GradInitGroup, StudyConfig, arm_command, check_bleu_step, plan_study
 from .results import export_results, summary_table
@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--file", action="append", default=[], type=_key_value("--file"), metavar="KEY=PATH",
                    help="a file for {KEY} in arm arguments (presets give defaults)")
     p.add_argument("--parallel", type=int, default=None,
-                   help="processes at once: GradInit phases first, then arms (one GPU: the number of arms; CPU: 1; "
-                        "default: the --call's, else 1)")
+                   help="processes at once: GradInit phases first, then arms (one GPU: the number of arms; CPU: one "
+                        "per core; default: the --call's, else the preset's, else 1)")
     p.add_argument("--time-budget", type=float, help="minutes for the GradInit phases and training; each arm gets "
                                                      "--stop-time-hours from what is left, stragglers are killed "
                                                      "(default: the --call's)")
@@ -92,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also pack everything the study exports into this one file (summaries, curves, every "
                         "arm's train.log, bleu.json, bleu.log, monitor.jsonl, gradinit.json, and its GradInit "
                         "groups under gradinit/; no checkpoints), also when the study fails or is interrupted")
-    p.add_argument("--gpu", choices=sorted(THROUGHPUT),
+    p.add_argument("--gpu", choices=GPU_THROUGHPUT,
                    help="the GPU whose measured throughput estimates the durations the plan prints (default: "
                         "the preset's; no estimate on the CPU or for a setting without figures)")
     p.add_argument("--dry-run", action="store_true", help="validate, print the plan (commands, groups) and the "
@@ -185,7 +185,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
     return StudyConfig(
         data=data, out=Path(os.path.abspath(args.out)), arms=tuple(selected), prepare=tuple(prepare),
         base=tuple((preset.base if preset else ())) + tuple(shlex.split(args.base_args)), files=files,
-        parallel=from_call(args.parallel, "parallel", 1),
+        parallel=from_call(args.parallel, "parallel", getattr(preset, "parallel", None) or 1),
         time_budget_s=(time_budget * 60 if time_budget is not None else None),
         finish_margin_s=from_call(args.finish_margin, "finish_margin", 30.0),
         max_update=pick(args.max_update, "max_update", 3000), valid_every=pick(args.valid_every, "valid_every", 100),
@@ -234,8 +234,10 @@ def describe_plan(cfg: StudyConfig, plans: Sequence[ArmPlan], groups: Mapping[st
 def study_estimate(cfg: StudyConfig, plans: Sequence[ArmPlan], groups: Mapping[str, GradInitGroup], *,
                    gpu: Optional[str], limit_s: Optional[float] = None) -> Tuple[Optional[CallEstimate], str]:
     """The estimated durations of a planned study on ``gpu`` (its measured figures), or None and why not."""
-    if cfg.cpu:
+    if cfg.cpu and (gpu is None or not THROUGHPUT[gpu].cpu):
         return None, "no estimate on the CPU (the throughput figures are measured on GPUs)"
+    if gpu is not None and not cfg.cpu and THROUGHPUT[gpu].cpu:
+        gpu = None  # a CPU's figures say nothing of a GPU run
     if gpu is None:
         return None, ("no estimate: no throughput figures for this setting (they are for the d=512 presets; "
                       "--gpu h200|h100 applies them)")
@@ -301,9 +303,10 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
             return 0
         plans, groups = plan_study(cfg)  # each arm parsed by fairseq's parser before --out is created
         handler = _log_to_file(Path(cfg.out))
-        if gpu is not None and not cfg.cpu:
+        if gpu is not None:
             est, _ = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
-            logger.info("study: %s", est.describe())
+            if est is not None:
+                logger.info("study: %s", est.describe())
         with termination_signals_interrupt():
             result = run_study(cfg)
             if args.export:

@@ -1,5 +1,6 @@
-"""How long a study call takes on one GPU, estimated from measured throughput of the d=512 setting
-(pure Python; what ``python -m lab.study --dry-run`` and ``--list-presets`` print).
+"""How long a study call takes on one GPU (the d=512 setting) or on a 2-core CPU (the d=128 testbed),
+estimated from measured throughput (pure Python; what ``python -m lab.study --dry-run`` and
+``--list-presets`` print).
 
 The figures (:data:`THROUGHPUT`) come from the stored evidence: ``transformer_iwslt_de_en`` (d=512),
 4096-token batches, fp16, several processes sharing one GPU. Processes load the GPU unequally: a
@@ -30,6 +31,14 @@ class Throughput:
     overhead_s: float = 15.0                  # the study's own start (parsing every arm) and packing
     fp32_factor: float = 1.0                  # fp32 arm rate / fp16 arm rate
     source: str = ""
+    #: How ``describe`` names the machine (default: the name, upper case: "one H200").
+    label: str = ""
+    #: Figures of a CPU (the runs use ``--cpu``), not of a GPU.
+    cpu: bool = False
+
+    @property
+    def machine(self) -> str:
+        return self.label or self.name.upper()
 
 
 #: One H200: two arms alone 13-15 updates/s each (13 used); five training processes ~8 each; two arms
@@ -54,7 +63,24 @@ H100 = Throughput(
     phase_weight=1.24,
     source="lab/record/evidence/nowarmup-d512-authors-2026-11-26 (one H100)",
 )
-THROUGHPUT: Dict[str, Throughput] = {t.name: t for t in (H200, H100)}
+#: A 2-core CPU, one thread per process (two processes at once), the d=128 testbed (preset ``testbed``):
+#: lab/record/cpu-testbed-d128 measured ~0.6 s per 2048-token update and ~2.4 s per constraint iteration on an
+#: idle core, and a 780-iteration phase of 20 min 43 s beside a training run; validation every 100 updates
+#: in both modes and the monitor's records are folded into the arm rate.
+CPU2 = Throughput(
+    name="cpu2",
+    label="2-core CPU (one thread per process)",
+    arm_rate=((1.0, 1.45), (2.0, 1.45)),
+    phase_s=((1.0, 1243.0), (2.0, 1243.0)),
+    phase_weight=1.0,
+    startup_s=15.0,
+    overhead_s=10.0,
+    source="lab/record/testbed-d128.md (one idle 2-core machine)",
+    cpu=True,
+)
+THROUGHPUT: Dict[str, Throughput] = {t.name: t for t in (H200, H100, CPU2)}
+#: The GPUs whose figures ``--gpu`` may name.
+GPU_THROUGHPUT = tuple(sorted(name for name, t in THROUGHPUT.items() if not t.cpu))
 
 
 def _interp(points: Sequence[Tuple[float, float]], x: float) -> float:
@@ -121,7 +147,7 @@ class CallEstimate:
 
     def describe(self) -> str:
         tp = self.throughput
-        lines = [f"estimate on one {tp.name.upper()} (figures: {tp.source}):"]
+        lines = [f"estimate on one {tp.machine} (figures: {tp.source}):"]
         for j in self.jobs:
             if j.start_s is None:
                 lines.append(f"  {j.kind} {j.name}: does not start within the time budget")
@@ -205,7 +231,7 @@ def estimate_call(jobs: Sequence[EstJob], *, throughput: Throughput, parallel: i
     if time_budget_s is not None:
         upper = tp.overhead_s + time_budget_s + (bleu_budget_s if bleu_budget_s is not None else bleu_s)
     notes = []
-    if any(j.fp32 for j in jobs):
+    if any(j.fp32 for j in jobs) and not tp.cpu:
         notes.append(f"fp32 arms at {tp.fp32_factor:g} x the fp16 rate")
     return CallEstimate(throughput=tp, jobs=jobs, training_s=training_s, bleu_s=bleu_s, total_s=total,
                         upper_bound_s=upper, limit_s=limit_s, notes=notes)

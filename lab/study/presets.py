@@ -7,6 +7,7 @@
 - ``ablate``, ``confirm``: the authors' whole setup, leave-one-out arms, and its confirmation at paper size.
 - ``wskip``: Admin's w_skip Transformer against GradInit with the Admin authors' recipe.
 - ``hold``: what keeps a no-warmup run alive past the collapse (lab/record/no-warmup.md, docs/remedies.md).
+- ``testbed``: the d=128 CPU testbed of the no-warmup failure (lab/record/testbed-d128.md).
 """
 from __future__ import annotations
 
@@ -66,6 +67,8 @@ class Preset:
     docs: str = ""
     #: How long it takes, for presets whose calls have no estimate of their own (``--list-presets``).
     takes: str = ""
+    #: Processes at once when neither ``--parallel`` nor a ``--call`` says (a CPU preset's default).
+    parallel: Optional[int] = None
 
     def call(self, name: str) -> StudyCall:
         for c in self.calls:
@@ -632,6 +635,80 @@ Commands, predictions and estimates: lab/record/no-warmup.md.""",
 )
 
 
+# -- the d=128 CPU testbed of the no-warmup failure ---------------------------------------------
+#: The README's quick-start model at the testbed's calibrated learning rate (1e-3: a 200-update warmup
+#: learns, Xavier without warmup stays on the unigram plateau; lab/record/testbed-d128.md), 2048-token
+#: batches, the monitor and the dropout-on validation loss in every arm.
+TESTBED_BASE = _with(D128_BASE, "--max-tokens", "2048", "--seed", "1") + MONITOR + ("--gradinit-valid-dropout-loss",)
+#: A short screening phase: the plain usage line's settings with 200 iterations at tau 1e-2 (the
+#: 780-iteration phase at the default tau takes ~20 minutes on one core).
+TB_SCREEN = ("--gradinit-iters", "200", "--gradinit-lr", "1e-2")
+TB_WARMUP = ("--warmup-updates", "200")
+#: The objective after four simulated Adam steps instead of one (--gradinit-lookahead-steps).
+LOOKAHEAD_4 = ("--gradinit-lookahead-steps", "4")
+
+
+def _tb(name: str, args: Tuple[str, ...], note: str, drop: Tuple[str, ...] = ()) -> Arm:
+    return Arm(name, args, drop=drop, note=note)
+
+
+TESTBED = Preset(
+    name="testbed",
+    answers=("on the CPU in minutes: which explanation of the no-warmup failure holds at d=128, and whether a "
+             "GradInit configuration trains the Post-LN Transformer without warmup as well as a 200-update warmup"),
+    docs="lab/record/testbed-d128.md",
+    summary="the README's quick-start model (6+6 layers, d=128) at lr 1e-3 without warmup on the CPU: Xavier, "
+            "a 200-update warmup, GradInit (the plain usage line and a short screening phase), the explanations "
+            "and our variants; eval-mode and dropout-on validation loss every 100 updates, 800 updates "
+            "(add --cpu --no-bleu)",
+    base=TESTBED_BASE,
+    arms=(
+        _tb("xavier", (), "Xavier, no warmup (the failure: the unigram plateau)"),
+        _tb("warmup", TB_WARMUP, "Xavier, 200-update linear warmup (the target)"),
+        _tb("gi", GI_PLAIN, "GradInit from the plain usage line (--gradinit-iters 780, defaults), no warmup"),
+        _tb("gi-screen", TB_SCREEN, "GradInit, 200 iterations at tau 1e-2 (the screening phase), no warmup"),
+        _tb("nodrop", NO_DROPOUT, "Xavier without dropout, no warmup"),
+        _tb("nodrop-warmup", NO_DROPOUT + TB_WARMUP, "Xavier without dropout, 200-update warmup"),
+        _tb("xavier-s2", ("--seed", "2"), "Xavier, no warmup, seed 2"),
+        _tb("warmup-s2", TB_WARMUP + ("--seed", "2"), "200-update warmup, seed 2"),
+        _tb("gi-pairs", TB_SCREEN + AUTHORS_PAIRS, "the screening phase with the authors' S and S-tilde"),
+        _tb("gi-unstepped", TB_SCREEN + ("--gradinit-unstepped-uses", UNSTEPPED_OUTPUT),
+            "the screening phase with the tied output projection un-stepped (the authors' simulated step)"),
+        _tb("gi-eta-lr", TB_SCREEN + ("--gradinit-eta", "1e-3"), "the screening phase with eta = lr, not 2 x lr"),
+        _tb("gi-warm50", GI_PLAIN + ("--warmup-updates", "50"), "GradInit (plain usage line), then 50 warmup updates"),
+        _tb("xavier-warm50", ("--warmup-updates", "50"), "Xavier with the same 50 warmup updates"),
+        _tb("admin", WSKIP_ARCH + ADMIN_INIT, "Admin's w_skip Transformer with Admin's initialization, Adam, no "
+                                             "warmup"),
+        _tb("radam", ("--optimizer", "radam"), "Xavier, RAdam (betas 0.9, 0.98), no warmup"),
+        _tb("gi-dropout", TB_SCREEN + ("--gradinit-dropout", "true"), "variant: the screening phase with dropout on"),
+        _tb("gi-ratio", TB_SCREEN + ("--gradinit-max-step-ratio", "0.5"),
+            "variant: the screening phase; no simulated step moves a tensor by more than half its size"),
+        _tb("gi-floors", TB_SCREEN + ("--gradinit-scale-bounds", HIGHER_FLOOR),
+            "variant: the screening phase with floors (weights >= 0.1, LayerNorm weights >= 0.3)"),
+        _tb("gi-K2", TB_SCREEN + GAMMA_INIT_FACTOR, "variant: the screening phase with gamma = 2 x the init's norm"),
+        _tb("gi-look4", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4,
+            "variant: the screening phase, gamma = 2 x the init's norm, the loss after 4 simulated Adam steps"),
+        _tb("gi-look4-g", TB_SCREEN + LOOKAHEAD_4,
+            "variant: the screening phase (gamma of the plain usage line), the loss after 4 simulated Adam steps"),
+    ),
+    max_update=800,
+    valid_every=100,
+    save_every=800,
+    parallel=2,
+    throughput="cpu2",
+    doc="""The README's quick-start model (transformer_iwslt_de_en, 6+6 layers, d=128, FFN 512, 4 heads,
+--share-all-embeddings, dropout 0.3, label smoothing 0.1), Adam (0.9, 0.98), lr 1e-3 constant,
+2048-token batches, seed 1, on the quick-start data-bin (scripts/prepare_corpus.py --vocab-size
+6000). Every arm validates every 100 updates in eval mode and with dropout on
+(--gradinit-valid-dropout-loss) and writes the training monitor's records every 100 updates.
+Two arms at once, one thread each (--parallel 2 is the preset's; the runner sets OMP_NUM_THREADS).
+GradInit phases are cached by their settings in --gradinit-cache (default OUT/gradinit): gi and
+gi-warm50 share one. The explanations and variants use the screening phase (gi-screen) and change
+one thing each. Run it on an otherwise idle machine; --dry-run prints the estimate from the
+measured CPU speeds. Record and verdicts: lab/record/testbed-d128.md.""",
+)
+
+
 def seed_twin(preset: Preset, arm: Arm, seed: int) -> Arm:
     """``arm`` at another seed, named ``NAME-sSEED``. An arm that applies one of the preset's
     ``recompute`` files computes its own scales at that seed with the settings that made the file,
@@ -651,7 +728,8 @@ def seed_twin(preset: Preset, arm: Arm, seed: int) -> Arm:
                note=f"{arm.name} at seed {seed}" + (" (its own GradInit scales)" if extra else ""))
 
 
-PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP, HOLD, SHOCK)}
+PRESETS: Dict[str, Preset] = {p.name: p for p in (EVIDENCE, SCREEN, DEMO, ABLATE, CONFIRM, WSKIP, HOLD, SHOCK,
+                                                   TESTBED)}
 
 
 def get_preset(name: str) -> Preset:

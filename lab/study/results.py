@@ -34,6 +34,8 @@ MONITOR_PANELS = (
     ("max branch/residual norm ratio (fixed batch, eval)", "monitor_max_branch_ratio_eval", True),
 )
 MONITOR_JSONL = "monitor.jsonl"
+#: The column added when an arm validated with dropout on as well (``--gradinit-valid-dropout-loss``).
+DROPOUT_FIELD = "valid_loss_dropout"
 
 
 def arm_curves(log: Path) -> Dict[str, curve_logs.Curve]:
@@ -41,7 +43,7 @@ def arm_curves(log: Path) -> Dict[str, curve_logs.Curve]:
     if not log.is_file():
         return {}
     with open(log, encoding="utf-8", errors="replace") as f:
-        curves = curve_logs.parse_training_log(f)
+        curves = curve_logs.parse_training_log(f, valid_metrics=("loss", "nll_loss", "loss_dropout"))
     monitor = log.parent / MONITOR_JSONL
     if monitor.is_file():
         curves.update(curve_logs.parse_monitor_file(monitor))
@@ -58,6 +60,8 @@ def curve_rows(name: str, curves: Mapping[str, curve_logs.Curve]) -> List[dict]:
     columns = {"valid_loss": "valid_loss", "valid_nll_loss": "valid_nll_loss", "train_loss": "train_loss",
                "train_nll_loss": "train_nll_loss", "loss_scale": "train_loss_scale", "lr": "train_lr",
                "gnorm": "train_gnorm", "wall_s": "train_wall"}
+    if curves.get(DROPOUT_FIELD):
+        columns[DROPOUT_FIELD] = DROPOUT_FIELD
     if has_monitor(curves):
         columns.update({f: f for f in MONITOR_FIELDS})
     updates = sorted({u for c in curves.values() for u in c})
@@ -71,20 +75,28 @@ def write_curves(out: Path, all_curves: Mapping[str, Mapping[str, curve_logs.Cur
     written = {}
     csv_path = out / "curves.csv"
     monitored = any(has_monitor(c) for c in all_curves.values())
+    dropout = {n: c.get(DROPOUT_FIELD, {}) for n, c in all_curves.items()}
+    with_dropout = any(dropout.values())
+    fields = CSV_FIELDS + ((DROPOUT_FIELD,) if with_dropout else ()) + (MONITOR_FIELDS if monitored else ())
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS + (MONITOR_FIELDS if monitored else ()), restval="")
+        w = csv.DictWriter(f, fieldnames=fields, restval="")
         w.writeheader()
         for name, curves in all_curves.items():
             w.writerows(curve_rows(name, curves))
     written["csv"] = str(csv_path)
     valid = {n: c.get("valid_loss", {}) for n, c in all_curves.items()}
     md = out / "curves.md"
-    md.write_text(curve_logs.markdown_table(valid, "loss (eval mode)", "valid"), encoding="utf-8")
+    text = curve_logs.markdown_table(valid, "loss (eval mode)", "valid")
+    if with_dropout:  # the breakdown shows as eval mode rising above dropout on
+        text += "\n" + curve_logs.markdown_table(dropout, "loss (dropout on)", "valid")
+    md.write_text(text, encoding="utf-8")
     written["md"] = str(md)
     png = out / "curves.png"
-    panels = [("valid loss (eval mode)", valid, False),
-              ("train loss (dropout on)", {n: c.get("train_loss", {}) for n, c in all_curves.items()}, False),
-              ("fp16 loss scale", {n: c.get("train_loss_scale", {}) for n, c in all_curves.items()}, True)]
+    panels = [("valid loss (eval mode)", valid, False)]
+    if with_dropout:
+        panels.append(("valid loss (dropout on)", dropout, False))
+    panels += [("train loss (dropout on)", {n: c.get("train_loss", {}) for n, c in all_curves.items()}, False),
+               ("fp16 loss scale", {n: c.get("train_loss_scale", {}) for n, c in all_curves.items()}, True)]
     if monitored:
         panels += [(label, {n: c.get(key, {}) for n, c in all_curves.items()}, logy)
                    for label, key, logy in MONITOR_PANELS]
@@ -121,8 +133,11 @@ def arm_outcome(job: Job, curves: Mapping[str, curve_logs.Curve], log: Path, max
         text = log.read_text(encoding="utf-8", errors="replace") if log.is_file() else ""
         stopped = "stop_time" if _STOP_TIME_MSG in text else ("max_update" if last >= max_update else "done")
     valid = curves.get("valid_loss") or {}
-    return {"last_update": last, "ended_by": stopped,
-            "last_valid_loss": valid[max(valid)] if valid else None}
+    out = {"last_update": last, "ended_by": stopped, "last_valid_loss": valid[max(valid)] if valid else None}
+    dropout = curves.get(DROPOUT_FIELD) or {}
+    if dropout:
+        out["last_valid_loss_dropout"] = dropout[max(dropout)]
+    return out
 
 
 def export_results(out: Path, dest: Path, groups: Sequence[str], cache_dir: Path) -> List[str]:

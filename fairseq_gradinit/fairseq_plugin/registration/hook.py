@@ -23,6 +23,7 @@ from ..errors import GradInitError, one_line_exit
 from ..features.monitor import monitor_from_plan
 from ..features.sdpa import guard_from_plan
 from ..features.tied import install_multipliers, install_multipliers_on_load
+from ..features.valid_dropout import dropout_loss_output, reduce_dropout_loss
 from ..phase.compute import run_locked
 from ..phase.lock import hold_save_dir
 from ..phase.provenance import fingerprint, model_arguments
@@ -104,6 +105,17 @@ class GradInitTaskMixin:
             return super().optimizer_step(optimizer, model, update_num)
         with self.gradinit_monitor.around_optimizer_step(optimizer, model, update_num):
             return super().optimizer_step(optimizer, model, update_num)
+
+    def valid_step(self, sample, model, criterion):
+        loss, sample_size, logging_output = super().valid_step(sample, model, criterion)
+        if self.gradinit_plan.valid_dropout_loss:
+            logging_output = dict(logging_output)
+            logging_output.update(dropout_loss_output(model, criterion, sample, seed=self.gradinit_plan.seed))
+        return loss, sample_size, logging_output
+
+    def reduce_metrics(self, logging_outputs, criterion):
+        super().reduce_metrics(logging_outputs, criterion)
+        reduce_dropout_loss(logging_outputs)
 
     def state_dict(self):
         # Saved in every checkpoint's task_state: what the model's word ids mean (see .dictionaries).

@@ -90,6 +90,11 @@ class PluginOptions(FairseqDataclass):
         "update; on a fixed batch in eval and train mode LayerNorm input std and gain, self-attention entropy "
         "and largest logit, branch/residual norm ratios, and the eval - train loss gap (a warning when it jumps); "
         "with or without GradInit (docs/monitor.md)"))
+    gradinit_valid_dropout_loss: bool = option(False, result=False, help=(
+        "at every validation, also score each batch with dropout on (the model in train mode, no gradient, "
+        "dropout masks from --seed) and log it as loss_dropout beside loss: a run that breaks down in eval mode "
+        "only shows it as loss rising above loss_dropout; with or without GradInit; does not change the training "
+        "(docs/monitor.md)"))
     gradinit_cudnn_sdpa_guard: ChoiceEnum(list(GUARD_MODES)) = option("auto", result=False, choices=GUARD_MODES, help=(
         "the guard against cuDNN attention's NaN query gradients at padded lengths 64 (mod 128) (torch 2.11 and "
         "later with cuDNN before 9.26, compute capability 9.x: Hopper GPUs): auto turns cuDNN attention off before "

@@ -100,6 +100,11 @@ class GradInitPlan:
         return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
     @property
+    def valid_dropout_loss(self) -> bool:
+        """``--gradinit-valid-dropout-loss``: validation also scored with dropout on."""
+        return self.settings["gradinit_valid_dropout_loss"] is True
+
+    @property
     def train_subset(self) -> Optional[str]:
         return self.settings["gradinit_train_subset"]
 
