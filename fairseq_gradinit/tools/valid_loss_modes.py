@@ -12,7 +12,6 @@ the split divided by the summed sample size, in base 2 (as fairseq logs it).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -21,7 +20,9 @@ from typing import Optional
 
 import torch
 from ..argtypes import positive_int
-from ..paths import OutputError, check_output, json_result
+from ..paths import OutputError, check_output, json_result, json_text, write_json
+
+COMMAND = "gradinit-valid-loss-modes"
 
 
 
@@ -84,7 +85,8 @@ def main(argv=None) -> dict:
     if args.output_json:
         try:
             check_output("--output-json", args.output_json,
-                         json_result("a result of gradinit-valid-loss-modes", "loss_eval", "loss_dropout_on"),
+                         json_result("a result of gradinit-valid-loss-modes", "loss_eval", "loss_dropout_on",
+                                     command=COMMAND),
                          inputs={"--path": ckpt, "data": args.data})
         except OutputError as e:
             parser.error(str(e))
@@ -129,9 +131,9 @@ def main(argv=None) -> dict:
         "loss_dropout_on": split_loss(model, criterion, batches, dropout=True, cuda=use_cuda),
     }
     result["gap"] = result["loss_eval"] - result["loss_dropout_on"]
-    text = json.dumps(result, indent=1)
+    text = json_text(result)
     if args.output_json:
-        Path(args.output_json).write_text(text + "\n")
+        write_json(args.output_json, result, command=COMMAND)
     print(text)  # noqa: T201 - script output
     return result
 
