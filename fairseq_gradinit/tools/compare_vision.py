@@ -27,7 +27,7 @@ import torch
 from ..core.progress import format_duration
 from ..locks import FolderBusy, folder_lock
 from ..paths import OutputError, check_output, json_result, png_metadata, png_output, write_json
-from ..quiet import hide_known_noise
+from ..quiet import quiet_command
 from .train_vision.cli import get_args_parser as train_parser
 from .train_vision.cli import main as train_main
 from .train_vision.data import DATASETS
@@ -248,7 +248,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def run() -> int:
-    """The ``gradinit-compare-vision`` command: :func:`main` with known third-party warnings hidden."""
-    hide_known_noise()
-    return main()
+run = quiet_command(main, COMMAND)

@@ -49,6 +49,7 @@ from ..curves import (  # noqa: F401  (re-exported: this module's API)
     plot_png,
 )
 
+from ..quiet import quiet_command
 from ..paths import OutputError, check_output, header_line, json_result, png_output, text_output, write_json
 
 COMMAND = "gradinit-plot-curves"
@@ -172,5 +173,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+run = quiet_command(main, COMMAND)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

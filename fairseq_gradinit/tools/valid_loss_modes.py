@@ -20,6 +20,7 @@ from typing import Optional
 
 import torch
 from ..argtypes import positive_int
+from ..quiet import quiet_command
 from ..paths import OutputError, check_output, json_result, json_text, write_json
 
 COMMAND = "gradinit-valid-loss-modes"
@@ -138,14 +139,13 @@ def main(argv=None) -> dict:
     return result
 
 
-def run() -> int:
-    """The ``gradinit-valid-loss-modes`` command: :func:`main` with known third-party warnings hidden."""
-    from ..quiet import hide_known_noise
-
-    hide_known_noise()
+def _command() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     main()
     return 0
+
+
+run = quiet_command(_command, COMMAND)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ...core.options import add_arguments
-from ...quiet import hide_known_noise
+from ...quiet import quiet_command
 from ...vision import list_models
 from .data import DATASETS, Limited, build_datasets
 from .errors import Interrupted, RunFailure, UsageError
@@ -297,7 +297,4 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def run() -> int:
-    """The ``gradinit-train-vision`` command: :func:`cli` with known third-party warnings hidden."""
-    hide_known_noise()
-    return cli()
+run = quiet_command(cli, COMMAND)
