@@ -14,7 +14,7 @@ from fairseq_gradinit.fairseq_plugin.settings.init_file import read_init_file  #
 
 @pytest.mark.parametrize("field, value, expected", [
     ("fingerprint", ["seed", 3], "its field 'fingerprint' is list"),
-    ("gamma", "large", "its field 'gamma' is str \"large\", not a number"),
+    ("gamma", "large", "its field 'gamma' is str 'large', not a number"),
     ("config", 5, "its field 'config' is int 5, not an object"),
     ("history", [1, 2], "its field 'history' holds entries that are not objects"),
     ("clamped_from", "x.json", "its field 'clamped_from' is str"),

@@ -69,7 +69,7 @@ def field_problem(saved: Mapping) -> Optional[str]:
     for key, typ in FIELD_TYPES.items():
         value = saved.get(key)
         if value is not None and (not isinstance(value, typ) or isinstance(value, bool)):
-            return (f"its field {key!r} is {type(value).__name__} {json.dumps(value)[:40]}, not {names[typ]} (was the "
+            return (f"its field {key!r} is {type(value).__name__} {repr(value)[:40]}, not {names[typ]} (was the "
                     "file edited?); use the gradinit.json a --gradinit-iters run wrote")
     if isinstance(saved.get("history"), list) and not all(isinstance(r, dict) for r in saved["history"]):
         return "its field 'history' holds entries that are not objects (was the file edited?)"
