@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
+from .paths import png_metadata
+
 Curve = Dict[int, float]
 
 _SIMPLE_RE = re.compile(r"valid on '(?P<subset>[^']+)' subset \| (?P<stats>.*)$")
@@ -261,9 +263,10 @@ def markdown_table(curves: Dict[str, Curve], metric: str = "loss", subset: str =
 
 
 def plot_panels(panels: Sequence[Tuple[str, Dict[str, Curve], bool]], path: Path, *,
-                title: Optional[str] = None) -> bool:
+                title: Optional[str] = None, command: Optional[str] = None) -> bool:
     """One figure, one panel per ``(y label, {run: curve}, log-scale y)``, runs in the same colours
-    across panels. Returns False (and says so) when matplotlib is unavailable."""
+    across panels. ``command``: the command whose mark the PNG carries (:func:`~.paths.png_metadata`).
+    Returns False (and says so) when matplotlib is unavailable."""
     try:
         import matplotlib
 
@@ -301,12 +304,12 @@ def plot_panels(panels: Sequence[Tuple[str, Dict[str, Curve], bool]], path: Path
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, metadata=png_metadata(command) if command else None)
     plt.close(fig)
     return True
 
 
 def plot_png(curves: Dict[str, Curve], path: Path, metric: str, subset: str,
-             logy: bool = False) -> bool:
+             logy: bool = False, *, command: Optional[str] = None) -> bool:
     """One metric of several runs (``plot_panels`` with a single panel)."""
-    return plot_panels([(f"{subset} {metric}", curves, logy)], path)
+    return plot_panels([(f"{subset} {metric}", curves, logy)], path, command=command)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from .quiet import quiet_command
+
 #: {old command: what to run instead, from the root of a checkout of the repository}.
 MOVED = {
     "gradinit-study": "python -m lab.study",
@@ -17,11 +19,7 @@ def _moved(command: str) -> int:
     return 2
 
 
-def study() -> int:
-    """``gradinit-study``: now ``python -m lab.study``."""
-    return _moved("gradinit-study")
-
-
-def study_table() -> int:
-    """``gradinit-study-table``: now ``python -m lab.study_table``."""
-    return _moved("gradinit-study-table")
+#: ``gradinit-study``: now ``python -m lab.study``.
+study = quiet_command(lambda: _moved("gradinit-study"), "gradinit-study")
+#: ``gradinit-study-table``: now ``python -m lab.study_table``.
+study_table = quiet_command(lambda: _moved("gradinit-study-table"), "gradinit-study-table")

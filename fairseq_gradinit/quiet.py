@@ -43,12 +43,31 @@ def hide_known_noise() -> bool:
 
 
 def quiet_command(main: Callable[[], Optional[int]], name: str) -> Callable[[], int]:
-    """The console-script function ``name`` of a tool: ``main()`` with :data:`KNOWN_NOISE` hidden."""
+    """The console-script function ``name``: ``main()`` with :data:`KNOWN_NOISE` hidden, and the one
+    top-level handler of every command: Ctrl-C that ``main`` does not handle itself ends it with one line
+    ``NAME: interrupted (Ctrl-C)`` and exit status 130, an ``OSError`` (a file that cannot be read or
+    written, a full disk, a closed pipe) with one line ``NAME: error: ...`` and exit status 1, never a
+    traceback. ``run.command`` is ``name``."""
 
     def run() -> int:
         hide_known_noise()
-        return main() or 0
+        try:
+            return main() or 0
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted (Ctrl-C); what it had not written yet was not written", file=sys.stderr)
+            return 130
+        except OSError as e:
+            print(f"{name}: error: {os_error_text(e)}", file=sys.stderr)
+            return 1
 
     run.__name__ = "run"
     run.__doc__ = f"The ``{name}`` command: ``{main.__name__}()`` with known third-party warnings hidden."
+    run.command = name
     return run
+
+
+def os_error_text(e: OSError) -> str:
+    """``e`` in one line: what failed and on which file ('No space left on device: out/x.json')."""
+    files = [f for f in (e.filename, e.filename2) if f is not None]
+    text = e.strerror or str(e)
+    return f"{text}: {' -> '.join(map(str, files))}" if files else text

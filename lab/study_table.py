@@ -8,13 +8,13 @@ updates, training loss, BLEU with its sacreBLEU signature, and the mean over see
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-from fairseq_gradinit.paths import TEXT, check_output, json_result
-
+from fairseq_gradinit.paths import check_output, header_line, json_result, text_output, write_json
 from .study.tables import build_table, markdown, to_json
+
+COMMAND = "python -m lab.study_table"
 
 
 def _updates(text: str):
@@ -41,10 +41,11 @@ def main(argv=None) -> int:
     inputs = {"study_dir": [args.study_dir / n for n in ("curves.csv", "study.json", "bleu.json")]}
     try:
         if args.md:
-            check_output("--md", args.md, TEXT, inputs=inputs)
-        if args.json:
-            check_output("--json", args.json, json_result("a table of gradinit-study-table", "updates", "train_at"),
+            check_output("--md", args.md, text_output("a table of python -m lab.study_table", COMMAND, markdown=True),
                          inputs=inputs)
+        if args.json:
+            check_output("--json", args.json, json_result("a table of gradinit-study-table", "updates", "train_at",
+                                                          command=COMMAND), inputs=inputs)
         table = build_table(args.study_dir, updates=args.updates, train_at=args.train_at,
                             arms=args.arms.split(",") if args.arms else None)
     except (ValueError, OSError) as e:
@@ -52,11 +53,11 @@ def main(argv=None) -> int:
         return 2
     text = markdown(table)
     if args.md:
-        args.md.write_text(text, encoding="utf-8")
+        args.md.write_text(header_line(COMMAND, markdown=True) + "\n" + text, encoding="utf-8")
     else:
         print(text, end="")
     if args.json:
-        args.json.write_text(json.dumps(to_json(table), indent=1) + "\n", encoding="utf-8")
+        write_json(args.json, to_json(table), command=COMMAND)
     return 0
 
 

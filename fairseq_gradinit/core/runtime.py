@@ -63,6 +63,27 @@ def nothing_done_error(name: str, completed: int, total: Optional[int]) -> Optio
             "and check that it is not an exhausted iterator")
 
 
+def unusable_result_error(engine, name: str) -> Optional[str]:
+    """Why the scales ``engine`` ends with are no result, or None: scales that are not finite numbers, or
+    a run whose last iterations were skipped for a non-finite loss or gradient, since the scales it ends
+    with are those that gave NaN/Inf on those batches. The one rule of every entry point, so that such
+    scales are never written or applied."""
+    if not bool(torch.isfinite(engine.alpha.detach()).all()):
+        return (f"{name}: the learned scales are not all finite numbers; no scale is applied and the model is left "
+                "as it was given. Lower the learning rates, or set max_scale")
+    tail = 0
+    for rec in reversed(engine.history):
+        if rec.branch != "skipped":
+            break
+        tail += 1
+    if tail:
+        return (f"{name}: the last {tail} iteration{'s' if tail > 1 else ''} had a non-finite loss or gradient at the "
+                f"final scales ({engine.history[-1].reason}), so these scales give NaN/Inf on the data; they are not "
+                "applied and the model is left as it was given. Check the data and the loss for NaN/Inf, lower the "
+                "learning rates, or set max_scale")
+    return None
+
+
 def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
                    callback: Optional[Callable[[Any], None]], name: str, log_seconds: float = 0.0,
                    start: int = 0, every: Optional[tuple] = None) -> int:
@@ -120,6 +141,9 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
                 f"{name}: all {n} iteration{'s were' if n > 1 else ' was'} skipped ({engine.history[-1].reason}); "
                 "no scale was learned and the model is left as it was given. Check the data and the loss "
                 "for NaN/Inf (e.g. run one batch through the model), or lower the learning rates.")
+        unusable = unusable_result_error(engine, name)
+        if unusable:
+            raise FloatingPointError(unusable)
     except BaseException:
         # A half-finished run must not leave the model partly scaled: alpha = 1 gives back W exactly.
         with torch.no_grad():

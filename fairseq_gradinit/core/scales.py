@@ -374,7 +374,9 @@ def apply_scales(model: nn.Module, scales: Mapping[str, float], *, strict: bool 
     Names may be any alias of a tied tensor; each tensor is scaled once. With ``strict``, a name
     that is not a parameter of the model raises ``ValueError``. Scales that :func:`scales_error`
     refuses (not finite, negative, 0 on a tensor that is not a bias) raise ``ValueError`` before
-    any tensor changes. Returns the names applied.
+    any tensor changes, and so does any failure: the scaled tensors are computed before any is written
+    (all or nothing; it takes memory for one copy of the scaled weights meanwhile). Returns the names
+    applied.
     """
     error = scales_error({k: _as_number(v) for k, v in scales.items()})
     if error:
@@ -384,15 +386,22 @@ def apply_scales(model: nn.Module, scales: Mapping[str, float], *, strict: bool 
     if missing and strict:
         raise ValueError(f"scales name parameters the model does not have: {missing[:5]}"
                          f"{' ...' if len(missing) > 5 else ''}; was the result computed for this architecture?")
-    done, applied = set(), []
-    for name, value in scales.items():
+    done, staged = set(), []
+    for name, value in scales.items():  # every product first: a failure leaves the model as it was given
         p = by_name.get(name)
         if p is None or id(p) in done:
             continue
-        p.mul_(float(value))
+        if not p.is_floating_point():
+            raise ValueError(f"cannot apply these scales: {name!r} is a {p.dtype} tensor, which a scale cannot "
+                             "multiply in place; scales apply to floating-point weights")
+        if p.is_inference() and not torch.is_inference_mode_enabled():
+            raise ValueError(f"cannot apply these scales: {name!r} is an inference tensor (made under "
+                             "torch.inference_mode()), which cannot be changed in place outside it")
+        staged.append((name, p, p.detach() * float(value)))
         done.add(id(p))
-        applied.append(name)
-    return applied
+    for _, p, scaled in staged:  # then all or nothing: a copy of equal shape and dtype does not fail
+        p.copy_(scaled)
+    return [name for name, _, _ in staged]
 
 
 def summarize_scales(scales: Mapping[str, float], group_of: Callable[[str], str]) -> Dict[str, Dict[str, float]]:

@@ -14,7 +14,6 @@ Flags this command does not know go to both runs (e.g. ``--lr 0.05`` or ``--wd 0
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -26,13 +25,17 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 
 from ..core.progress import format_duration
-from ..quiet import hide_known_noise
+from ..locks import FolderBusy, folder_lock
+from ..paths import OutputError, check_output, json_result, png_metadata, png_output, write_json
+from ..quiet import quiet_command
 from .train_vision.cli import get_args_parser as train_parser
 from .train_vision.cli import main as train_main
 from .train_vision.data import DATASETS
 from .train_vision.errors import Interrupted, RunFailure, UsageError
+from .train_vision.loop import RUN_FILES, run_writer
 
 logger = logging.getLogger("compare_vision")
+COMMAND = "gradinit-compare-vision"
 
 INITS = ("kaiming", "gradinit")
 LABELS = {"kaiming": "Kaiming init", "gradinit": "GradInit"}
@@ -73,7 +76,9 @@ def arm_argv(args, init: str, extra: Sequence[str]) -> List[str]:
             "--width", str(args.width), "--batch-size", str(args.batch_size), "--epochs", "1",
             "--limit-train-batches", str(args.steps), "--limit-test-batches", str(args.test_batches),
             "--log-interval", str(args.log_interval), "--seed", str(args.seed), "--workers", "0",
-            "--init", init, "--output-dir", str(Path(args.output_dir) / init), "--overwrite"]
+            "--init", init, "--output-dir", str(Path(args.output_dir) / init)]
+    if run_writer(Path(args.output_dir) / init) == COMMAND:  # its own earlier run, and only that, is replaced
+        argv.append("--overwrite")
     if args.data_dir:
         argv += ["--data-dir", args.data_dir]
     if init == "gradinit":
@@ -81,11 +86,39 @@ def arm_argv(args, init: str, extra: Sequence[str]) -> List[str]:
     return argv + list(extra)
 
 
+def check_outputs(args) -> None:
+    """Before any training: each run's folder is empty or holds a run of this command (a
+    gradinit-train-vision run or other files there are never replaced), and ``--json``/``--plot`` are new
+    or this command's own files (:mod:`fairseq_gradinit.paths`); :class:`UsageError` otherwise."""
+    for init in INITS:
+        folder = Path(args.output_dir) / init
+        present = [n for n in RUN_FILES if (folder / n).exists()]
+        writer = run_writer(folder)
+        if present and writer != COMMAND:
+            whose = f"a run of {writer}" if writer else f"{', '.join(present)}, which {COMMAND} did not write"
+            raise UsageError(f"--output-dir {args.output_dir}: {folder} holds {whose}; {COMMAND} replaces only its own "
+                             "runs: give --output-dir another path, or move that folder away yourself")
+    json_path, png_path = output_paths(args)
+    inputs = {"--data-dir": args.data_dir}
+    try:
+        check_output("--json", json_path, json_result("a comparison of gradinit-compare-vision", "runs", "title",
+                                                      command=COMMAND), inputs=inputs)
+        check_output("--plot", png_path, png_output(COMMAND), inputs={**inputs, "--json": json_path})
+    except OutputError as e:
+        raise UsageError(str(e)) from None
+
+
+def output_paths(args):
+    """(the comparison's JSON, its PNG plot)."""
+    out = Path(args.output_dir)
+    return (Path(args.json) if args.json else out / "compare.json"), (Path(args.plot) if args.plot else out / "compare.png")
+
+
 def run_arm(targs) -> Dict[str, Any]:
     """Train one run (``gradinit-train-vision``'s parsed arguments); returns its summary (test accuracy,
     times, curves)."""
     start = time.perf_counter()
-    log = train_main(targs)
+    log = train_main(targs, command=COMMAND)
     elapsed = time.perf_counter() - start
     last, info = log["epochs"][-1], log["init"]
     branches = {k: info[f"num_{k}"] for k in ("objective", "constraint", "skipped")} if "iterations" in info else None
@@ -174,15 +207,16 @@ def plot(result: Dict[str, Any], path: Path) -> bool:
     fig.suptitle(f"GradInit vs Kaiming initialization\n{result['title']}", fontsize=14)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, metadata=png_metadata(COMMAND))
     plt.close(fig)
     return True
 
 
 def compare(args, extra: Sequence[str]) -> Dict[str, Any]:
     """Both runs, one after the other; the comparison's record."""
+    check_outputs(args)
     parser = train_parser()
-    parser.prog = "gradinit-compare-vision"
+    parser.prog = COMMAND
     arms = {init: parser.parse_args(arm_argv(args, init, extra)) for init in INITS}  # both checked first
     start = time.perf_counter()
     runs = {init: run_arm(targs) for init, targs in arms.items()}
@@ -199,24 +233,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     try:
-        result = compare(args, extra)
-    except (UsageError, RunFailure) as e:
+        with folder_lock(args.output_dir, flag="--output-dir", command=COMMAND):
+            result = compare(args, extra)
+            json_path, png_path = output_paths(args)
+            write_json(json_path, result, command=COMMAND)
+            plotted = plot(result, png_path)
+    except (UsageError, RunFailure, FolderBusy) as e:
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2 if isinstance(e, UsageError) else 1
     except (Interrupted, KeyboardInterrupt):
         return 130
-    out = Path(args.output_dir)
-    json_path = Path(args.json) if args.json else out / "compare.json"
-    png_path = Path(args.plot) if args.plot else out / "compare.png"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1) + "\n")
-    plotted = plot(result, png_path)
     print("\n".join(report_lines(result)))
     print(f"curves and numbers: {json_path}" + (f"; plot: {png_path}" if plotted else ""))
     return 0
 
 
-def run() -> int:
-    """The ``gradinit-compare-vision`` command: :func:`main` with known third-party warnings hidden."""
-    hide_known_noise()
-    return main()
+run = quiet_command(main, COMMAND)

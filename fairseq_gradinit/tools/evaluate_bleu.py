@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import html
-import json
 import os
 import queue
 import re
@@ -62,10 +61,11 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from ..argtypes import positive_int
 from ..checkpoints import load_trusted_checkpoint, trusted_loading_env
-from ..paths import TEXT, OutputError, check_output, json_result, utf8_problem
+from ..paths import OutputError, check_output, header_line, json_result, text_lines, text_output, utf8_problem, write_json
 from ..quiet import quiet_command
 
 #: The installed package, fairseq's ``--user-dir`` for this plugin.
+COMMAND = "gradinit-evaluate-bleu"
 GRADINIT_USER_DIR = Path(__file__).resolve().parents[1]
 
 _HYP_RE = re.compile(r"^H-(\d+)\t")
@@ -139,8 +139,9 @@ def parse_generate_output(lines: Iterable[str]) -> GenerateOutput:
 
 
 def read_reference_file(path: Path) -> List[str]:
-    with open(path, encoding="utf-8") as f:
-        return [line.rstrip("\r\n") for line in f]
+    """The lines of ``--ref``, split at line feeds only (:func:`~fairseq_gradinit.paths.text_lines`): a lone
+    CR inside a sentence stays in it instead of splitting it and shifting every later reference."""
+    return text_lines(path)
 
 
 def comparable(text: str) -> str:
@@ -373,13 +374,16 @@ def check_paths(args) -> None:
         out_json = default_json_path(args.path, args.gen_subset)
     try:
         if out_json is not None:
-            check_output("--output-json", out_json, json_result("a BLEU result of gradinit-evaluate-bleu", "bleu"),
-                         inputs=inputs)
+            check_output("--output-json", out_json, json_result("a BLEU result of gradinit-evaluate-bleu", "bleu",
+                                                                command=COMMAND), inputs=inputs)
         if args.save_output is not None:
-            check_output("--save-output", args.save_output, TEXT, inputs=inputs)
+            check_output("--save-output", args.save_output,
+                         text_output("fairseq-generate's output saved by gradinit-evaluate-bleu", COMMAND),
+                         inputs=inputs)
         if args.progress_json is not None:
             check_output("--progress-json", args.progress_json,
-                         json_result("a decode rate of gradinit-evaluate-bleu", "sentences_done"), inputs=inputs)
+                         json_result("a decode rate of gradinit-evaluate-bleu", "sentences_done", command=COMMAND),
+                         inputs=inputs)
     except OutputError as e:
         raise ArgumentProblem(str(e)) from None
 
@@ -546,10 +550,8 @@ class TimeLimitReached(EvaluationError):
 
 
 def write_json_atomic(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    """A JSON file of this command (strict JSON, marked as its own), written atomically."""
+    write_json(path, data, command=COMMAND)
 
 
 #: Seconds without a new output line after which a batch's hypotheses are taken to be all out.
@@ -665,7 +667,7 @@ def run_generate(
         write_json_atomic(progress_json, final)
     if save_output is not None:
         save_output.parent.mkdir(parents=True, exist_ok=True)
-        save_output.write_text("\n".join(out_lines) + "\n", encoding="utf-8")
+        save_output.write_text("\n".join([header_line(COMMAND), *out_lines]) + "\n", encoding="utf-8")
     if stop:
         raise TimeLimitReached(f"fairseq-generate stopped after {meter.done} of {meter.total or '?'} sentences: "
                                f"{stop['reason']} ({format_rate(final)})", final)
@@ -827,8 +829,7 @@ def evaluate(args, extra: Sequence[str]) -> int:
             raise EvaluationError("--path CHECKPOINT is required (unless --from-output is given)")
         if args.from_output is not None:
             cmd = None
-            with open(args.from_output, encoding="utf-8") as f:
-                lines = f.read().splitlines()
+            lines = text_lines(args.from_output)
             err_lines, wall = [], None
         else:
             check_inputs(args)
@@ -893,13 +894,12 @@ def evaluate(args, extra: Sequence[str]) -> int:
     }
     out_json = args.output_json or default_json_path(
         args.path if args.path is not None else args.from_output, result["subset"])
-    out_json.parent.mkdir(parents=True, exist_ok=True)
-    out_json.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_json(out_json, result, command=COMMAND, indent=2, ensure_ascii=False)
     print(format_summary(result))
     return 0
 
 
-run = quiet_command(main, "gradinit-evaluate-bleu")
+run = quiet_command(main, COMMAND)
 
 
 if __name__ == "__main__":

@@ -19,14 +19,15 @@ Definitions and the choice of train mode: ``fairseq_gradinit/core/report.py``.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 from ..argtypes import int_at_least
-from ..paths import PNG, OutputError, check_output, json_result
+from ..paths import OutputError, check_output, json_result, png_output, write_json
 from ..quiet import quiet_command
+
+COMMAND = "gradinit-report"
 
 logger = logging.getLogger("gradinit_report")
 
@@ -69,9 +70,10 @@ def check_report_outputs(args, train_argv: Sequence[str]) -> None:
     """OUT.json and OUT.png are neither the ``--gradinit-json`` nor a file of the fairseq-train command line."""
     inputs = {"--gradinit-json": args.gradinit_json,
               "(fairseq-train argument)": [a for a in train_argv if not a.startswith("-") and os.path.exists(a)]}
-    check_output("--out", args.out + ".json", json_result("a report of gradinit-report", "meta"), inputs=inputs)
+    check_output("--out", args.out + ".json", json_result("a report of gradinit-report", "meta", command=COMMAND),
+                 inputs=inputs)
     if not args.health_only:
-        check_output("--out", args.out + ".png", PNG, inputs=inputs)
+        check_output("--out", args.out + ".png", png_output(COMMAND), inputs=inputs)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -98,10 +100,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         logger.error("%s", e)
         return 1
     out_json, out_png = args.out + ".json", args.out + ".png"
-    os.makedirs(os.path.dirname(os.path.abspath(out_json)), exist_ok=True)
-    with open(out_json, "w") as f:
-        json.dump(result, f, indent=1)
-        f.write("\n")
+    write_json(out_json, result, command=COMMAND)
     logger.info("wrote %s", out_json)
     check = result.get("check_first_iteration", {})
     if check.get("done") and not check.get("consistent"):
@@ -111,7 +110,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.health_only:
         return 0
     try:
-        rep.plot_report(result["tensors"], out_png, title=args.title or args.gradinit_json)
+        rep.plot_report(result["tensors"], out_png, title=args.title or args.gradinit_json, command=COMMAND)
     except ImportError:
         print(f"error: matplotlib is not installed, so {out_png} was not written (the JSON was); "
               "install it with `pip install matplotlib` (or the package's [plot] extra)", file=sys.stderr)
@@ -120,7 +119,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-run = quiet_command(main, "gradinit-report")
+run = quiet_command(main, COMMAND)
 
 
 if __name__ == "__main__":

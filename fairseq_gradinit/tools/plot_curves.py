@@ -27,7 +27,6 @@ gets three more panels (loss scale, largest LayerNorm gain in eval mode, largest
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from pathlib import Path
@@ -50,7 +49,10 @@ from ..curves import (  # noqa: F401  (re-exported: this module's API)
     plot_png,
 )
 
-from ..paths import PNG, TEXT, OutputError, check_output, json_result
+from ..quiet import quiet_command
+from ..paths import OutputError, check_output, header_line, json_result, png_output, text_output, write_json
+
+COMMAND = "gradinit-plot-curves"
 
 #: The monitor panels of the PNG: (y label, series, log scale).
 MONITOR_PANELS = (("loss scale (monitor)", "monitor_loss_scale", True),
@@ -144,33 +146,35 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     png_path = out.with_name(out.name + ".png")
     inputs = {"--run": [path for _, path in args.run], "--monitor": [path for _, path in args.monitor]}
     try:
-        for path, kind in ((json_path, json_result("curves of gradinit-plot-curves", "metric", "runs")),
-                           (md_path, TEXT), (png_path, PNG)):
+        for path, kind in ((json_path, json_result("curves of gradinit-plot-curves", "metric", "runs", command=COMMAND)),
+                           (md_path, text_output("a table of gradinit-plot-curves", COMMAND, markdown=True)),
+                           (png_path, png_output(COMMAND))):
             check_output("--out", path, kind, inputs=inputs)
     except OutputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     out.parent.mkdir(parents=True, exist_ok=True)
 
-    json_path.write_text(
-        json.dumps(curves_to_json(curves, args.metric, args.subset, sources, monitors), indent=2) + "\n",
-        encoding="utf-8",
-    )
+    write_json(json_path, curves_to_json(curves, args.metric, args.subset, sources, monitors), command=COMMAND,
+               indent=2)
     table = markdown_table(curves, args.metric, args.subset)
-    md_path.write_text(table, encoding="utf-8")
+    md_path.write_text(header_line(COMMAND, markdown=True) + "\n" + table, encoding="utf-8")
     print(table)
     written = [json_path, md_path]
     if monitors:
         panels = [(f"{args.subset} {args.metric}", curves, args.logy)]
         panels += [(name, {label: m.get(key, {}) for label, m in monitors.items()}, logy)
                    for name, key, logy in MONITOR_PANELS]
-        if not args.no_png and plot_panels(panels, png_path):
+        if not args.no_png and plot_panels(panels, png_path, command=COMMAND):
             written.append(png_path)
-    elif not args.no_png and plot_png(curves, png_path, args.metric, args.subset, args.logy):
+    elif not args.no_png and plot_png(curves, png_path, args.metric, args.subset, args.logy, command=COMMAND):
         written.append(png_path)
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
 
+run = quiet_command(main, COMMAND)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -40,7 +40,6 @@ Example (the repository's corpus, unpacked with ``tar -xJf data/debian-ui-de-en.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import shutil
@@ -50,10 +49,12 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence
 from ..argtypes import float_in, int_at_least
-from ..paths import FOLDER, OutputError, check_output, utf8_problem
+from ..locks import FolderBusy, folder_lock
+from ..paths import FOLDER, OutputError, check_output, utf8_problem, write_json
 from ..quiet import quiet_command
 
 logger = logging.getLogger("prepare_corpus")
+COMMAND = "gradinit-prepare-corpus"
 
 SPLITS = ("train", "valid", "test")
 SPM_PREFIX = "spm"
@@ -355,14 +356,12 @@ def prepare(args) -> dict:
                 ", ".join(f"{k} {v}" for k, v in input_counts.items()))
 
     out: Path = args.out
-    stage = check_out(out, overwrite=args.overwrite, corpus_dir=args.corpus_dir)
-    try:
-        summary = build(args, stage, out, t_start)
-        swap_in(stage, out)
-    except BaseException:
-        # Whatever stopped the build (an error, Ctrl-C), OUT keeps what it held before.
-        shutil.rmtree(stage, ignore_errors=True)
-        raise
+    check_out_path(out, corpus_dir=args.corpus_dir)
+    try:  # one build per OUT at a time: a second one would take this one's live partial build for a dead one's
+        with folder_lock(out, flag="--out", command=COMMAND):
+            summary = build_locked(args, out, t_start)
+    except FolderBusy as e:
+        raise PrepareError(str(e)) from None
     sizes = summary["fairseq_dict_sizes"]
     logger.info(
         "done in %.1fs: data-bin %s | spm vocab %d | fairseq %s dict %s | lines %s",
@@ -373,14 +372,27 @@ def prepare(args) -> dict:
     return summary
 
 
+def build_locked(args, out: Path, t_start: float) -> dict:
+    """Build into a fresh staging folder and move it into ``out`` (locked by the caller)."""
+    stage = check_out(out, overwrite=args.overwrite, corpus_dir=args.corpus_dir)
+    try:
+        summary = build(args, stage, out, t_start)
+        swap_in(stage, out)
+    except BaseException:
+        # Whatever stopped the build (an error, Ctrl-C), OUT keeps what it held before.
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return summary
+
+
 def staging_dir(out: Path) -> Path:
     """Where a build is made before it replaces OUT's contents (beside OUT: same file system)."""
     out = out.resolve()
     return out.parent / f".{out.name}.partial"
 
 
-def check_out(out: Path, *, overwrite: bool, corpus_dir: Optional[Path] = None) -> Path:
-    """Refuse an unusable ``--out``; returns a fresh, empty staging folder."""
+def check_out_path(out: Path, *, corpus_dir: Optional[Path] = None) -> None:
+    """Refuse an ``--out`` that is a file, below one, or whose replaced parts hold the corpus."""
     existing = next((p for p in (out, *out.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise PrepareUsageError(f"--out {out}: {existing} is an existing file, not a folder; give a folder path")
@@ -388,6 +400,12 @@ def check_out(out: Path, *, overwrite: bool, corpus_dir: Optional[Path] = None) 
         check_output("--out", out, FOLDER, inputs={"corpus_dir": corpus_dir}, writes=("spm", "bin", SUMMARY))
     except OutputError as e:
         raise PrepareUsageError(str(e)) from None
+
+
+def check_out(out: Path, *, overwrite: bool, corpus_dir: Optional[Path] = None) -> Path:
+    """Refuse an unusable ``--out`` (its lock held: no other build is running into it); returns a fresh,
+    empty staging folder."""
+    check_out_path(out, corpus_dir=corpus_dir)
     if (out / SUMMARY).is_file() and not overwrite:
         raise PrepareError(f"{out} already holds prepared data ({SUMMARY}); pass --overwrite to replace it")
     partial = [name for name in ("spm", "bin") if (out / name).exists()]
@@ -487,7 +505,7 @@ def build(args, stage: Path, out: Path, t_start: float) -> dict:
             "total": round(time.time() - t_start, 2),
         },
     }
-    (stage / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_json(stage / SUMMARY, summary, command=COMMAND, indent=2)
     return summary
 
 
@@ -513,7 +531,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-run = quiet_command(main, "gradinit-prepare-corpus")
+run = quiet_command(main, COMMAND)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ the split divided by the summed sample size, in base 2 (as fairseq logs it).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -21,7 +20,10 @@ from typing import Optional
 
 import torch
 from ..argtypes import positive_int
-from ..paths import OutputError, check_output, json_result
+from ..quiet import quiet_command
+from ..paths import OutputError, check_output, json_result, json_text, write_json
+
+COMMAND = "gradinit-valid-loss-modes"
 
 
 
@@ -84,7 +86,8 @@ def main(argv=None) -> dict:
     if args.output_json:
         try:
             check_output("--output-json", args.output_json,
-                         json_result("a result of gradinit-valid-loss-modes", "loss_eval", "loss_dropout_on"),
+                         json_result("a result of gradinit-valid-loss-modes", "loss_eval", "loss_dropout_on",
+                                     command=COMMAND),
                          inputs={"--path": ckpt, "data": args.data})
         except OutputError as e:
             parser.error(str(e))
@@ -129,21 +132,20 @@ def main(argv=None) -> dict:
         "loss_dropout_on": split_loss(model, criterion, batches, dropout=True, cuda=use_cuda),
     }
     result["gap"] = result["loss_eval"] - result["loss_dropout_on"]
-    text = json.dumps(result, indent=1)
+    text = json_text(result)
     if args.output_json:
-        Path(args.output_json).write_text(text + "\n")
+        write_json(args.output_json, result, command=COMMAND)
     print(text)  # noqa: T201 - script output
     return result
 
 
-def run() -> int:
-    """The ``gradinit-valid-loss-modes`` command: :func:`main` with known third-party warnings hidden."""
-    from ..quiet import hide_known_noise
-
-    hide_known_noise()
+def _command() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     main()
     return 0
+
+
+run = quiet_command(_command, COMMAND)
 
 
 if __name__ == "__main__":

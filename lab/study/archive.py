@@ -5,9 +5,10 @@ whose output must come back as few files returns one, and a later call can reuse
 from __future__ import annotations
 
 import os
-import tarfile
 from pathlib import Path
 from typing import List, Optional, Sequence
+
+from fairseq_gradinit.paths import marked_tar_gz
 
 #: Files of the study folder, where they exist.
 SUMMARY_FILES = ("study.json", "study.log", "curves.csv", "curves.png", "curves.md", "bleu.json")
@@ -15,6 +16,8 @@ SUMMARY_FILES = ("study.json", "study.log", "curves.csv", "curves.png", "curves.
 #: measured decode rate, the training monitor's records and the scales it applied or computed.
 ARM_FILES = ("train.log", "bleu.json", "bleu.log", "bleu.progress.json", "monitor.jsonl", "gradinit.json")
 ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
+#: The command whose mark the archive's gzip header carries (an existing archive is replaced only then).
+COMMAND = "python -m lab.study"
 
 
 def check_archive_path(path: Path) -> Path:
@@ -51,7 +54,7 @@ def pack_study(out: Path, dest: Path, *, cache_dir: Path, groups: Optional[Seque
                             for f in sorted(folder.rglob("*")) if f.is_file()]
     tmp = dest.with_name(dest.name + ".part")
     members = []
-    with tarfile.open(tmp, "w:gz") as tar:
+    with marked_tar_gz(tmp, COMMAND) as tar:
         for path, arcname in entries:
             if path.is_file():
                 tar.add(path, arcname=arcname)

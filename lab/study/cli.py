@@ -12,8 +12,10 @@ import threading
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from fairseq_gradinit.paths import FOLDER, TAR_GZ, check_output
-from .archive import SUMMARY_FILES, check_archive_path, pack_study
+from fairseq_gradinit.locks import FolderBusy, folder_lock
+from fairseq_gradinit.quiet import quiet_command
+from fairseq_gradinit.paths import FOLDER, check_output, tar_gz_output
+from .archive import COMMAND, SUMMARY_FILES, check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
 from .estimate import GPU_THROUGHPUT, THROUGHPUT, CallEstimate, estimate_call, plan_jobs
 from .merge import earlier_study
@@ -212,7 +214,7 @@ def check_study_paths(args: argparse.Namespace, cfg: StudyConfig) -> None:
         check_output("--export", args.export, FOLDER, writes=SUMMARY_FILES + ("logs.tar.gz", "gradinit.tar.gz"),
                      inputs={**inputs, "--out": [cfg.out / name for name in SUMMARY_FILES]})
     if args.archive is not None:
-        check_output("--archive", args.archive, TAR_GZ, inputs={**inputs, "--out": cfg.out})
+        check_output("--archive", args.archive, tar_gz_output(COMMAND), inputs={**inputs, "--out": cfg.out})
     if cfg.bleu and cfg.arms:
         check_bleu_step(cfg)
     earlier_study(cfg)  # an earlier study in --out must be one whose arms can be merged with these
@@ -302,16 +304,21 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
                 return 1
             return 0
         plans, groups = plan_study(cfg)  # each arm parsed by fairseq's parser before --out is created
-        handler = _log_to_file(Path(cfg.out))
-        if gpu is not None:
-            est, _ = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
-            if est is not None:
-                logger.info("study: %s", est.describe())
-        with termination_signals_interrupt():
-            result = run_study(cfg)
-            if args.export:
-                exported = export_results(Path(cfg.out), args.export, list(result["gradinit_groups"]), cfg.cache_dir)
-                logger.info("study: exported %s", ", ".join(exported))
+        with folder_lock(cfg.out, flag="--out", command=COMMAND):  # one study per --out at a time
+            handler = _log_to_file(Path(cfg.out))
+            if gpu is not None:
+                est, _ = study_estimate(cfg, plans, groups, gpu=gpu, limit_s=call.limit_s if call else None)
+                if est is not None:
+                    logger.info("study: %s", est.describe())
+            with termination_signals_interrupt():
+                result = run_study(cfg)
+                if args.export:
+                    exported = export_results(Path(cfg.out), args.export, list(result["gradinit_groups"]),
+                                              cfg.cache_dir)
+                    logger.info("study: exported %s", ", ".join(exported))
+    except FolderBusy as e:
+        print(f"error: {e}", file=sys.stderr)  # noqa: T201
+        return 1
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)  # noqa: T201
         return 2
@@ -385,9 +392,6 @@ def failed_arm_lines(result: Mapping) -> List[str]:
     return lines
 
 
-def run() -> int:
-    """``python -m lab.study``: :func:`main` with known third-party warnings hidden."""
-    from fairseq_gradinit.quiet import hide_known_noise
-
-    hide_known_noise()
-    return main()
+#: ``python -m lab.study``: :func:`main` with known third-party warnings hidden, and the commands' one
+#: top-level handler of Ctrl-C and OSError (:func:`fairseq_gradinit.quiet.quiet_command`).
+run = quiet_command(main, COMMAND)

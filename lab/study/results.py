@@ -4,12 +4,13 @@ from __future__ import annotations
 import csv
 import re
 import shutil
-import tarfile
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from fairseq_gradinit import curves as curve_logs
+from fairseq_gradinit.paths import marked_tar_gz
 from .archive import ARM_FILES
+from .archive import COMMAND as ARCHIVE_COMMAND
 from .scheduler import Job
 
 _CHECKPOINT_RE = re.compile(r"^checkpoint_(\d+)_(\d+)\.pt$")
@@ -150,13 +151,13 @@ def export_results(out: Path, dest: Path, groups: Sequence[str], cache_dir: Path
         if (out / name).is_file():
             shutil.copy2(out / name, dest / name)
             written.append(str(dest / name))
-    with tarfile.open(dest / "logs.tar.gz", "w:gz") as tar:
+    with marked_tar_gz(dest / "logs.tar.gz", ARCHIVE_COMMAND) as tar:
         for arm_dir in sorted((out / "arms").iterdir()) if (out / "arms").is_dir() else []:
             for name in ARM_FILES:
                 if (arm_dir / name).is_file():
                     tar.add(arm_dir / name, arcname=f"{arm_dir.name}/{name}")
     written.append(str(dest / "logs.tar.gz"))
-    with tarfile.open(dest / "gradinit.tar.gz", "w:gz") as tar:
+    with marked_tar_gz(dest / "gradinit.tar.gz", ARCHIVE_COMMAND) as tar:
         for g in groups:
             for path in (cache_dir / g, cache_dir / f"failed-{g}"):
                 if path.is_dir():

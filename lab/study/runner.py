@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
+from fairseq_gradinit.paths import write_json
 from .arms import merge_args
 from .merge import earlier_arms, earlier_study, merge_results
 from .plan import BLEU_LENGTH_LIMITS, PACKAGE_DIR, ArmPlan, GradInitGroup, StudyConfig, arm_command, bleu_command, phase_command, plan_study
@@ -27,7 +28,7 @@ def _finish_phase(group: GradInitGroup, tmp: Path) -> Callable[[Job], None]:
         scales = tmp / "gradinit.json"
         if not scales.is_file():
             raise RuntimeError(f"the GradInit phase ended without writing {scales}")
-        (tmp / "fingerprint.json").write_text(json.dumps(group.fingerprint, indent=1, sort_keys=True) + "\n")
+        write_json(tmp / "fingerprint.json", group.fingerprint, sort_keys=True)
         shutil.move(str(job.log), str(tmp / "gradinit.log"))
         job.log = group.dir / "gradinit.log"
         if group.dir.exists():  # a stale or foreign entry under the same key: replace it
@@ -189,8 +190,8 @@ def run_study(cfg: StudyConfig) -> dict:
     }
     result = merge_results(earlier, result)
     if earlier and result["bleu"] is not None:
-        (out / "bleu.json").write_text(json.dumps(result["bleu"], indent=1) + "\n", encoding="utf-8")
-    (out / "study.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_json(out / "bleu.json", result["bleu"])
+    write_json(out / "study.json", result)
     return result
 
 
@@ -214,7 +215,7 @@ def bleu_arm_command(cfg: StudyConfig, p: ArmPlan, checkpoint: Path, out_json: P
 
 def _no_bleu(p: ArmPlan, reason: str, decode: Optional[dict] = None) -> None:
     entry = {"bleu": None, "reason": reason, **({"decode": decode} if decode else {})}
-    (p.save_dir / "bleu.json").write_text(json.dumps(entry, indent=1) + "\n")
+    write_json(p.save_dir / "bleu.json", entry)
 
 
 def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str], *,
@@ -242,7 +243,7 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
         for p in trained:
             if p.arm.name not in without:
                 _no_bleu(p, result["error"])
-        (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n")
+        write_json((Path(cfg.out) / "bleu.json"), result)
         return result
     if cfg.bleu_script is not None and not Path(cfg.bleu_script).is_file():
         raise ValueError(f"--bleu-script {cfg.bleu_script}: no such file; give a BLEU script, or leave it out "
@@ -263,7 +264,7 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
         result["arms"][job.name] = _bleu_entry(job, next(p for p in decoding if p.arm.name == job.name),
                                                ckpts[job.name][update], t0)
     _summarize_rates(result, cfg, len(decoding))
-    (Path(cfg.out) / "bleu.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_json((Path(cfg.out) / "bleu.json"), result)
     return result
 
 

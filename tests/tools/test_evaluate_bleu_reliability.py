@@ -114,3 +114,18 @@ def test_unusable_references_and_outputs_are_refused_before_generate(tiny_data, 
         expected = f"error: argument --from-output: {ckpt}, line 1: byte 0x80 at byte 5 of the line is not UTF-8"
     err = _refusal(argv, capsys)
     assert expected in err, err
+
+
+def test_a_lone_cr_inside_a_reference_stays_in_its_sentence(tiny_data, tmp_path):
+    """--ref is split at line feeds only: a lone CR (or a Unicode line separator) inside a sentence stays in
+    it (before: universal newlines split it, which shifted every later reference by one); CRLF line ends
+    read as LF ones."""
+    lines = (tiny_data.parent / "test.en").read_text(encoding="utf-8").splitlines()
+    with_cr = [lines[0][:3] + "\r" + lines[0][3:], lines[1] + "\u2028x", *lines[2:]]
+    ref = tmp_path / "ref.en"
+    ref.write_bytes(("\n".join(with_cr) + "\n").encode("utf-8"))
+    assert evaluate_bleu.read_reference_file(ref) == with_cr
+    assert evaluate_bleu.reference_problem(ref, tiny_data, "test") is None
+    crlf = tmp_path / "crlf.en"
+    crlf.write_bytes(("\r\n".join(lines) + "\r\n").encode("utf-8"))
+    assert evaluate_bleu.read_reference_file(crlf) == lines

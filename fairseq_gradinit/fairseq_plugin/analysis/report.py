@@ -27,6 +27,7 @@ from ...core import apply_scales
 from ...core.health import scale_health, snapshot_weights, swapped_weights
 from ...core.modes import gradinit_mode
 from ...core.report import ReportConfig, init_report, unique_trainable
+from ...paths import png_metadata
 from ..data.loss import mean_loss_fn
 from ..data.training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 from ..features.groups import transformer_place
@@ -240,7 +241,8 @@ def _label(t: dict, several_kinds: bool) -> str:
     return f"{side}{t['layer']}{_SHORT.get(t['kind'], _SHORT.get(head, t['kind'][:2]))}"
 
 
-def plot_report(tensors: Sequence[dict], path: str, *, title: str = "", dpi: int = 60) -> None:
+def plot_report(tensors: Sequence[dict], path: str, *, title: str = "", dpi: int = 60,
+                command: Optional[str] = None) -> None:
     """The appendix figure: per panel one kind of weight (encoder then decoder, by layer), rows:
     scale, weight norm before/after, gradient std before/after (log scale). Biases and the mean
     gradient are in the JSON only.
@@ -292,7 +294,7 @@ def plot_report(tensors: Sequence[dict], path: str, *, title: str = "", dpi: int
     if title:
         fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, metadata=png_metadata(command) if command else None)  # the mark of its command
     plt.close(fig)
 
 

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import json
 import os
 import tempfile
 from typing import List, Optional
 
+from ...paths import json_text
 from ...paths import unwritable_folder_reason  # noqa: F401  (the one path check, shared with the commands)
 
 
@@ -20,14 +20,15 @@ def _umask() -> int:
 
 def atomic_write_json(path: str, obj: dict) -> None:
     """Write ``obj`` to ``path`` so that readers see the old file or the whole new one, never a
-    part (a killed run leaves at most a ``.{stem}.*.json`` temporary file beside it)."""
+    part (a killed run leaves at most a ``.{stem}.*.json`` temporary file beside it). Strict JSON: a
+    number that is not finite is written as ``null`` (:func:`~fairseq_gradinit.paths.json_text`)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     stem = os.path.splitext(os.path.basename(path))[0]
     fd, tmp = tempfile.mkstemp(prefix=f".{stem}.", suffix=".json", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
+            f.write(json_text(obj))
         # mkstemp creates the file 0600; give it the permissions an ordinary open() would.
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
@@ -61,7 +62,7 @@ def write_result(path: str, obj: dict) -> Optional[str]:
     try:
         fd, fallback = tempfile.mkstemp(prefix="gradinit-", suffix=".json")
         with os.fdopen(fd, "w") as f:
-            json.dump(obj, f, indent=1)
+            f.write(json_text(obj))
     except OSError as e:
         return f"could not write {path} ({reason}), nor a copy in {tempfile.gettempdir()} ({e.strerror or e}): the result is lost"
     return (f"could not write {path} ({reason}); the result was saved to {fallback} instead: free space (or fix the "

@@ -21,7 +21,6 @@ again) and one norm per tensor. Nothing when the option is 0.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import os
@@ -35,6 +34,7 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from ...core.norm_stats import norm_input_stats
 from ...core.sdpa_guard import HALF_PRECISIONS, SdpaEnvironment, assess
+from ...paths import json_text
 from ...version import __version__
 from .groups import transformer_place
 from .monitor_stats import recording_attention, recording_branches
@@ -322,7 +322,7 @@ class TrainingMonitor:
         try:
             os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
             with open(self.path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(finite_or_text(record)) + "\n")
+                f.write(json_text(finite_or_text(record), indent=None) + "\n")
         except OSError as e:
             self.write_error = e.strerror or str(e)
             logger.warning("gradinit: WARNING: cannot write %s (%s); the monitor writes no more records and "

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from ...core import apply_scales, gradinit, summarize_scales
 from ...core.health import snapshot_weights
+from ...core.scales import scales_error
 from ..data.files import atomic_write_json, remove_stale_temp_files, write_result
 from ..errors import GradInitError
 from ..features.groups import transformer_group
@@ -116,6 +117,9 @@ def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
 
 
 def _write(path: str, out: dict, resume_path: str) -> None:
+    error = scales_error(out["scales"])  # the engine refuses them first; a file of them is never written
+    if error:
+        raise GradInitError(f"GradInit's result has {error}; {path} was not written and training did not start")
     lost = write_result(path, out)
     if lost:  # disk full, permissions: say where the result is instead of a traceback
         raise GradInitError(lost)

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import errno
-import fcntl
 import logging
 import os
-import socket
-import time
 from typing import Dict, Iterator, Optional
 
+from ...locks import FolderBusy, release_lock, take_lock
 from ..errors import GradInitError
 
 logger = logging.getLogger(__name__)
@@ -36,71 +33,28 @@ class SaveDirBusy(RuntimeError):
     """Another live process holds the lock of the folder; the message names it."""
 
 
-def _owner(path: str) -> str:
-    """'pid N on host H' as written by the holder (it writes right after taking the lock)."""
-    for _ in range(20):
-        try:
-            with open(path) as f:
-                text = f.read().split()
-        except OSError:
-            text = []
-        if len(text) >= 2:
-            return f"pid {text[0]} on host {text[1]}"
-        time.sleep(0.05)
-    return "a process whose pid it has not written yet"
-
-
-def _try_lock(path: str) -> Optional[int]:
-    """An open descriptor of ``path`` holding its ``flock``, or None while another process holds it."""
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                return None
-            raise
-        # The holder removes the file before it unlocks: a lock on a removed file is no lock.
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)
-
-
 def _take(directory: str) -> Optional[tuple]:
     """(lock path, descriptor) of ``directory``'s lock, taken (the folder created if needed); None where
     the filesystem has no ``flock`` (logged). Raises :class:`SaveDirBusy` when another process holds it."""
     os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_NAME)
+
+    def busy(owner: str) -> str:
+        return (f"another run ({owner}) is training in {directory} (it holds {path}); two runs into one "
+                "--save-dir would overwrite each other's gradinit.json and checkpoints. Wait until it has finished, "
+                "or use another --save-dir")
+
     try:
-        fd = _try_lock(path)
+        return take_lock(path, busy=busy, log_prefix="gradinit: ")
+    except FolderBusy as e:
+        raise SaveDirBusy(str(e)) from None
     except OSError as e:
         logger.warning("gradinit: WARNING: cannot lock %s (%s); a second run into this folder would not be "
                        "detected", path, e.strerror or e)
         return None
-    if fd is None:
-        raise SaveDirBusy(
-            f"another run ({_owner(path)}) is training in {directory} (it holds {path}); two runs into one "
-            "--save-dir would overwrite each other's gradinit.json and checkpoints. Wait until it has finished, "
-            "or use another --save-dir")
-    previous = os.read(fd, 200).decode(errors="replace").split()
-    if previous and previous[0] != str(os.getpid()):
-        logger.info("gradinit: took over %s, left by pid %s (a run that ended without removing it)", path,
-                    previous[0])
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
-    return path, fd
 
 
-def _release(path: str, fd: int) -> None:
-    with contextlib.suppress(OSError):  # removed before it is unlocked: see _try_lock
-        os.unlink(path)
-    with contextlib.suppress(OSError):
-        os.close(fd)
+_release = release_lock
 
 
 @contextlib.contextmanager

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 from ...core.options import result_options
 from ...version import __version__
 from ..data.cfg import cfg_value
-from ..settings.options import plugin_result_options
+from ..settings.options import RESULT_GLOBAL_SETTINGS, plugin_result_options
 from ..settings.plan import GradInitPlan, build_plan
 
 #: Fingerprint keys that must agree for a saved result to be reused as if computed now.
@@ -200,7 +200,8 @@ def gradinit_settings(plan: GradInitPlan) -> Dict[str, Any]:
     """What of the ``--gradinit-*`` options changes the result, resolved (``eta`` from ``--lr``,
     ``optimizer`` from ``--optimizer``, ``gamma`` from eta, tokens per iteration from
     ``--max-tokens``), so that a default and the same value given explicitly agree. Which options
-    change the result is declared with them (``result`` of :func:`~fairseq_gradinit.core.config.option`).
+    change the result is declared with them (``result`` of :func:`~fairseq_gradinit.core.config.option`);
+    fairseq's settings that change GradInit's batches are :data:`~..settings.options.RESULT_GLOBAL_SETTINGS`.
     ``plan``: the run's :class:`~.plan.GradInitPlan`."""
     if plan.config is not None:
         config = plan.config.to_dict()
@@ -210,6 +211,9 @@ def gradinit_settings(plan: GradInitPlan) -> Dict[str, Any]:
         resolved = {"invalid": plan.config_error}
     plugin = {name: _plain(plan.setting(name)) for name in plugin_result_options()
               if name != "gradinit_max_tokens"}
+    for name in RESULT_GLOBAL_SETTINGS:
+        if plan.setting(name) is not None:  # recorded when set: fingerprints of runs without it stay as they were
+            plugin[name] = _plain(plan.setting(name))
     return {"resolved": _plain(resolved), "plugin": plugin, "max_tokens": _plain(plan.max_tokens)}
 
 

@@ -36,6 +36,29 @@ def save_phase_state(path: str, state: dict, fingerprint: Optional[dict]) -> Non
         raise
 
 
+#: The fields of a saved phase state (``GradInit.state_dict()``) and their types; None allowed for the last two.
+STATE_FIELDS = {"format": int, "names": list, "w_sq_norms": list, "config": dict, "alpha": torch.Tensor,
+                "adam": dict, "history": list, "consecutive_skips": int, "last_branch": str}
+OPTIONAL_STATE_FIELDS = {"adam_constraint": dict, "gamma": (int, float)}
+
+
+def state_problem(state, fingerprint) -> Optional[str]:
+    """Which field of a loaded phase state is missing or of another type, or None."""
+    if not isinstance(state, dict):
+        return f"its state is a {type(state).__name__}, not the dict of GradInit.state_dict()"
+    if fingerprint is not None and not isinstance(fingerprint, dict):
+        return f"its fingerprint is a {type(fingerprint).__name__}, not a dict"
+    for key, typ in STATE_FIELDS.items():
+        if not isinstance(state.get(key), typ):
+            return f"its field {key!r} is {type(state.get(key)).__name__}, not {getattr(typ, '__name__', typ)}"
+    for key, typ in OPTIONAL_STATE_FIELDS.items():
+        if state.get(key) is not None and not isinstance(state[key], typ):
+            return f"its field {key!r} is {type(state[key]).__name__}"
+    if not all(isinstance(r, dict) for r in state["history"]):
+        return "its history holds entries that are not dicts"
+    return None
+
+
 def load_phase_state(path: str, fingerprint: Optional[dict], diff) -> Optional[dict]:
     """The saved ``GradInit.state_dict()`` at ``path`` if it exists and was written by this run
     (``diff(saved_fingerprint, fingerprint)`` empty), else None; ``ValueError`` saying what to do
@@ -46,6 +69,9 @@ def load_phase_state(path: str, fingerprint: Optional[dict], diff) -> Optional[d
     try:
         saved = torch.load(path, map_location="cpu", weights_only=True)
         state, saved_fp = saved["state"], saved["fingerprint"]
+        problem = state_problem(state, saved_fp)
+        if problem:
+            raise ValueError(problem)
     except Exception as e:  # a truncated or foreign file: say so instead of a traceback
         raise ValueError(f"{path} is not a readable GradInit phase state ({type(e).__name__}: {e}); {advice}") from None
     differences = diff(saved_fp, fingerprint) if fingerprint is not None else []

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
+
+from ...quiet import quiet_command
 
 
 def user_dir() -> str:
@@ -18,5 +21,9 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     print(user_dir())  # noqa: T201 - this is the command's output
 
 
+#: The ``gradinit-user-dir`` command.
+run = quiet_command(main, "gradinit-user-dir")
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(run())

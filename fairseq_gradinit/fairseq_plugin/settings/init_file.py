@@ -51,10 +51,29 @@ def read_init_file(path: str, *, flag: str = "--gradinit-init-file") -> dict:
     if not isinstance(scales, dict) or not scales:
         raise ValueError(f"{flag} {path}: has no 'scales' (expected the gradinit.json that a "
                          "--gradinit-iters run writes into its --save-dir)")
-    error = scales_error(scales)
+    error = scales_error(scales) or field_problem(saved)
     if error:
         raise ValueError(f"{flag} {path}: {error}")
     return saved
+
+
+#: The fields of a ``gradinit.json`` that its readers use, and what each holds where present (None allowed).
+FIELD_TYPES = {"fingerprint": dict, "clamped_from": dict, "config": dict, "gamma": (int, float), "history": list,
+               "health": dict, "summary": dict, "uses": dict, "max_tokens": int}
+
+
+def field_problem(saved: Mapping) -> Optional[str]:
+    """Which field of the ``gradinit.json`` ``saved`` is not what its readers expect ('its field
+    'fingerprint' is a list, not an object ...'), or None."""
+    names = {dict: "an object", list: "a list", int: "an integer", (int, float): "a number"}
+    for key, typ in FIELD_TYPES.items():
+        value = saved.get(key)
+        if value is not None and (not isinstance(value, typ) or isinstance(value, bool)):
+            return (f"its field {key!r} is {type(value).__name__} {repr(value)[:40]}, not {names[typ]} (was the "
+                    "file edited?); use the gradinit.json a --gradinit-iters run wrote")
+    if isinstance(saved.get("history"), list) and not all(isinstance(r, dict) for r in saved["history"]):
+        return "its field 'history' holds entries that are not objects (was the file edited?)"
+    return None
 
 
 def clamped_init_file(model, path: str, saved: dict, clamp: str) -> dict:

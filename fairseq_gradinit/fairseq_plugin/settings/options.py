@@ -173,6 +173,13 @@ def plugin_result_options() -> tuple:
     return tuple("gradinit_" + s.name for s in PLUGIN_OPTIONS if s.result)
 
 
+#: fairseq's own settings, read by the plan, that change GradInit's batches or arithmetic beyond what the
+#: fingerprint records elsewhere (the model, criterion, seed, data, world size, and the tokens per
+#: iteration, which ``--max-tokens`` sets): ``--batch-size`` caps the sentences of each GradInit batch
+#: (:func:`~..registration.batches.gradinit_pairs`). The fingerprint records them beside the options.
+RESULT_GLOBAL_SETTINGS = ("gradinit_train_batch_size",)
+
+
 def option_table() -> str:
     """Every ``--gradinit-*`` option of the plugin as a Markdown table (docs/options.md's, generated)."""
     from ...core.options import markdown_table

@@ -27,7 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ...core.options import add_arguments
-from ...quiet import hide_known_noise
+from ...quiet import quiet_command
 from ...vision import list_models
 from .data import DATASETS, Limited, build_datasets
 from .errors import Interrupted, RunFailure, UsageError
@@ -35,9 +35,11 @@ from .initialization import (GRADINIT_CLI_OPTIONS, INITS, build_model, check_bat
                              check_model_options, has_batchnorm, run_initialization)
 from .loop import RUN_FILES, check_output_dir, default_output_dir, load_checkpoint, set_rng_state, train_epochs
 from ...argtypes import float_in, positive_int
-from ...paths import FOLDER, OutputError, check_output
+from ...locks import FolderBusy, folder_lock
+from ...paths import FOLDER, MARKER, OutputError, check_output
 
 logger = logging.getLogger("train_vision")
+COMMAND = "gradinit-train-vision"
 
 
 
@@ -135,9 +137,11 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
                    "one; its checkpoint.pt, log.json and log.csv are replaced when the new run's first epoch ends")
 
 
-def main(args) -> Dict[str, Any]:
-    """Train as ``args`` (from :func:`get_args_parser`) say; returns the run's log. Mistakes raise
-    :class:`UsageError` or :class:`RunFailure`, Ctrl-C during training :class:`Interrupted`."""
+def main(args, *, command: str = COMMAND) -> Dict[str, Any]:
+    """Train as ``args`` (from :func:`get_args_parser`) say; returns the run's log, marked as written by
+    ``command``. Mistakes raise :class:`UsageError` or :class:`RunFailure`, Ctrl-C during training
+    :class:`Interrupted`. The output folder is locked for the whole run: a second run into it while this
+    one runs is refused (:class:`RunFailure`)."""
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     warn_unused(args)
@@ -147,12 +151,22 @@ def main(args) -> Dict[str, Any]:
     if args.batch_size is None:
         args.batch_size = 64 if args.model.startswith("densenet") else 128
     out_dir = Path(args.output_dir or default_output_dir(args))
-    resume = check_output_dir(out_dir, resume=args.resume, overwrite=args.overwrite)
+    check_output_dir(out_dir, resume=args.resume, overwrite=args.overwrite)
     try:  # before any data is loaded: a folder written only when the first epoch ends must be writable
         check_output("--output-dir", out_dir, FOLDER, inputs={"--data-dir": args.data_dir},
                      writes=RUN_FILES)
     except OutputError as e:
         raise UsageError(str(e)) from None
+    try:
+        with folder_lock(out_dir, flag="--output-dir", command=command):
+            return train_run(args, out_dir, device, command)
+    except FolderBusy as e:
+        raise RunFailure(str(e)) from None
+
+
+def train_run(args, out_dir: Path, device: torch.device, command: str) -> Dict[str, Any]:
+    """:func:`main` once ``out_dir`` is locked (its check again: another run may have written it meanwhile)."""
+    resume = check_output_dir(out_dir, resume=args.resume, overwrite=args.overwrite)
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -174,7 +188,7 @@ def main(args) -> Dict[str, Any]:
     total_epochs = args.epochs + extra
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum, weight_decay=args.wd)
     log: Dict[str, Any] = {
-        "args": {k: v for k, v in vars(args).items()},
+        MARKER: command, "args": {k: v for k, v in vars(args).items()},
         "model": args.model, "bn": uses_bn, "num_params": num_params, "device": str(device),
         "steps_per_epoch": len(train_batches), "total_epochs": total_epochs, "clip_grad_norm": clip,
         "test_images": min(len(test_set), args.test_batch_size * (args.limit_test_batches or len(test_set))),
@@ -283,7 +297,4 @@ def cli(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-def run() -> int:
-    """The ``gradinit-train-vision`` command: :func:`cli` with known third-party warnings hidden."""
-    hide_known_noise()
-    return cli()
+run = quiet_command(cli, COMMAND)

@@ -10,19 +10,22 @@ import os
 import random
 import time
 from pathlib import Path
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...paths import MARKER, json_result, kind_problem, write_json
 from .errors import RunFailure, UsageError
 
 logger = logging.getLogger("train_vision")
 
 #: The files of a run in --output-dir.
 RUN_FILES = ("checkpoint.pt", "log.json", "log.csv")
+#: The commands whose runs --overwrite may replace (gradinit-compare-vision's runs are gradinit-train-vision's).
+RUN_WRITERS = ("gradinit-train-vision", "gradinit-compare-vision")
 CHECKPOINT_KEYS = ("model", "optimizer", "epoch", "step", "log", "rng")
 
 
@@ -51,18 +54,13 @@ def evaluate(model: nn.Module, loader, device: torch.device) -> Tuple[float, flo
     return loss_sum / max(count, 1), 100.0 * correct / max(count, 1)
 
 
-def atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 CSV_FIELDS = ("epoch", "phase", "lr", "train_loss", "train_acc", "test_loss", "test_acc", "train_time", "eval_time",
               "grad_norm")
 
 
 def write_logs(out_dir: Path, log: Dict[str, Any]) -> None:
-    atomic_write(out_dir / "log.json", json.dumps(log, indent=1))
+    """log.json (strict JSON, marked with the command that runs, ``log["written_by"]``) and log.csv."""
+    write_json(out_dir / "log.json", log)
     tmp = out_dir / "log.csv.tmp"
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
@@ -86,8 +84,23 @@ def default_output_dir(args) -> str:
     return os.path.join("runs", f"{name}-s{args.seed}")
 
 
+def run_writer(out_dir: Path) -> Optional[str]:
+    """The command that wrote the run in ``out_dir`` (its log.json's ``written_by``;
+    gradinit-train-vision for a log.json of an earlier version, which records no writer), or None when
+    ``out_dir`` holds no log.json of a run."""
+    problem = kind_problem(out_dir / "log.json", json_result("a run's log", "epochs", "args"))
+    if problem or not (out_dir / "log.json").is_file():
+        return None
+    try:
+        log = json.loads((out_dir / "log.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return log.get(MARKER) or "gradinit-train-vision"
+
+
 def check_output_dir(out_dir: Path, *, resume: str, overwrite: bool) -> str:
-    """Refuse to write into a folder holding another run; returns the checkpoint to resume ('' for none)."""
+    """Refuse to write into a folder holding another run, or files a run of this command did not write
+    (even with ``overwrite``); returns the checkpoint to resume ('' for none)."""
     if out_dir.exists() and not out_dir.is_dir():
         raise UsageError(f"--output-dir {out_dir} is an existing file; give a folder")
     if resume and overwrite:
@@ -99,6 +112,10 @@ def check_output_dir(out_dir: Path, *, resume: str, overwrite: bool) -> str:
         if ckpt.is_file():
             return str(ckpt)
         resume = ""
+    if present and overwrite and run_writer(out_dir) not in RUN_WRITERS:
+        raise UsageError(f"--output-dir {out_dir} holds {', '.join(present)}, which gradinit-train-vision did not "
+                         "write (there is no log.json of its run beside them); it never replaces files of others, "
+                         "even with --overwrite: choose another --output-dir, or move them away yourself")
     if not present or overwrite:
         return resume
     if resume and Path(resume).resolve() == ckpt.resolve():
@@ -227,9 +244,10 @@ def train_epochs(args, model, optimizer, log, out_dir: Path, device, train_batch
                     epoch + 1, total_epochs, phase, train_loss, row["train_acc"], test_loss, test_acc,
                     log["acc_best"], train_time)
         out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails earlier leaves no folder
+        # log.json first: a folder with a checkpoint.pt always has the log.json that marks the run as ours
+        write_logs(out_dir, log)
         torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
                     "step": step, "log": log, "rng": rng_state(), "args": vars(args)}, str(ckpt_path) + ".tmp")
         os.replace(str(ckpt_path) + ".tmp", ckpt_path)
-        write_logs(out_dir, log)
     if log["epochs"]:
         write_logs(out_dir, log)
