@@ -21,13 +21,13 @@ from typing import Callable, Optional
 import torch
 
 from ...core.progress import format_duration
+from ...quiet import LOG_LEVEL_ENV, quiet_printouts
+
+__all__ = ["LOG_LEVEL_ENV", "TrainingProgress", "progress_from_plan", "quiet_fairseq_printouts", "summarize_at_exit",
+           "summary_line"]
 
 logger = logging.getLogger(__name__)
 
-#: fairseq-train's logger, which prints the whole configuration and the model before training.
-FAIRSEQ_TRAIN_LOGGER = "fairseq_cli.train"
-#: Set to ``debug`` to see the printouts and tables that the plugin and fairseq-train log at the debug level.
-LOG_LEVEL_ENV = "FAIRSEQ_GRADINIT_LOG_LEVEL"
 
 
 class TrainingProgress:
@@ -122,21 +122,7 @@ def summarize_at_exit(result_path: str, save_dir: str) -> None:
 _SUMMARIES: set = set()
 
 
-class _DebugOnly(logging.Filter):
-    """Passes fairseq-train's configuration and model printouts only when its logger logs at DEBUG."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, torch.nn.Module) or type(record.msg).__name__ == "DictConfig":
-            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-        return True
-
-
 def quiet_fairseq_printouts() -> None:
     """Move fairseq-train's printouts of its whole configuration and of the model to the debug level;
-    with ``FAIRSEQ_GRADINIT_LOG_LEVEL=debug``, this package's and fairseq-train's loggers log at debug."""
-    log = logging.getLogger(FAIRSEQ_TRAIN_LOGGER)
-    if os.environ.get(LOG_LEVEL_ENV, "").strip().lower() == "debug":
-        for name in (FAIRSEQ_TRAIN_LOGGER, "fairseq_gradinit"):
-            logging.getLogger(name).setLevel(logging.DEBUG)
-    if not any(isinstance(f, _DebugOnly) for f in log.filters):
-        log.addFilter(_DebugOnly())
+    with ``FAIRSEQ_GRADINIT_LOG_LEVEL=debug``, this package's and fairseq's loggers log at debug."""
+    quiet_printouts()
