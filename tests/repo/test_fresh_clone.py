@@ -93,14 +93,23 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
     assert re.search(r"gradinit iter 2/2 \| .* \| \d+s elapsed, ETA 0s", log)
     assert "gradinit: 2 iterations (" in log
 
-    # step 3 as written: BLEU of the trained checkpoint against the raw test file, as JSON
-    run([sys.executable, *evaluate[1:]], 600)
-    bleu = json.loads((clone / evaluate[evaluate.index("--output-json") + 1]).read_text(encoding="utf-8"))
+    # step 3 as written: BLEU of the trained checkpoint against the raw test file, as JSON next to the checkpoint
+    # (where the README's comment says), nothing in the repository's root
+    bleu_log = run([sys.executable, *evaluate[1:]], 600)
+    named = re.search(r"JSON next to the\s+#\s+checkpoint: (\S+)", (clone / "README.md").read_text(encoding="utf-8"))
+    bleu = json.loads((clone / named.group(1)).read_text(encoding="utf-8"))
     assert isinstance(bleu["bleu"], float) and bleu["signature"].startswith("nrefs:1")
+    assert not list(clone.glob("*.json")), list(clone.glob("*.json"))
 
     # the known third-party deprecation noise is hidden, fairseq's own lines are not (fairseq-train imports
-    # torch.jit before it loads the plugin: that one warning stays)
-    assert "torch.jit.script" not in prepare_log
+    # torch.jit and fairseq's tasks before it loads the plugin: that warning and the tensorboardX hint stay there)
+    assert "torch.jit.script" not in prepare_log and "torch.jit.script" not in bleu_log
+    assert "tensorboardX" not in prepare_log and "tensorboardX" not in bleu_log
+    # fairseq's configuration printouts and hydra's debug lines are at the debug level only; no line is long
+    assert "Namespace(" not in prepare_log and "'common': {" not in bleu_log and "'common': {" not in log
+    assert "DEBUG" not in prepare_log + log + bleu_log
+    long = [line[:150] for line in (prepare_log + log + bleu_log).splitlines() if len(line) > 300]
+    assert not long, long
     for noise in ("hydra.experimental", "version_base", "ConfigStore schema", "strict flag", "key_padding_mask",
                   "pin_memory", "torch.cuda.amp"):
         assert noise not in log and noise not in prepare_log, noise
