@@ -92,6 +92,16 @@ def test_quick_start_runs_from_a_fresh_clone(tmp_path):
     assert (save / "gradinit.json").is_file() and (save / "checkpoint_last.pt").is_file()
     assert re.search(r"gradinit iter 2/2 \| .* \| \d+s elapsed, ETA 0s", log)
     assert "gradinit: 2 iterations (" in log
+    # what the README says the quick start's health line says, and why
+    assert "gradinit: health: DEGENERATE" in log and "reason: no objective iteration ran" in log
+    # docs/run-output.md's example is a stored run of this size: a fresh one prints lines of the same shapes
+    # (the training progress lines come with wall time, so their number varies)
+    spec = importlib.util.spec_from_file_location("run_output_example", REPO / "scripts" / "run_output_example.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    shapes = lambda text: {example.shape(line) for line in example.plugin_lines(text)  # noqa: E731
+                           if "training progress" not in line}
+    assert shapes(log) == shapes(example.STORED.read_text(encoding="utf-8"))
 
     # step 3 as written: BLEU of the trained checkpoint against the raw test file, as JSON next to the checkpoint
     # (where the README's comment says), nothing in the repository's root
