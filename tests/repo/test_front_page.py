@@ -73,8 +73,11 @@ def test_readme_front_page_numbers_are_the_stored_runs():
     g = runs["runs"]["gradinit"]["gradinit_iterations"]
     assert g["constraint"] / (g["constraint"] + g["objective"]) <= HealthThresholds().max_constraint_share
     first = float(other["gradinit_first_line"].split("|g|_2 ")[1].split()[0])
-    assert f"The GradInit run's health line says `health: OK`: ‖g‖ starts at about {first:.0f} times γ = 1" in readme
+    assert f"The GradInit run's health line says `health: OK`: ‖g‖ starts at {first:.1f} times γ = 1" in readme
     assert f"{g['objective']} of its {sum(g.values())} iterations on GradInit's objective" in readme
+    health = " ".join((docs / "health.md").read_text(encoding="utf-8").split())
+    assert g["constraint"] / sum(g.values()) < 0.25
+    assert f"starts at {first:.1f} times γ and spends under a quarter of its iterations on constraint steps" in health
     assert "Its health line says `health: DEGENERATE` with the reason `no objective iteration ran`" in readme
     install = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
     size = readme.split("the environment we test with takes ")[1].split()[0]
