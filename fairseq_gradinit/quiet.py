@@ -1,8 +1,11 @@
-"""Known third-party deprecation noise, hidden in this package's entry points (the fairseq plugin when it
-is loaded, the scripts). Only the warnings listed here are hidden, nothing of fairseq's logging; set
-``FAIRSEQ_GRADINIT_WARNINGS=all`` (or pass ``-W``/``PYTHONWARNINGS`` yourself) to see them all."""
+"""Known third-party noise, kept out of this package's entry points (the fairseq plugin when it is loaded,
+the scripts): the deprecation warnings listed here (``FAIRSEQ_GRADINIT_WARNINGS=all``, or your own
+``-W``/``PYTHONWARNINGS``, shows them), and fairseq's printouts of its whole configuration, of the model and
+its hint about tensorboardX, which go to the debug level (``FAIRSEQ_GRADINIT_LOG_LEVEL=debug`` shows them).
+fairseq's other log lines are unchanged."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -30,9 +33,48 @@ KNOWN_NOISE = (
 )
 
 
+#: Set to ``debug`` to see the printouts and tables that the plugin and fairseq's commands log at the debug level.
+LOG_LEVEL_ENV = "FAIRSEQ_GRADINIT_LOG_LEVEL"
+#: The fairseq loggers whose printouts go to the debug level: the commands' configuration (a Namespace or a
+#: DictConfig, thousands of characters on one line) and model, and the tensorboardX hint of a task module.
+PRINTOUT_LOGGERS = ("fairseq_cli.train", "fairseq_cli.generate", "fairseq_cli.preprocess", "fairseq_cli.validate",
+                    "fairseq_cli.interactive", "fairseq.tasks.text_to_speech")
+#: Start of the messages of those loggers that go to the debug level whatever their type.
+DEBUG_HINTS = ("Please install tensorboardX",)
+
+
+def is_printout(msg) -> bool:
+    """A whole configuration (argparse Namespace, omegaconf DictConfig) or a model (anything with parameters)."""
+    return type(msg).__name__ in ("Namespace", "DictConfig") or callable(getattr(msg, "named_parameters", None))
+
+
+class DebugOnly(logging.Filter):
+    """Passes a printout (:func:`is_printout`) or a hint of :data:`DEBUG_HINTS` only when its logger logs at
+    DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if is_printout(record.msg) or (isinstance(record.msg, str) and record.msg.startswith(DEBUG_HINTS)):
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def quiet_printouts(names=PRINTOUT_LOGGERS) -> None:
+    """Move the printouts of the loggers ``names`` to the debug level (:class:`DebugOnly`); with
+    ``FAIRSEQ_GRADINIT_LOG_LEVEL=debug`` they and this package's loggers log at debug. Idempotent."""
+    debug = os.environ.get(LOG_LEVEL_ENV, "").strip().lower() == "debug"
+    for name in (*names, "fairseq_gradinit") if debug else names:
+        log = logging.getLogger(name)
+        if debug:
+            log.setLevel(logging.DEBUG)
+        if name != "fairseq_gradinit" and not any(isinstance(f, DebugOnly) for f in log.filters):
+            log.addFilter(DebugOnly())
+
+
 def hide_known_noise() -> bool:
     """Hide the warnings of :data:`KNOWN_NOISE` in this process, unless ``FAIRSEQ_GRADINIT_WARNINGS=all``
-    or the user set warning filters (``-W``, ``PYTHONWARNINGS``). Returns whether they are hidden."""
+    or the user set warning filters (``-W``, ``PYTHONWARNINGS``), and move fairseq's printouts to the debug
+    level (:func:`quiet_printouts`). Returns whether the warnings are hidden."""
+    quiet_printouts()
     # fairseq's data iterators set PYTHONWARNINGS to this for their worker processes: not the user's choice.
     user_options = [o for o in sys.warnoptions if o != FAIRSEQ_WORKER_FILTER]
     if os.environ.get(SHOW_ALL_ENV, "").strip().lower() == "all" or user_options:

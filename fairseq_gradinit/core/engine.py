@@ -25,7 +25,7 @@ from .modes import gradinit_mode, math_attention, unwrap_model
 from .distributed import DataParallelGroup
 from .optim import ScaleAdam
 from .precision import loss_in_precision, phase_precision
-from .progress import no_objective_advice
+from .progress import format_duration, no_objective_advice
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import FlatViews, ScaledParameters
 from .uses import UnsteppedUses
@@ -81,11 +81,12 @@ class GradInitResult:
         return sum(r.branch == "objective" for r in self.history)
 
     def to_dict(self) -> dict:
+        config = {("tau" if k == "lr" else k): v for k, v in self.config.to_dict().items()}
         return {
             "scales": dict(self.scales),
             "aliases": {k: list(v) for k, v in self.aliases.items()},
-            "config": self.config.to_dict() if self.gamma is None else {**self.config.to_dict(),
-                                                                          "resolved_gamma": self.gamma},
+            # ``lr`` is written ``tau`` (the scales' learning rate), not to be taken for the training lr
+            "config": config if self.gamma is None else {**config, "resolved_gamma": self.gamma},
             "gamma": self.gamma if self.gamma is not None else self.config.resolved_gamma,
             "history": [dataclasses.asdict(r) for r in self.history],
             "wall_time": self.wall_time,
@@ -549,8 +550,10 @@ def gradinit(
         world_size=engine.dist.world_size,
         gamma=engine.gamma,
     )
-    logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %.1fs",
-                len(result.history), result.num_objective, result.num_constraint, result.num_skipped, wall)
+    # The one measured time of the phase: gradinit.json's wall_time and the plugin's summary line say the same.
+    logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %s",
+                len(result.history), result.num_objective, result.num_constraint, result.num_skipped,
+                format_duration(wall))
     advice = no_objective_advice([r.branch for r in result.history], [r.grad_norm for r in result.history],
                                  engine.gamma, config.norm_p)
     if advice:

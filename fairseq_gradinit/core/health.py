@@ -27,8 +27,8 @@ docstring):
   listed (a BatchNorm re-normalizes every batch, and the thresholds were set on LayerNorm evidence);
 * per block (:func:`block_of`), the root-mean-square of dL/dtheta before and after the scales on the
   same batch (:func:`block_gradient_rms`);
-* the phase (:func:`phase_health`): the share of constraint iterations and ||g|| at iteration 1
-  against gamma; a phase without any objective iteration is always degenerate;
+* the phase (:func:`phase_health`): the share of constraint iterations (||g|| at iteration 1
+  against gamma is named as its cause); a phase without any objective iteration is always degenerate;
 * multiplicative pairs (:data:`MULTIPLICATIVE_PAIRS`) with both scales near their lower bound.
 """
 from __future__ import annotations
@@ -86,12 +86,15 @@ class HealthThresholds:
     GradInit did not prepare its first steps; it barely moves at first and takes full-lr Adam steps
     once the rest of the model makes its gradient coherent, without a warmup to soften them.
 
-    ``max_constraint_share`` = 0.6 and ``max_initial_norm_ratio`` = 10: constraint iterations only
-    push ||g|| down; the scales of a phase made mostly of them answer "how to cut ||g|| fastest", not
-    GradInit's objective. A phase that reaches gamma alternates between the two branches (at most
-    about half constraint iterations); a share above 0.6 needs a long run of constraint iterations,
-    as a ||g|| at iteration 1 far above gamma (``max_initial_norm_ratio`` times) forces. A phase
-    without any objective iteration is always flagged.
+    ``max_constraint_share`` = 0.6: constraint iterations only push ||g|| down; the scales of a phase
+    made mostly of them answer "how to cut ||g|| fastest", not GradInit's objective. A phase that
+    reaches gamma alternates between the two branches (at most about half constraint iterations); a
+    share above 0.6 needs a long run of constraint iterations. Only the share decides, so that the
+    reason never contradicts the branch counts printed beside it. ``max_initial_norm_ratio`` = 10:
+    a ||g|| at iteration 1 more than this many times gamma forces such a run, and is named as its
+    cause in the reason of a phase over the share; alone it flags nothing (a phase that starts far
+    above gamma and then alternates did optimize its objective). A phase without any objective
+    iteration is always flagged.
 
     ``pair_floor_factor`` = 2: a multiplicative pair (``q_proj`` & ``k_proj``, ``v_proj`` &
     ``out_proj``, ``fc1`` & ``fc2`` of one module) is switched off together when both scales are at
@@ -458,15 +461,15 @@ def _phase_reasons(phase: PhaseHealth, th: HealthThresholds) -> List[str]:
         return [f"no objective iteration ran: all {phase.constraint} iterations that were not skipped were "
                 "constraint iterations, so the loss after one step was never optimized"]
     share, ratio = phase.constraint_share, phase.initial_norm_ratio
-    why = []
-    if share is not None and share > th.max_constraint_share:
-        why.append(f"{phase.constraint} of {phase.objective + phase.constraint} iterations were constraint "
-                   f"iterations ({100 * share:.0f}%, more than {100 * th.max_constraint_share:.0f}%)")
+    # The share decides: a phase that started far above gamma but then alternated between the branches
+    # optimized the loss after one step most of the time. A high start only explains a high share.
+    if share is None or not share > th.max_constraint_share:
+        return []
+    why = [f"{phase.constraint} of {phase.objective + phase.constraint} iterations were constraint "
+           f"iterations ({100 * share:.0f}%, more than {100 * th.max_constraint_share:.0f}%)"]
     if ratio is not None and ratio > th.max_initial_norm_ratio:
         why.append(f"||g|| at iteration 1 was {ratio:.3g} times gamma ({phase.first_grad_norm:.5g} against "
                    f"{phase.gamma:.5g}; more than {th.max_initial_norm_ratio:g})")
-    if not why:
-        return []
     return ["the phase was constraint-bound: " + " and ".join(why) + "; the scales mostly learned to cut ||g||, "
             "not the loss after one step (a larger gamma, e.g. --gradinit-gamma-init-factor, lets it optimize)"]
 

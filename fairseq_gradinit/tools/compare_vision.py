@@ -38,6 +38,8 @@ logger = logging.getLogger("compare_vision")
 COMMAND = "gradinit-compare-vision"
 
 INITS = ("kaiming", "gradinit")
+#: Environment variables that choose PyTorch's, oneDNN's and MKL's CPU kernels (recorded with a run).
+KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS")
 LABELS = {"kaiming": "Kaiming init", "gradinit": "GradInit"}
 DATASET_NAMES = {"fashion-mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "synthetic": "synthetic images",
                  "imagefolder": "an image folder"}
@@ -128,6 +130,8 @@ def run_arm(targs) -> Dict[str, Any]:
         "init_wall_time": log.get("init_wall_time"), "train_wall_time": last["train_time"],
         "eval_wall_time": last["eval_time"], "wall_time": elapsed, "gradinit_iterations": branches,
         "health": (info.get("health") or {}).get("verdict"),
+        "health_reasons": (info.get("health") or {}).get("reasons"),
+        "phase": (info.get("health") or {}).get("phase"),
         "curve": [{k: r[k] for k in ("step", "loss", "acc")} for r in log.get("steps", [])],
         "output_dir": targs.output_dir,
     }
@@ -140,11 +144,26 @@ def describe(args, steps: int, test_images: int) -> str:
     return f"{net} on {data}: {steps} steps of {args.batch_size} images, test accuracy on {test_images} images"
 
 
+def cpu_model() -> Optional[str]:
+    """The CPU's model name (Linux), else None."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def conditions() -> Dict[str, Any]:
-    """What the timings depend on."""
+    """What the timings depend on, and the CPU kernels the numbers depend on (another CPU or kernel set
+    adds rounding differences that 120 training steps grow into other accuracies)."""
     return {"torch_threads": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "python": platform.python_version(),
-            "machine": platform.machine()}
+            "machine": platform.machine(), "cpu_model": cpu_model(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "kernel_env": {k: os.environ[k] for k in KERNEL_ENV if k in os.environ}}
 
 
 def report_lines(result: Dict[str, Any]) -> List[str]:
@@ -218,13 +237,23 @@ def compare(args, extra: Sequence[str]) -> Dict[str, Any]:
     parser = train_parser()
     parser.prog = COMMAND
     arms = {init: parser.parse_args(arm_argv(args, init, extra)) for init in INITS}  # both checked first
+    load_before = load_average()
     start = time.perf_counter()
     runs = {init: run_arm(targs) for init, targs in arms.items()}
     steps = runs["kaiming"]["steps"]
     return {"title": describe(args, steps, runs["kaiming"]["test_images"]), "model": args.model, "bn": args.bn,
             "width": args.width, "dataset": args.dataset, "batch_size": args.batch_size, "steps": steps,
             "gradinit_iters": args.gradinit_iters, "seed": args.seed, "extra_flags": list(extra),
-            "wall_time": time.perf_counter() - start, "conditions": conditions(), "runs": runs}
+            "wall_time": time.perf_counter() - start,
+            "conditions": {**conditions(), "load_average_1min": [load_before, load_average()]}, "runs": runs}
+
+
+def load_average() -> Optional[float]:
+    """The 1-minute load average (other programs' demand for the CPU, which the times depend on), else None."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -625,7 +625,10 @@ def run_generate(
     config line. With ``time_limit``, the run is stopped (:class:`TimeLimitReached`) once the
     measured rate projects a total beyond it, or when it is reached.
     """
-    print("running: " + " ".join(cmd), file=sys.stderr, flush=True)
+    # one short line: the whole command, with the user's paths, is the result's generate_command
+    what = f"python -m {cmd[2]}" if len(cmd) > 2 and cmd[1] == "-m" else cmd[0]
+    print(f"evaluate_bleu: running fairseq-generate ({what}; the whole command is generate_command in the result)",
+          file=sys.stderr, flush=True)
     t0 = time.time()
     meter = meter or DecodeMeter(None, t0=t0)
     meter.t0 = meter.last_log_line = t0

@@ -9,6 +9,8 @@ token costs far more host time than a list's int. The strings are the same.
 """
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from typing import Optional, Sequence
 
@@ -35,7 +37,19 @@ def patch_dictionary_string() -> None:
         Dictionary.string = string_from_host_list(Dictionary.string)
 
 
+def configure_logging() -> None:
+    """fairseq-generate's own log format and level, set before fairseq is imported: importing fairseq runs a
+    module's ``logging.basicConfig(level=logging.DEBUG)`` (its wav2vec2 classifier), which would otherwise win
+    over fairseq-generate's and print hydra's debug lines in Python's default format."""
+    logging.basicConfig(format="%(asctime)s | %(levelname)s | %(name)s | %(message)s", datefmt="%Y-%m-%d %H:%M:%S",
+                        level=os.environ.get("LOGLEVEL", "INFO").upper(), stream=sys.stderr)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> None:
+    from ..quiet import hide_known_noise
+
+    configure_logging()
+    hide_known_noise()  # before fairseq's imports, which warn
     from fairseq_cli import generate
 
     # `python -m` imported this package before fairseq, so the plugin did not register itself, and fairseq's

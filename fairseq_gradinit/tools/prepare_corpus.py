@@ -295,7 +295,9 @@ def preprocess_arguments(args, spm_dir: Path, bin_dir: Path) -> List[str]:
 def run_preprocess(args, spm_dir: Path, bin_dir: Path) -> None:
     # In this process: fairseq-preprocess as a subprocess would import torch and fairseq a second time.
     argv = preprocess_arguments(args, spm_dir, bin_dir)
-    logger.info("binarizing: fairseq-preprocess %s", " ".join(argv))
+    # the whole command holds every path: one short line here, the command at the debug level
+    logger.info("binarizing with fairseq-preprocess into %s", bin_dir)
+    logger.debug("fairseq-preprocess %s", " ".join(argv))
     t0 = time.time()
     try:
         from fairseq import options

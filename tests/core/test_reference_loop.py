@@ -175,6 +175,8 @@ def test_scale_bounds_select_and_validate():
         assert lo - 1e-12 <= v <= hi + 1e-12, (n, v)
     assert res.to_dict()["config"]["scale_bounds"] == [["re:layers\\.0\\.fc1\\.weight$", 0.5, 3.0],
                                                        ["bias", 0.0, None], ["norm", 0.2, 1.0]]
+    # the scales' learning rate is written as tau, so that no one takes it for the training lr
+    assert res.to_dict()["config"]["tau"] == 0.5 and "lr" not in res.to_dict()["config"]
     for bad, msg in [([("weights", 0, 1)], "expected one of"), ([("bias", -1, None)], "min_scale"),
                      ([("bias", 2, 1)], "below min_scale"), ([("re:(", 0, 1)], "regular expression"),
                      (("bias", 0, None), "scale bound"), ("bias", "scale_bounds")]:

@@ -116,8 +116,17 @@ def test_constraint_share_and_first_norm_thresholds():
     assert scale_verdict({"a.weight": 1.0}, history=hist(["constraint", "objective"] * 10), gamma=1.0).ok
     bound = scale_verdict({"a.weight": 1.0}, history=hist(["constraint"] * 7 + ["objective"] * 3), gamma=1.0)
     assert not bound.ok and "7 of 10 iterations were constraint iterations (70%, more than 60%)" in bound.reasons[0]
+    # a start far above gamma flags nothing once the phase alternates (the vision demo: 9 of 39 constraint)
     far = scale_verdict({"a.weight": 1.0}, history=hist(["constraint", "objective"] * 5, first=25.0), gamma=2.0)
-    assert not far.ok and "||g|| at iteration 1 was 12.5 times gamma" in far.reasons[0]
+    assert far.ok and far.phase.initial_norm_ratio == 12.5
+    demo = scale_verdict({"a.weight": 1.0}, history=hist(["constraint"] * 9 + ["objective"] * 30, first=13.5),
+                         gamma=1.0)
+    assert demo.ok and "(23% constraint)" in "\n".join(demo.table())
+    # ... and is named as the cause of a phase over the share
+    both = scale_verdict({"a.weight": 1.0}, history=hist(["constraint"] * 7 + ["objective"] * 3, first=25.0),
+                         gamma=2.0)
+    assert len(both.reasons) == 1 and "(70%, more than 60%) and ||g|| at iteration 1 was 12.5 times gamma" \
+        in both.reasons[0]
     skipped_first = [{"branch": "skipped", "grad_norm": float("nan")}] + hist(["objective"], first=3.0)
     assert phase_health(skipped_first, 1.0).first_grad_norm == 3.0
 

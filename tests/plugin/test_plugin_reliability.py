@@ -193,7 +193,7 @@ def test_cli_refusal_is_one_line_without_traceback(tiny_data, tmp_path):
         "(the training learning rate)")
     assert "Traceback" not in proc.stderr and not (tmp_path / "ck").exists()
     # The plugin said once, at load, what it changes in fairseq (fairseq-train logs to stdout).
-    assert proc.stdout.count("fairseq_gradinit plugin loaded; changes to fairseq:") == 1, proc.stdout[-2000:]
+    assert proc.stdout.count("gradinit: plugin loaded; changes to fairseq:") == 1, proc.stdout[-2000:]
     assert "task 'translation' is served by TranslationGradInitTask" in proc.stdout
     assert "torch.load(weights_only=False)" in proc.stdout
 

@@ -11,6 +11,7 @@ import torch
 
 pytest.importorskip("fairseq")
 
+from fairseq_gradinit.core.progress import format_duration  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.phase.run_log import TrainingProgress, summary_line  # noqa: E402
 
 from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
@@ -50,6 +51,18 @@ def test_progress_line_every_interval_with_the_mean_loss_in_base_2(caplog):
     assert f"loss {3 / math.log(2):.4g} over the last 4 updates" in lines[0]
 
 
+def test_progress_line_says_the_time_left_to_max_update(caplog):
+    clock = Clock()
+    progress = TrainingProgress(10.0, clock=clock, max_update=100)
+    caplog.set_level(logging.INFO, logger="fairseq_gradinit.fairseq_plugin.phase.run_log")
+    for update in range(10):  # 2 s per update: 0.5 updates/s
+        progress.on_train_step(update, (torch.tensor(1.0), 1, {}), ignore_grad=False)
+        clock.t += 2.0
+    lines = [r.getMessage() for r in caplog.records]
+    # due at update 6, 10 s in: 0.6 updates/s, so the 94 updates left take 157 s
+    assert lines[0].startswith("gradinit: training progress: update 6/100, 10s elapsed, 0.6 updates/s, ETA 2m37s")
+
+
 def test_summary_line_reads_the_result_file(tmp_path):
     record = {"iterations": 20, "num_objective": 0, "num_constraint": 20, "num_skipped": 0, "wall_time": 75.0,
               "health": {"verdict": "degenerate"}}
@@ -73,8 +86,15 @@ def test_fairseq_train_says_what_happened_in_short_lines(tmp_path):
     long = [f"{len(line)}: {line[:120]}" for line in lines if len(line) > MAX_LINE]
     assert not long, long
     assert sum("gradinit: training progress: update " in line for line in lines) >= 3
+    assert all(", ETA " in line for line in lines if "gradinit: training progress: update " in line)
     summary = [line for line in lines if "gradinit: summary: 3 iterations (" in line]
     assert len(summary) == 1 and str(save / "gradinit.json") in summary[0]
+    # the phase's one measured time: its last line, the summary and gradinit.json say the same
+    saved = json.loads((save / "gradinit.json").read_text())
+    took = format_duration(saved["wall_time"])
+    assert sum(line.endswith(f" skipped) in {took}") and "gradinit: 3 iterations (" in line for line in lines) == 1
+    assert f" skipped) in {took}; health: " in summary[0] and saved["wall_time_total"] >= saved["wall_time"]
+    assert saved["config"]["tau"] == 2.5e-3 and "lr" not in saved["config"]  # the default tau, not the training lr
     assert lines.index(summary[0]) > max(i for i, line in enumerate(lines) if "done training" in line)
     # the model printout and the whole configuration: not at the default level, and still recorded
     assert "TransformerEncoder(" not in out and "'common': {" not in out

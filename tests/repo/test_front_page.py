@@ -64,6 +64,24 @@ def test_readme_front_page_numbers_are_the_stored_runs():
     assert (runs["model"], runs["bn"], runs["width"], runs["steps"], runs["batch_size"], runs["gradinit_iters"]) == \
         ("vgg19", True, 0.25, 120, 128, 39)
     assert "120 steps of 128 images each" in readme and "after 39 GradInit iterations" in readme
+    # the spread across machines, and the health line each demo ends with and why
+    other = json.loads((docs / "compare-vision-kaiming-epyc.json").read_text(encoding="utf-8"))
+    assert f"on a 2-core {other['conditions']['cpu_model']} the Kaiming run gave " \
+           f"{other['kaiming_log']['epochs'][-1]['test_acc']:.1f} %" in readme
+    from fairseq_gradinit.core.health import HealthThresholds
+
+    g = runs["runs"]["gradinit"]["gradinit_iterations"]
+    assert g["constraint"] / (g["constraint"] + g["objective"]) <= HealthThresholds().max_constraint_share
+    first = float(other["gradinit_first_line"].split("|g|_2 ")[1].split()[0])
+    assert f"The GradInit run's health line says `health: OK`: ‖g‖ starts at {first:.1f} times γ = 1" in readme
+    assert f"{g['objective']} of its {sum(g.values())} iterations on GradInit's objective" in readme
+    health = " ".join((docs / "health.md").read_text(encoding="utf-8").split())
+    assert g["constraint"] / sum(g.values()) < 0.25
+    assert f"starts at {first:.1f} times γ and spends under a quarter of its iterations on constraint steps" in health
+    assert "Its health line says `health: DEGENERATE` with the reason `no objective iteration ran`" in readme
+    install = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
+    size = readme.split("the environment we test with takes ")[1].split()[0]
+    assert f"the virtual environment we test with takes {size} GB" in install
     ratios = []
     for name in ("threads-quickstart.json", "threads-quickstart-loaded.json"):
         rows = json.loads((docs / name).read_text(encoding="utf-8"))["runs"]

@@ -56,3 +56,25 @@ def test_noise_shown_with_the_variable_or_the_users_own_filters():
         for noise in ("hydra.experimental", "version_base", "package header", "ConfigStore", "key_padding_mask",
                       "device pinned memory", "torch.amp.autocast", "torch.jit.script"):
             assert noise in err, noise
+
+
+def test_the_pytest_config_hides_the_same_noise():
+    """pyproject.toml's pytest filters and KNOWN_NOISE hide the same messages (the EMIT samples), nothing of ours."""
+    import ast
+    import re
+    import tomllib  # Python >= 3.11, the supported versions
+
+    from fairseq_gradinit.quiet import KNOWN_NOISE
+
+    with open(REPO / "pyproject.toml", "rb") as f:
+        filters = tomllib.load(f)["tool"]["pytest"]["ini_options"]["filterwarnings"]
+    patterns = [f.split(":", 1)[1] for f in filters if f.startswith("ignore:")]
+    assert len(patterns) == len(filters) == len(KNOWN_NOISE)
+    samples = [node.args[0].value for node in ast.walk(ast.parse(EMIT))
+               if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "warn"]
+    ours = [s for s in samples if s.startswith(("a warning of our own", "torch.cuda.amp.autocast is used"))]
+    assert len(samples) == 10 and len(ours) == 2
+    for sample in samples:
+        by_pytest = any(re.match(p, sample) for p in patterns)
+        by_commands = any(re.match(p, sample) for p in KNOWN_NOISE)
+        assert by_pytest == by_commands == (sample not in ours), sample

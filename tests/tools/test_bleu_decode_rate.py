@@ -194,8 +194,9 @@ def test_decode_benchmark_times_alone_and_at_once(tiny_data, untrained, tmp_path
             assert d["returncode"] == 0 and d["n_sentences"] == 40 and d["decode"]["sentences_done"] == 40
             assert 0 < d["wall_s"] <= case["wall_s"] and d["cpu_s"] > 0
     def module(log):
-        running = next(line for line in (tmp_path / "bench" / log).read_text().splitlines() if line.startswith("running: "))
-        return running.split()[3]
+        running = next(line for line in (tmp_path / "bench" / log).read_text().splitlines()
+                       if line.startswith("evaluate_bleu: running fairseq-generate (python -m "))
+        return running.split()[5].rstrip(";")
 
     assert module("stock.0.log") == "fairseq_cli.generate"
     assert module("two.1.log") == "fairseq_gradinit.tools.host_generate"

@@ -133,3 +133,68 @@ def test_quick_start_page_quotes_the_suite_thread_measurement():
     now = one_line.split(", now ", 1)[1].split(")", 1)[0]
     assert len(re.findall(r"`(tests/[\w/]+\.py)`", now)) == 3
     assert all((REPO / p).is_file() for p in re.findall(r"`(tests/[\w/]+\.py)`", now))
+
+
+def load_probe_script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("demo_probe_under_test", REPO / "scripts" / "demo_probe.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def probe_run():
+    """The demo's command path at the probe's tiny size, run once: (the script, its comparison record)."""
+    probe = load_probe_script()
+    return probe, probe.run_probe()
+
+
+def test_the_stored_run_has_the_format_of_a_fresh_run(probe_run):
+    """Every field of docs/compare-vision.json is still written by the command, with the same type."""
+    _, fresh = probe_run
+    stored = json.loads((REPO / "docs" / "compare-vision.json").read_text(encoding="utf-8"))
+
+    def missing(a, b, where):
+        if isinstance(a, dict):
+            if not isinstance(b, dict):
+                return [where]
+            return [m for k in a for m in (missing(a[k], b[k], f"{where}.{k}") if k in b else [f"{where}.{k}"])]
+        if isinstance(a, list) and a and isinstance(b, list) and b:
+            return missing(a[0], b[0], f"{where}[0]")
+        numbers = (int, float)
+        same = isinstance(a, numbers) and isinstance(b, numbers) or a is None or b is None or isinstance(b, type(a))
+        return [] if same else [f"{where}: {type(a).__name__} stored, {type(b).__name__} now"]
+
+    assert missing(stored, fresh, "compare") == []
+    assert fresh["conditions"]["cpu_capability"] and len(fresh["conditions"]["load_average_1min"]) == 2
+    assert fresh["runs"]["gradinit"]["phase"]["iterations"] == 3 and fresh["runs"]["kaiming"]["phase"] is None
+
+
+def test_the_demo_computes_what_its_stored_run_was_made_with(probe_run):
+    """The tripwire of scripts/demo_probe.py: the tiny run's first numbers are the stored probe's, and the probe
+    was stored with the run in docs/compare-vision.json."""
+    probe, fresh = probe_run
+    stored = json.loads(probe.PROBE.read_text(encoding="utf-8"))
+    assert stored["argv"] == probe.ARGV
+    assert probe.differences(probe.numbers(fresh), stored["runs"], stored["rtol"]) == [], \
+        "the demo's code path computes other numbers: rerun the demo, then python scripts/demo_probe.py --write"
+    assert stored["stored_sha256"] == probe.sha256(probe.STORED), "run python scripts/demo_probe.py --write"
+
+
+def test_the_other_cpu_page_quotes_its_measurement():
+    doc = " ".join((REPO / "docs" / "quickstart-vision.md").read_text(encoding="utf-8").split())
+    other = json.loads((REPO / "docs" / "compare-vision-kaiming-epyc.json").read_text(encoding="utf-8"))
+    stored = json.loads((REPO / "docs" / "compare-vision.json").read_text(encoding="utf-8"))
+    c = other["conditions"]
+    assert other["kaiming_log"]["args"]["init"] == "kaiming" and other["kaiming_log"]["steps_per_epoch"] == 120
+    assert (f"The same command on a {c['cpu_count']}-core {c['cpu_model']} ({c['cpu_capability']} kernels, torch "
+            f"{c['torch'].split('+')[0]}, one thread) gave {other['kaiming_log']['epochs'][-1]['test_acc']:.1f} % for "
+            f"Kaiming's initialization, against {stored['runs']['kaiming']['test_acc']:.1f} % in the stored run") in doc
+    first = re.search(r"\|g\|_2 ([\d.]+) \(gamma 1\)", other["gradinit_first_line"]).group(1)
+    assert f"(‖g‖₂ {first} at iteration 1)" in doc
+    g = stored["runs"]["gradinit"]["gradinit_iterations"]
+    assert f"({g['constraint']} constraint and {g['objective']} objective iterations in the stored run)" in doc
+    probe = load_probe_script()
+    assert probe.RTOL == 1e-3 and "relative tolerance of 1e-3" in doc and "`tests/data/compare-vision-probe.json`" in doc

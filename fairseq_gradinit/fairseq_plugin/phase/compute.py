@@ -240,7 +240,7 @@ def compute(run: GradInitRun, model):
                 out = result.to_dict()
                 out.update(summary=summary, uses=effective_use_scales(model, result.scales),
                            max_tokens=max_tokens, derived=list(plan.derived), device=str(device),
-                           wall_time=time.time() - start, fingerprint=current, health=health,
+                           wall_time_total=time.time() - start, fingerprint=current, health=health,
                            cudnn_sdpa_guard=run.sdpa_guard)
                 _write(path, out, resume_path)
         except KeyboardInterrupt as e:

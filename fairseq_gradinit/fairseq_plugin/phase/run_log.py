@@ -3,8 +3,9 @@
 fairseq prints training statistics every ``--log-interval`` updates, which can be many minutes apart (or
 not at all before the run ends) when the output goes to a file. With GradInit on, the plugin adds a
 progress line whenever ``--gradinit-progress-seconds`` of wall time have passed (update number, updates
-per second, the mean loss since the last line) and, when the process ends, one summary line of the
-GradInit phase read from ``gradinit.json`` (iterations by branch, health verdict, where the files are).
+per second, the mean loss since the last line, the time left to ``--max-update``) and, when the process
+ends, one summary line of the GradInit phase read from ``gradinit.json`` (iterations by branch, health
+verdict, where the files are).
 The model printout and the full configuration that fairseq-train logs first go to the debug level
 (:func:`quiet_fairseq_printouts`): they are the checkpoint's ``cfg`` and the model's ``repr``.
 """
@@ -21,13 +22,13 @@ from typing import Callable, Optional
 import torch
 
 from ...core.progress import format_duration
+from ...quiet import LOG_LEVEL_ENV, quiet_printouts
+
+__all__ = ["LOG_LEVEL_ENV", "TrainingProgress", "progress_from_plan", "quiet_fairseq_printouts", "summarize_at_exit",
+           "summary_line"]
 
 logger = logging.getLogger(__name__)
 
-#: fairseq-train's logger, which prints the whole configuration and the model before training.
-FAIRSEQ_TRAIN_LOGGER = "fairseq_cli.train"
-#: Set to ``debug`` to see the printouts and tables that the plugin and fairseq-train log at the debug level.
-LOG_LEVEL_ENV = "FAIRSEQ_GRADINIT_LOG_LEVEL"
 
 
 class TrainingProgress:
@@ -36,8 +37,11 @@ class TrainingProgress:
     The loss is summed on the device and read once per line, so that training waits for the device no
     more often than that."""
 
-    def __init__(self, every_seconds: float, clock: Optional[Callable[[], float]] = None):
+    def __init__(self, every_seconds: float, clock: Optional[Callable[[], float]] = None, *,
+                 max_update: Optional[int] = None):
         self.every_seconds = every_seconds
+        #: --max-update (0 or None: no limit, no ETA)
+        self.max_update = max_update or None
         self.clock = clock or time.monotonic
         self.start: Optional[float] = None
         self.last_time = 0.0
@@ -65,8 +69,12 @@ class TrainingProgress:
     def line(self, updates_done: int, now: float) -> str:
         """The progress line after ``updates_done`` updates; the interval restarts."""
         rate = (updates_done - self.last_update) / max(now - self.start, 1e-9)
-        text = (f"gradinit: training progress: update {updates_done}, {format_duration(now - self.start)} elapsed, "
-                f"{rate:.3g} updates/s")
+        of = f"/{self.max_update}" if self.max_update else ""
+        text = (f"gradinit: training progress: update {updates_done}{of}, {format_duration(now - self.start)} "
+                f"elapsed, {rate:.3g} updates/s")
+        if self.max_update and rate > 0:
+            # at the mean rate since training started (validation and checkpoints not counted ahead)
+            text += f", ETA {format_duration(max(0, self.max_update - updates_done) / rate)}"
         if self.loss_sum is not None and self.sample_size > 0:
             loss = float(self.loss_sum) / self.sample_size / math.log(2)
             n = len(self.updates)
@@ -79,7 +87,9 @@ class TrainingProgress:
 def progress_from_plan(plan) -> Optional[TrainingProgress]:
     """The run's :class:`TrainingProgress`, or None when GradInit is off or the interval is 0."""
     seconds = plan.setting("gradinit_progress_seconds", 0) or 0
-    return TrainingProgress(float(seconds)) if plan.enabled and seconds > 0 else None
+    max_update = plan.setting("gradinit_train_max_update", 0)
+    max_update = max_update if isinstance(max_update, int) and not isinstance(max_update, bool) else None
+    return TrainingProgress(float(seconds), max_update=max_update) if plan.enabled and seconds > 0 else None
 
 
 def summary_line(result_path: str, save_dir: str) -> Optional[str]:
@@ -122,21 +132,7 @@ def summarize_at_exit(result_path: str, save_dir: str) -> None:
 _SUMMARIES: set = set()
 
 
-class _DebugOnly(logging.Filter):
-    """Passes fairseq-train's configuration and model printouts only when its logger logs at DEBUG."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.msg, torch.nn.Module) or type(record.msg).__name__ == "DictConfig":
-            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-        return True
-
-
 def quiet_fairseq_printouts() -> None:
     """Move fairseq-train's printouts of its whole configuration and of the model to the debug level;
-    with ``FAIRSEQ_GRADINIT_LOG_LEVEL=debug``, this package's and fairseq-train's loggers log at debug."""
-    log = logging.getLogger(FAIRSEQ_TRAIN_LOGGER)
-    if os.environ.get(LOG_LEVEL_ENV, "").strip().lower() == "debug":
-        for name in (FAIRSEQ_TRAIN_LOGGER, "fairseq_gradinit"):
-            logging.getLogger(name).setLevel(logging.DEBUG)
-    if not any(isinstance(f, _DebugOnly) for f in log.filters):
-        log.addFilter(_DebugOnly())
+    with ``FAIRSEQ_GRADINIT_LOG_LEVEL=debug``, this package's and fairseq's loggers log at debug."""
+    quiet_printouts()

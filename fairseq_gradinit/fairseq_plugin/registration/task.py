@@ -71,7 +71,7 @@ def _log_changes_to_fairseq() -> None:
     quiet_fairseq_printouts()
     changes.append("fairseq-train's printouts of the whole configuration and of the model are logged at the debug "
                    f"level ({LOG_LEVEL_ENV}=debug shows them)")
-    logger.info("fairseq_gradinit plugin loaded; changes to fairseq: %d, one per line", len(changes))
+    logger.info("gradinit: plugin loaded; changes to fairseq: %d, one per line", len(changes))
     for change in changes:
         logger.info("gradinit: change to fairseq: %s", change)
 

@@ -103,13 +103,14 @@ class PluginOptions(FairseqDataclass):
         "gradinit.json and monitor.jsonl (docs/reliability.md)"))
     gradinit_progress_seconds: float = option(60.0, result=False, help=(
         "with GradInit (or an init file): during training, log a progress line (update, updates per second, mean "
-        "loss since the last line) whenever this many seconds of wall time have passed, whatever --log-interval "
-        "says; 0: off"))
+        "loss since the last line, time left to --max-update) whenever this many seconds of wall time have "
+        "passed, whatever --log-interval says; 0: off"))
     # Global settings the task needs; not command-line options of their own.
     # Typed Any, not bool/int: fairseq's namespace-to-config conversion casts bool/int fields, and
     # bool("${common.cpu}") is True, which would silently run GradInit on the CPU of GPU machines.
     gradinit_train_lr: Any = II("optimization.lr")
     gradinit_train_max_tokens: Any = II("dataset.max_tokens")
+    gradinit_train_max_update: Any = II("optimization.max_update")
     gradinit_train_batch_size: Any = II("dataset.batch_size")
     gradinit_train_subset: Any = II("dataset.train_subset")
     gradinit_valid_subset: Any = II("dataset.valid_subset")

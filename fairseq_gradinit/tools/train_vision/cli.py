@@ -27,6 +27,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from ...core.options import add_arguments
+from ...core.progress import format_duration
 from ...quiet import quiet_command
 from ...vision import list_models
 from .data import DATASETS, Limited, build_datasets
@@ -274,7 +275,7 @@ def initialize(args, model, train_set, device: torch.device, uses_bn: bool, log:
         raise RunFailure(f"--init {args.init}: {e}") from None
     log["init"] = info
     log["init_wall_time"] = info["wall_time"]
-    logger.info("%s took %.1fs", args.init, info["wall_time"])
+    logger.info("%s took %s", args.init, format_duration(info["wall_time"]))
 
 
 def cli(argv: Optional[Sequence[str]] = None) -> int:
