@@ -98,9 +98,11 @@ def test_readme_front_page_numbers_are_the_stored_runs():
     assert f"reaches {g[0]:.2f} % and {g[1]:.2f} % (two seeds)" in readme
 
 
-def test_readme_python_api_block_runs_as_written():
-    """The front page's Python snippet, run on a tiny model with its names bound (iters cut to 3)."""
+def test_readme_python_api_block_runs_as_written(monkeypatch, capsys):
+    """The front page's Python snippet, run on a tiny model with its names bound (iters cut to 3): it runs, and
+    GradInit logs its progress at the level the snippet sets."""
     import copy
+    import logging
     import re
 
     import torch
@@ -116,8 +118,16 @@ def test_readme_python_api_block_runs_as_written():
         return torch.nn.functional.cross_entropy(m(batch[0]), batch[1])
 
     scope = {"model": model, "batches": data, "loss_fn": loss_fn, "other_model_with_same_init": twin}
+    # logging as a fresh script has it (pytest's capture handlers aside), restored afterwards
+    monkeypatch.setattr(logging.root, "handlers", [])
+    monkeypatch.setattr(logging.root, "level", logging.WARNING)
     exec(compile(block.replace("iters=780", "iters=3"), "README.md", "exec"), scope)
     result = scope["result"]
     assert len(result.history) == 3 and set(result.scales) <= {n for n, _ in model.named_parameters()}
+    err = capsys.readouterr().err  # the snippet's basicConfig printed to stderr, as in a script
+    assert "INFO:fairseq_gradinit.core.engine:gradinit iter 1/3 |" in err and "every 50 iterations and 30 s" in block
+    from fairseq_gradinit.core import GradInitConfig
+
+    assert (GradInitConfig.log_interval, GradInitConfig.log_seconds) == (50, 30.0)
     for (name, p), (_, q) in zip(model.named_parameters(), twin.named_parameters()):
         assert torch.allclose(p, q), name  # apply_scales reproduced the learned weights on the twin
