@@ -63,19 +63,20 @@ H100 = Throughput(
     phase_weight=1.24,
     source="lab/record/evidence/nowarmup-d512-authors-2026-11-26 (one H100)",
 )
-#: A 2-core CPU, one thread per process (two processes at once), the d=128 testbed (preset ``testbed``):
-#: lab/record/cpu-testbed-d128 measured ~0.6 s per 2048-token update and ~2.4 s per constraint iteration on an
-#: idle core, and a 780-iteration phase of 20 min 43 s beside a training run; validation every 100 updates
-#: in both modes and the monitor's records are folded into the arm rate.
+#: A 2-core CPU, one thread per process, the d=128 testbed (preset ``testbed``), measured in its first batch
+#: (lab/record/testbed-d128.md): two arms at once took 15.2-16.7 minutes for 800 updates with validation in
+#: both modes and the monitor every 100 (0.85 updates/s each, start-up included); 200-iteration screening
+#: phases beside another process 10.2-10.9 minutes and the 780-iteration phase ~38 minutes (2300 s used).
+#: Beyond two processes the machine's total rate stays what it was at two.
 CPU2 = Throughput(
     name="cpu2",
     label="2-core CPU (one thread per process)",
-    arm_rate=((1.0, 1.45), (2.0, 1.45)),
-    phase_s=((1.0, 1243.0), (2.0, 1243.0)),
+    arm_rate=((2.0, 0.85),),
+    phase_s=((2.0, 2300.0),),
     phase_weight=1.0,
     startup_s=15.0,
     overhead_s=10.0,
-    source="lab/record/testbed-d128.md (one idle 2-core machine)",
+    source="lab/record/testbed-d128.md (one 2-core machine, two processes at once)",
     cpu=True,
 )
 THROUGHPUT: Dict[str, Throughput] = {t.name: t for t in (H200, H100, CPU2)}

@@ -688,6 +688,7 @@ TESTBED = Preset(
         _tb("gi-K2", TB_SCREEN + GAMMA_INIT_FACTOR, "variant: the screening phase with gamma = 2 x the init's norm"),
         _tb("gi-look4", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4,
             "variant: the screening phase, gamma = 2 x the init's norm, the loss after 4 simulated Adam steps"),
+        _tb("gi-look4-s2", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4 + ("--seed", "2"), "gi-look4 at seed 2"),
         _tb("gi-look4-g", TB_SCREEN + LOOKAHEAD_4,
             "variant: the screening phase (gamma of the plain usage line), the loss after 4 simulated Adam steps"),
     ),

@@ -123,3 +123,35 @@ def test_the_user_page_states_what_the_evidence_measured():
     options = (DOCS / "options.md").read_text(encoding="utf-8")
     for flag in set(re.findall(r"`(--gradinit-[\w-]+)", PAGE)):
         assert f"`{flag}" in options, flag
+
+
+TESTBED = REPO / "lab" / "record" / "testbed-d128"
+
+
+def _testbed_curves():
+    rows = {}
+    with open(TESTBED / "curves.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if r["valid_loss"]:
+                rows.setdefault(r["arm"], {})[int(r["num_updates"])] = (float(r["valid_loss"]),
+                                                                        float(r["valid_loss_dropout"]))
+    return rows
+
+
+def test_the_cpu_testbed_table_is_the_stored_curves():
+    """Every row of docs/no-warmup.md's CPU-testbed table: the eval-mode and dropout-on validation losses at
+    updates 400 and 800 as the stored curves have them, and the preset arm it names exists."""
+    from lab.study.presets import TESTBED as PRESET
+
+    section = PAGE.split("## CPU testbed", 1)[1].split("\n## ", 1)[0]
+    rows = re.findall(r"^\| `([\w.-]+)` \| ([^|]+) \| ([\d.]+) / ([\d.]+) \| ([\d.]+) / ([\d.]+) \| (\d+) \|",
+                      section, re.M)
+    curves = _testbed_curves()
+    assert len(rows) >= 8 and {a.name for a in PRESET.arms} >= {r[0] for r in rows}
+    for arm, _, e400, d400, e800, d800, warnings in rows:
+        assert curves[arm][400] == (float(e400), float(d400)), arm
+        assert curves[arm][800] == (float(e800), float(d800)), arm
+        with gzip.open(TESTBED / "arms" / arm / "train.log.gz", "rt", encoding="utf-8") as f:
+            assert sum("monitor: eval - train loss" in line for line in f) == int(warnings), arm
+    look, warm = curves["gi-look4"], curves["warmup"]  # "below the warmup run at every validation from 100 on"
+    assert all(look[u][0] < warm[u][0] for u in warm) and "below the warmup run at every validation" in section
