@@ -179,6 +179,50 @@ def ops_table(tag: str, labels: Dict[str, str]) -> str:
     return "\n" + "\n".join(lines) + "\n"
 
 
+#: Rows of the end-to-end phase benchmark (``bench_phase_e2e.py``), by iteration kind.
+PHASE_E2E_LABELS = {"objective": "objective iteration",
+                    "constraint": "constraint iteration after a constraint iteration",
+                    "constraint_after_objective": "constraint iteration after an objective iteration"}
+
+
+def phase_e2e_markdown(d: dict) -> str:
+    """The table of ``bench_phase_e2e.py``'s report ``d``: per iteration kind its wall time, tokens and
+    per-token cost against the training updates of the same run, and the phase's extra work."""
+    u, t = d["update"], d["targets"]
+    lines = ["| measurement | n | ms | tokens S / S̃ | ms per 1k tokens | per token / update | same, CPU time "
+             "| per iteration / update | data / fwd / bwd / rest ms | target |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines.append(f"| training update | {u['count']} | {1000 * u['wall_s']:.0f} | {u['tokens']:.0f} | "
+                 f"{1e6 * u['wall_s_per_token']:.1f} | 1.00 | 1.00 | 1.00 | | |")
+    targets = {"objective": t["objective_per_token_ratio"], "constraint": t["constraint_per_token_ratio"]}
+    for kind, label in PHASE_E2E_LABELS.items():
+        k = d["kinds"].get(kind)
+        if not k:
+            continue
+        w = k["where"]
+        toks = f"{k['tokens_s']:.0f}" + (f" / {k['tokens_s_tilde']:.0f}" if k["tokens_s_tilde"] is not None else "")
+        target = targets.get(kind)
+        cpu = k.get("cpu_per_token_ratio")
+        lines.append(f"| {label} | {k['count']} | {1000 * k['wall_s']:.0f} | {toks} | {1e6 * k['wall_s_per_token']:.1f} | "
+                     f"{mark(k['per_token_ratio'], target)} | {_num(cpu, '.2f')} | {k['per_update_ratio']:.2f} | "
+                     f"{1000 * w['data']:.0f} / {1000 * w['forward']:.0f} / {1000 * w['backward']:.0f} / "
+                     f"{1000 * w['bookkeeping']:.0f} | {'' if target is None else f'≤ {target:g} per token'} |")
+    s, share = d["sections_s"], d["extra_share"]
+    lines += ["", f"Phase: {d['iterations']} iterations in {d['phase_s']:.1f} s. Its extra work: health check "
+              f"{s['health']:.2f} s, weights snapshot {s['snapshot']:.2f} s, fingerprint {s['fingerprint']:.2f} s, "
+              f"batch plan {s['batch_plan']:.2f} s, state saves {s['state_save']:.2f} s, logging {s['logging']:.2f} s, "
+              f"result file {s['result_write']:.2f} s: {mark(100 * share, 100 * t['extra_share'], '%')} of the phase "
+              f"(target ≤ {100 * t['extra_share']:g}%). Pairs drawn and collated: {s['data'] + s['collate']:.2f} s. "
+              f"Device: {d['device']}, torch {d['torch']}."]
+    return "\n".join(lines) + "\n"
+
+
+def phase_e2e_table(tag: str) -> str:
+    """:func:`phase_e2e_markdown` of ``results/<tag>.json``; a missing result is said so."""
+    if not (RESULTS / f"{tag}.json").exists():
+        return f"\nNot measured yet: `results/{tag}.json` is written by the command above.\n"
+    return "\n" + phase_e2e_markdown(load(tag))
+
+
 TRANSFORMER_TIME_KEYS = ["objective_time", "constraint_time", "constraint_switch_time"]
 
 #: name -> renderer of each generated block.
@@ -189,6 +233,7 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "vision_cuda": lambda: vision_table("vision_cuda"),
     "gpu_phase_cuda_4310047": lambda: gpu_phase_table("gpu_phase_cuda_4310047"),
     "gpu_phase_cuda": lambda: gpu_phase_table("gpu_phase_cuda"),
+    "phase_e2e_cpu": lambda: phase_e2e_table("phase_e2e_cpu"),
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
                                                                  "after": "flat buffers (this version)"}),
     "transformer_cpu.iteration_range": lambda: ratio_range(["transformer_cpu_B2048"], TRANSFORMER_TIME_KEYS),

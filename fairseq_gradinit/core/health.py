@@ -44,7 +44,7 @@ from torch import nn
 
 from .config import GradInitConfig, ScaleBound
 from .modes import gradinit_mode, unwrap_model
-from .norm_stats import NormInputStats, is_stat_norm, norm_input_stats
+from .norm_stats import NormInputStats, is_stat_norm, norm_input_stats, recording_norm_inputs
 from .scales import matching_bound, norm_weight_names
 
 OK = "ok"
@@ -495,13 +495,19 @@ def block_of(name: str) -> str:
     return ".".join(parts[:-1]) or name
 
 
-def block_gradient_rms(model: nn.Module, loss: Callable[[nn.Module], torch.Tensor]) -> Dict[str, float]:
+def block_gradient_rms(model: nn.Module, loss: Callable[[nn.Module], torch.Tensor], *,
+                       norm_inputs: Optional[Dict[str, NormInputStats]] = None) -> Dict[str, float]:
     """Per block (:func:`block_of`, forward order of the parameters), the root-mean-square of
-    dL/dtheta over the block's trainable parameters, ``loss(model)`` run in GradInit's mode."""
+    dL/dtheta over the block's trainable parameters, ``loss(model)`` run in GradInit's mode. With
+    ``norm_inputs`` (a dict), the normalization layers' :class:`NormInputStats` of the same forward pass
+    are recorded into it."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    with gradinit_mode(model), torch.enable_grad():  # also inside swapped_weights, which disables it
+    recording = recording_norm_inputs(model) if norm_inputs is not None else contextlib.nullcontext({})
+    with gradinit_mode(model), torch.enable_grad(), recording as stats:  # enable_grad: swapped_weights disables it
         value = loss(model)
         grads = torch.autograd.grad(value, [p for _, p in named], allow_unused=True)
+    if norm_inputs is not None:
+        norm_inputs.update(stats)
     sums: Dict[str, list] = {}
     for (name, p), g in zip(named, grads):
         acc = sums.setdefault(block_of(name), [0.0, 0])
@@ -586,6 +592,8 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
         forward: ``forward(model)`` runs one batch (e.g. ``lambda m: loss_fn(m, batch)``); it is run
             without gradients in GradInit's mode (eval, batch statistics in BatchNorm), once after
             the scales and once before them if ``initial`` is given. None: the scales-only checks.
+            With ``loss`` also given, the normalization inputs are recorded in the forward passes of
+            ``loss`` instead (the same batch), so that each weight state costs one pass, not two.
         initial: the weights before the scales, by name (:func:`snapshot_weights` taken before
             GradInit); without it the gains before the scales are not measured.
         config: the :class:`GradInitConfig` (or its dict) the scales were learned with: each
@@ -606,12 +614,18 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
     norm_names = norm_weight_names(inner)
     layer_norm_names = _layer_norm_weight_names(inner)
     norms = None
-    if forward is not None:
+    if forward is not None and loss is not None:
+        # One pass per weight state: the norm inputs are recorded in the forward pass of the gradients.
+        after: Dict[str, NormInputStats] = {}
+        before: Optional[Dict[str, NormInputStats]] = {} if initial is not None else None
+        blocks = _blocks(inner, loss, initial, norm_inputs=(after, before))
+    elif forward is not None:
         after = _measure(inner, forward)
         before = None
         if initial is not None:
             with swapped_weights(inner, initial):
                 before = _measure(inner, forward)
+    if forward is not None:
         kinds = {name: ("layer_norm" if hasattr(m, "normalized_shape") else "batch_norm")
                  for name, m in inner.named_modules() if is_stat_norm(m)}
         norms = []
@@ -620,20 +634,22 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
             norms.append(NormHealth(name=name, kind=kinds.get(name, "layer_norm"), input_std_after=s.input_std,
                                     gain_after=s.gain, input_std_before=None if b is None else b.input_std,
                                     gain_before=None if b is None else b.gain))
-    blocks = _blocks(inner, loss, initial)
+    if forward is None or loss is None:
+        blocks = _blocks(inner, loss, initial)
     return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=lambda n: n in norm_names or (
         n not in params and guess_norm_weight(n)), is_layer_norm=lambda n: n in layer_norm_names,
         params=params, norms=norms, th=th, notes=notes, blocks=blocks, phase=phase_health(history, gamma))
 
 
-def _blocks(model: nn.Module, loss, initial) -> Optional[List[BlockGradient]]:
-    """Each block's gradient RMS after the scales and, with ``initial``, before them."""
+def _blocks(model: nn.Module, loss, initial, *, norm_inputs: tuple = (None, None)) -> Optional[List[BlockGradient]]:
+    """Each block's gradient RMS after the scales and, with ``initial``, before them; ``norm_inputs``
+    (after, before): dicts that receive the norm input statistics of the same passes (None: not recorded)."""
     if loss is None:
         return None
-    after = block_gradient_rms(model, loss)
+    after = block_gradient_rms(model, loss, norm_inputs=norm_inputs[0])
     before = None
     if initial is not None:
         with swapped_weights(model, initial):
-            before = block_gradient_rms(model, loss)
+            before = block_gradient_rms(model, loss, norm_inputs=norm_inputs[1])
     return [BlockGradient(name=b, rms_after=rms, rms_before=None if before is None else before.get(b))
             for b, rms in after.items()]

@@ -146,6 +146,33 @@ def test_a_short_gradinit_on_a_small_model_is_ok():
     assert all(n.gain_after < 4 for n in health.norms) and health.table()[0] == "health: OK"
 
 
+def test_with_a_loss_each_weight_state_costs_one_pass_and_measures_what_two_passes_measured():
+    torch.manual_seed(2)
+    model = PostLN()
+    batch = (torch.randn(16, 16), torch.randint(0, 3, (16,)))
+    initial = snapshot_weights(model)
+    scales = {"ln0.weight": 0.3, "fc1.weight": 2.0}
+    apply_scales(model, scales)
+    calls = []
+
+    def counted(m):
+        calls.append(torch.is_grad_enabled())
+        return loss_fn(m, batch)
+
+    fused = scale_health(model, scales, counted, initial=initial, loss=counted)
+    assert calls == [True, True]  # after and before the scales, each one forward and backward
+    calls.clear()
+    norms_alone = scale_health(model, scales, counted, initial=initial)
+    blocks_alone = scale_health(model, scales, None, initial=initial, loss=counted)
+    assert calls == [False, False, True, True]
+    assert [b.to_dict() for b in fused.blocks] == [b.to_dict() for b in blocks_alone.blocks]
+    assert [n.name for n in fused.norms] == [n.name for n in norms_alone.norms] == ["ln0", "ln1"]
+    for a, b in zip(fused.norms, norms_alone.norms):
+        for key in ("input_std_after", "gain_after", "input_std_before", "gain_before"):
+            assert getattr(a, key) == pytest.approx(getattr(b, key), rel=1e-6), (a.name, key)
+    assert fused.verdict == norms_alone.verdict
+
+
 def test_docs_state_the_default_thresholds_and_a_usable_bounds_example():
     import dataclasses
     import re
