@@ -156,6 +156,26 @@ def invalid(cfg, name: str, allowed: str):
     raise ValueError(f"{type(cfg).__name__}.{name}={getattr(cfg, name)!r} is invalid: expected {allowed}")
 
 
+
+def validate_lookahead(cfg) -> None:
+    """The checks of ``lookahead_steps`` and ``lookahead_betas`` (``ValueError`` naming the field)."""
+    if isinstance(cfg.lookahead_steps, bool) or not isinstance(cfg.lookahead_steps, int) or \
+            cfg.lookahead_steps < 1:
+        invalid(cfg, "lookahead_steps", "an integer >= 1 (1: the paper's one simulated step)")
+    try:
+        b1, b2 = (float(b) for b in cfg.lookahead_betas)
+    except (TypeError, ValueError):
+        b1 = b2 = math.nan
+    if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+        invalid(cfg, "lookahead_betas", "a pair of floats in [0, 1), e.g. (0.9, 0.98)")
+    cfg.lookahead_betas = (b1, b2)
+    if cfg.lookahead_steps > 1:
+        if cfg.optimizer != "adam":
+            invalid(cfg, "lookahead_steps", "1 with optimizer='sgd' (the simulated steps are Adam's)")
+        if cfg.unstepped_uses is not None:
+            invalid(cfg, "lookahead_steps", "1 with unstepped_uses (the simulated steps move every use)")
+
+
 def validate_scale_fields(cfg, *, eps_field: str = "eps", lr_hint: str = "") -> None:
     """Check the fields every scale-learning config shares (GradInit and MetaInit): the Adam
     optimizer of the scales, the iteration count, the scale bounds and the run controls."""
@@ -376,21 +396,7 @@ class GradInitConfig:
             if self.optimizer != "adam":
                 invalid(self, "max_step_ratio", "None with optimizer='sgd' (the bound is defined for Adam's sign "
                                                 "step, whose size does not depend on the gradient)")
-        if isinstance(self.lookahead_steps, bool) or not isinstance(self.lookahead_steps, int) or \
-                self.lookahead_steps < 1:
-            invalid(self, "lookahead_steps", "an integer >= 1 (1: the paper's one simulated step)")
-        try:
-            b1, b2 = (float(b) for b in self.lookahead_betas)
-        except (TypeError, ValueError):
-            b1 = b2 = math.nan
-        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
-            invalid(self, "lookahead_betas", "a pair of floats in [0, 1), e.g. (0.9, 0.98)")
-        self.lookahead_betas = (b1, b2)
-        if self.lookahead_steps > 1:
-            if self.optimizer != "adam":
-                invalid(self, "lookahead_steps", "1 with optimizer='sgd' (the simulated steps are Adam's)")
-            if self.unstepped_uses is not None:
-                invalid(self, "lookahead_steps", "1 with unstepped_uses (the simulated steps move every use)")
+        validate_lookahead(self)
         if self.unstepped_uses is not None:
             if not isinstance(self.unstepped_uses, str) or not self.unstepped_uses:
                 invalid(self, "unstepped_uses", "None or a non-empty regular expression on parameter names")

@@ -202,7 +202,8 @@ def gradinit(
     scale_grad_clip: Optional[float] = 1.0, sgd_step: str = "normalized", reuse_graph: bool = True,
     constraint_grad: str = "exact", fd_eps: float = 1e-4, max_consecutive_skips: int = 10,
     log_interval: int = 50, log_seconds: float = 30.0, scale_bounds: Sequence[Any] = (),
-    step_params: str = "all", max_step_ratio: Optional[float] = None, dropout: bool = False,
+    step_params: str = "all", max_step_ratio: Optional[float] = None, lookahead_steps: int = 1,
+    lookahead_betas: Tuple[float, float] = (0.9, 0.98), dropout: bool = False,
     unstepped_uses: Optional[str] = None, fixed_params: Optional[Callable[[str, nn.Parameter], bool]] = None,
     precision: str = "fp32", param_filter: Optional[Callable[[str, nn.Parameter], bool]] = None,
 ) -> GradInitResult:
@@ -229,7 +230,8 @@ def gradinit(
     trained with SGD at learning rate ``eta=0.1``, gamma from the rule of thumb eta * gamma^2 = 0.1
     (gamma = 1), SGD's first step A[g] = gamma g / ||g||_2 (Sec. 3.1), Adam with default betas on the
     scales, lower bound 0.01, ``|S ∩ S~| = |S| / 2``, one pass over the loader:
-        optimizer, eta, gamma, gamma_init_factor, sgd_step: the first training step GradInit prepares.
+        optimizer, eta, gamma, gamma_init_factor, sgd_step: the first training step GradInit prepares;
+            lookahead_steps, lookahead_betas: how many steps of it the objective simulates (Adam only).
         lr, betas, eps, scale_grad_clip, adam_state: the Adam optimizer of the scales (lr is tau).
         iters, overlap, pairs: the iterations and how S and S~ are drawn.
         min_scale, max_scale, scale_bounds, max_step_ratio: bounds of the scales.

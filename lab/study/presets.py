@@ -691,6 +691,8 @@ TESTBED = Preset(
         _tb("gi-look4-s2", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4 + ("--seed", "2"), "gi-look4 at seed 2"),
         _tb("gi-look4-g", TB_SCREEN + LOOKAHEAD_4,
             "variant: the screening phase (gamma of the plain usage line), the loss after 4 simulated Adam steps"),
+        _tb("gi-look4-floors", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4 + ("--gradinit-scale-bounds", HIGHER_FLOOR),
+            "variant: gi-look4 with gi-floors' floors, so that no block can be silenced"),
     ),
     max_update=800,
     valid_every=100,

@@ -38,7 +38,7 @@ def test_testbed_arms_groups_and_base(tiny_bin, tmp_path):
     by_arm = {p.arm.name: p.group for p in plans}
     assert by_arm["gi"] == by_arm["gi-warm50"] is not None
     screened = ("gi-screen", "gi-pairs", "gi-unstepped", "gi-eta-lr", "gi-dropout", "gi-ratio", "gi-floors", "gi-K2",
-                "gi-look4", "gi-look4-g")
+                "gi-look4", "gi-look4-g", "gi-look4-floors")
     assert len({by_arm[n] for n in screened} | {by_arm["gi"]}) == len(screened) + 1
     for ref in ("xavier", "warmup", "nodrop", "nodrop-warmup", "xavier-s2", "warmup-s2", "xavier-warm50",
                 "admin", "radam"):
