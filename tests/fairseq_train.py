@@ -18,6 +18,11 @@ from fairseq_helpers import REPO  # noqa: E402
 
 BIN = Path(sys.executable).parent
 
+#: fairseq's training iterator collates batches ahead in a daemon thread (--data-buffer-size); a run of one or two
+#: updates can end while that thread is still inside torch, and a daemon thread in C++ code at interpreter exit
+#: aborts the process ("terminate called without an active exception"). The tests' short runs turn it off.
+NO_BATCH_THREAD = ("--data-buffer-size", "0")
+
 TINY_MODEL = [
     "--arch", "transformer_iwslt_de_en", "--encoder-layers", "2", "--decoder-layers", "2",
     "--encoder-embed-dim", "32", "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
@@ -26,7 +31,7 @@ TINY_MODEL = [
     "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
     "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--max-tokens", "400",
     "--cpu", "--no-epoch-checkpoints", "--log-format", "simple", "--log-interval", "1",
-    "--num-workers", "0", "--seed", "3", "--no-progress-bar",
+    "--num-workers", "0", "--seed", "3", "--no-progress-bar", *NO_BATCH_THREAD,
 ]
 
 
@@ -103,7 +108,7 @@ TINY_TIED_MODEL = ["--arch", "transformer_iwslt_de_en", "--encoder-layers", "1",
                    "--decoder-ffn-embed-dim", "32", "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
                    "--dropout", "0.0", "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
                    "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--seed", "3", "--cpu",
-                   "--num-workers", "0", "--log-format", "simple", "--no-progress-bar"]
+                   "--num-workers", "0", "--log-format", "simple", "--no-progress-bar", *NO_BATCH_THREAD]
 
 
 def parse(argv):

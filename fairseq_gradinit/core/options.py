@@ -28,6 +28,9 @@ class Default:
 
     value: Any
     text: str = ""
+    #: Whether the front end lists the option with the research settings (None: as declared); a research
+    #: setting of the engine that a front end turns on by default is one of its main options there.
+    experimental: Optional[bool] = None
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,9 @@ class OptionSpec:
 
     def with_default(self, default: Default) -> "OptionSpec":
         text = f" (default: {default.text})" if default.text else ""
+        experimental = self.experimental if default.experimental is None else default.experimental
         return dataclasses.replace(self, default=default.value, help=self.help.split(" (default: ")[0] + text,
-                                   optional=self.optional or default.value is None)
+                                   optional=self.optional or default.value is None, experimental=experimental)
 
     def parse(self, text: Any) -> Any:
         """The value of a command-line string (values that are not strings pass through)."""

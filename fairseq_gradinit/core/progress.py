@@ -58,7 +58,7 @@ def no_objective_advice(branches: Sequence[str], grad_norms: Sequence[Optional[f
     norms = [g for g, b in zip(grad_norms, branches) if b == "constraint" and g is not None and math.isfinite(g)]
     trend = f" (|g|_{norm_p} {norms[0]:.4g} -> {norms[-1]:.4g} against gamma {gamma:.4g})" if norms else ""
     n, skipped = branches.count("constraint"), branches.count("skipped")
-    which = f" of {n + skipped}" if skipped else ""
+    which = f" and {skipped} skipped" if skipped else ""
     # one line under 300 characters with the log's own prefix: what happened, then what to do
-    return (f"gradinit: no objective iteration ran: {n}{which} constraint iterations{trend}, so the loss after one "
+    return (f"gradinit: no objective iteration ran: {n} constraint iterations{which}{trend}, so the loss after one "
             "step was never optimized; run more iterations (--gradinit-iters) or raise gamma (--gradinit-gamma)")

@@ -110,6 +110,19 @@ def phase_seconds(tp: Throughput, load: float) -> float:
     return _interp(tp.phase_s, load)
 
 
+#: What each simulated Adam step beyond the first adds to a phase, as a fraction of a one-step phase of the same
+#: iterations (--gradinit-lookahead-steps; one forward/backward pass on S per objective iteration and step).
+#: Measured on the 2-core CPU (lab/record/testbed-d128.md, batch 2): 200 iterations with four steps, all of them
+#: objective iterations, took 901 s beside one arm, where the CPU figures give a one-step phase of 200
+#: iterations 590 s; a ratio of passes, used for the GPUs' figures too.
+LOOKAHEAD_STEP_COST = 0.18
+
+
+def lookahead_factor(steps: int) -> float:
+    """How much longer a phase with ``steps`` simulated Adam steps takes than one with the paper's single step."""
+    return 1.0 + LOOKAHEAD_STEP_COST * (max(int(steps), 1) - 1)
+
+
 @dataclass
 class EstJob:
     """One job of the estimate: an arm (``updates`` to train) or a GradInit phase (``iters``)."""
@@ -118,6 +131,7 @@ class EstJob:
     kind: str                                 # "arm" or "phase"
     updates: int = 0
     iters: int = 780
+    lookahead: int = 1                        # --gradinit-lookahead-steps of a phase
     fp32: bool = False
     deps: Tuple[str, ...] = ()
     start_s: Optional[float] = None
@@ -153,7 +167,8 @@ class CallEstimate:
             if j.start_s is None:
                 lines.append(f"  {j.kind} {j.name}: does not start within the time budget")
                 continue
-            what = (f"{int(j.done)}/{j.updates} updates" if j.kind == "arm" else f"{j.iters} GradInit iterations")
+            steps = f", {j.lookahead} simulated steps" if j.kind == "phase" and j.lookahead > 1 else ""
+            what = (f"{int(j.done)}/{j.updates} updates" if j.kind == "arm" else f"{j.iters} GradInit iterations{steps}")
             if j.stopped_by_budget:
                 what = ("stopped by the time budget at " + what if j.kind == "arm"
                         else f"killed by the time budget at {j.done:.0%} of {j.iters} GradInit iterations")
@@ -182,7 +197,8 @@ def estimate_call(jobs: Sequence[EstJob], *, throughput: Throughput, parallel: i
     ``time_budget_s - finish_margin_s + startup_s``, and at ``time_budget_s`` the study kills it.
     """
     tp = throughput
-    jobs = [EstJob(**{k: getattr(j, k) for k in ("name", "kind", "updates", "iters", "fp32", "deps")}) for j in jobs]
+    jobs = [EstJob(**{k: getattr(j, k) for k in ("name", "kind", "updates", "iters", "lookahead", "fp32", "deps")})
+            for j in jobs]
     by_name = {j.name: j for j in jobs}
     start_until = None if time_budget_s is None else time_budget_s - finish_margin_s
     stop_at = None if time_budget_s is None else min(time_budget_s, start_until + tp.startup_s)
@@ -212,7 +228,7 @@ def estimate_call(jobs: Sequence[EstJob], *, throughput: Throughput, parallel: i
                     j.stopped_by_budget = True
                     finished = True
             else:
-                j.done += step_s / (phase_seconds(tp, load) * j.iters / 780.0)
+                j.done += step_s / (phase_seconds(tp, load) * j.iters / 780.0 * lookahead_factor(j.lookahead))
                 finished = j.done >= 1.0
             if finished:
                 j.done = min(j.done, j.updates) if j.kind == "arm" else 1.0
@@ -258,7 +274,8 @@ def _is_fp32(argv: Sequence[str]) -> bool:
 
 def plan_jobs(plans, groups, *, max_update: int) -> List[EstJob]:
     """The jobs of a planned study (:func:`~.plan.plan_study`): uncached GradInit groups first, then arms."""
-    jobs = [EstJob(f"gi-{key}", "phase", iters=_last_int(g.phase_argv, "--gradinit-iters", 780))
+    jobs = [EstJob(f"gi-{key}", "phase", iters=_last_int(g.phase_argv, "--gradinit-iters", 780),
+                   lookahead=_last_int(g.phase_argv, "--gradinit-lookahead-steps", 1))
             for key, g in groups.items() if not g.cached]
     phases = {j.name for j in jobs}
     for p in plans:
@@ -285,7 +302,8 @@ def call_jobs(arms: Sequence, train: Sequence[str], prepare: Sequence[str], base
         computes = (has_option(argv, "--gradinit-iters") and not has_option(argv, "--gradinit-init-file")
                     and name not in cached)
         if computes:
-            jobs.append(EstJob(f"gi-{name}", "phase", iters=_last_int(argv, "--gradinit-iters", 780)))
+            jobs.append(EstJob(f"gi-{name}", "phase", iters=_last_int(argv, "--gradinit-iters", 780),
+                               lookahead=_last_int(argv, "--gradinit-lookahead-steps", 1)))
         if name in train:
             arm_jobs.append(EstJob(name, "arm", updates=_last_int(argv, "--max-update", max_update),
                                    fp32=_is_fp32(argv), deps=(f"gi-{name}",) if computes else ()))

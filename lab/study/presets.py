@@ -90,12 +90,14 @@ D512_BASE = (
 )
 WARMUP_4000 = ("--lr-scheduler", "inverse_sqrt", "--warmup-updates", "4000", "--warmup-init-lr", "1e-7")
 BETAS_999 = ("--adam-betas", "(0.9, 0.999)")
+#: The paper's single simulated step: the plugin's default with Adam is now the loss after four simulated steps.
+PAPER_STEP = ("--gradinit-lookahead-steps", "1")
 # GradInit as the evidence ran it: the engine then left all-zero tensors out of the simulated step
 # ('scaled'; the default is now 'all', difference 3).
 GI_EVIDENCE = (
     "--gradinit-iters", "780", "--gradinit-eta", "5e-4", "--gradinit-gamma", "1e3", "--gradinit-lr", "2.5e-3",
     "--gradinit-max-tokens", "4096", "--gradinit-adam-state", "per_branch", "--gradinit-step-params", "scaled",
-)
+) + PAPER_STEP
 
 
 def _with(args: Tuple[str, ...], *overrides: str) -> Tuple[str, ...]:
@@ -103,6 +105,12 @@ def _with(args: Tuple[str, ...], *overrides: str) -> Tuple[str, ...]:
     from .arms import merge_args
 
     return tuple(merge_args(args, overrides))
+
+
+def paper_defaults(train_lr: float) -> Tuple[str, ...]:
+    """What the plugin's Adam defaults were before its no-warmup setting, for the presets that record runs made
+    with them: one simulated step, gamma = 1/eta (eta = 2 x ``train_lr``) and tau 2.5e-3."""
+    return ("--gradinit-gamma", repr(1.0 / (2.0 * train_lr)), "--gradinit-lr", "2.5e-3") + PAPER_STEP
 
 
 def _gi(*overrides: str) -> Tuple[str, ...]:
@@ -228,8 +236,8 @@ D128_BASE = (
     "--label-smoothing", "0.1", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-3",
     "--lr-scheduler", "fixed", "--max-tokens", "4096", "--num-workers", "0",
 )
-GI_DEMO = ("--gradinit-iters", "200", "--gradinit-lr", "1e-2", "--gradinit-max-tokens", "4096",
-           "--gradinit-log-interval", "10", "--gradinit-adam-state", "shared")
+GI_DEMO = ("--gradinit-iters", "200", "--gradinit-max-tokens", "4096", "--gradinit-log-interval", "10",
+           "--gradinit-adam-state", "shared") + _with(paper_defaults(1e-3), "--gradinit-lr", "1e-2")
 
 DEMO = Preset(
     name="demo",
@@ -266,7 +274,7 @@ GI_AUTHORS = (
     "--gradinit-iters", "780", "--gradinit-eta", "1e-3", "--gradinit-gamma", "1e3", "--gradinit-lr", "2.5e-3",
     "--gradinit-max-tokens", "6000", "--gradinit-adam-state", "per_branch", "--gradinit-step-params", "all",
     "--gradinit-scale-bounds", AUTHORS_BOUNDS, "--gradinit-tied-embeddings", "shared",
-)
+) + PAPER_STEP
 #: Separate dictionaries, decoder input embeddings tied to the output projection (the authors' data setup).
 SEPARATE = ("--share-decoder-input-output-embed",)
 SEPARATE_DROP = ("--share-all-embeddings",)
@@ -342,7 +350,8 @@ phases at once (an estimate: more processes share the GPU than in the evidence) 
 # -- the confirmation at paper size -----------------------------------------------------
 CONFIRM_BASE_DROP = ("--share-all-embeddings",)
 #: The plain usage line: fairseq's own flags plus the iteration count.
-GI_PLAIN = ("--gradinit-iters", "780")
+#: The README's plain usage line as these d=512 presets ran it (the plugin's defaults of the time, at lr 5e-4).
+GI_PLAIN = ("--gradinit-iters", "780") + paper_defaults(5e-4)
 CONFIRM_RECIPE = SEPARATE + RECIPE_5
 WARMUP_RECIPE = SEPARATE + ("--weight-decay", "1e-4", "--attention-dropout", "0.1", "--activation-dropout", "0.1") \
     + WARMUP_4000
@@ -377,7 +386,7 @@ CONFIRM = Preset(
         _confirm_arm("warm-s1", WARMUP_RECIPE, "Xavier, inverse_sqrt with 4000 warmup updates from 1e-7, seed 1"),
         _confirm_arm("warm-s2", WARMUP_RECIPE + ("--seed", "2"), "the same, seed 2"),
         _confirm_arm("x98-s1", CONFIRM_RECIPE, "Xavier, no warmup, beta2 .98, seed 1 (the control)"),
-        _confirm_arm("gisgd-s1", GI_PLAIN + CONFIRM_RECIPE + SGD_RECIPE,
+        _confirm_arm("gisgd-s1", ("--gradinit-iters", "780", "--gradinit-lr", "2.5e-3") + CONFIRM_RECIPE + SGD_RECIPE,
                      "SGD momentum 0.9, lr 0.15, no warmup, GradInit from the plain usage line "
                      "(its SGD defaults: eta = lr = 0.15, gamma 1, as the paper)"),
         _confirm_arm("xsgd-s1", CONFIRM_RECIPE + SGD_RECIPE, "SGD momentum 0.9, lr 0.15, no warmup, Xavier"),
@@ -604,6 +613,10 @@ SHOCK = Preset(
                    "GradInit with the authors' simulated step: the tied output projection un-stepped"),
         _shock_arm("gi-pairs", GI_AUTHORS + AUTHORS_PAIRS + SHOCK_TRAIN,
                    "GradInit with the authors' S and S-tilde (two thirds of one unshuffled batch each)"),
+        _shock_arm("gi-look4", ("--gradinit-iters", "200", "--gradinit-lr", "1e-2") + GAMMA_INIT_FACTOR
+                   + ("--gradinit-lookahead-steps", "4") + SHOCK_TRAIN,
+                   "the CPU testbed's gi-look4 at d=512: 200 iterations at tau 1e-2, gamma = 2 x the init's "
+                   "gradient norm, the loss after 4 simulated Adam steps (plugin defaults otherwise)"),
     ),
     max_update=3000,
     save_every=500,
@@ -621,6 +634,10 @@ SHOCK = Preset(
         StudyCall("C", ("gi-gamma", "gi-unstepped", "gi-pairs"),
                   note="the three GradInit arms from call B's cache (--gradinit-cache: the archive's gradinit/)",
                   parallel=3, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
+        StudyCall("E", ("gi-look4",),
+                  note="the CPU testbed's variant at d=512: its GradInit phase, then its arm (the references are "
+                       "call A's warm-s1 and ctl; call D --arms gi-look4 repeats it at seed 2)",
+                  parallel=1, time_budget=7.0, bleu_budget=0.5, finish_margin=20.0, limit_s=480.0),
         StudyCall("D", (), repeat_seed=2,
                   note="a second seed of the arms named with --arms (trained) or --prepare-arms (GradInit "
                        "scales computed into the cache, for a later --call D --arms)",
@@ -643,6 +660,10 @@ TESTBED_BASE = _with(D128_BASE, "--max-tokens", "2048", "--seed", "1") + MONITOR
 #: A short screening phase: the plain usage line's settings with 200 iterations at tau 1e-2 (the
 #: 780-iteration phase at the default tau takes ~20 minutes on one core).
 TB_SCREEN = ("--gradinit-iters", "200", "--gradinit-lr", "1e-2")
+#: The plain usage line's GradInit at the testbed's lr as batch 1 ran it (the plugin's defaults of the time:
+#: gamma = 1/eta = 500, tau 2.5e-3, one simulated step); the screening phase replaces tau by 1e-2.
+TB_PAPER = paper_defaults(1e-3)
+TB_PAPER_SCREEN = _with(TB_PAPER, *TB_SCREEN)
 TB_WARMUP = ("--warmup-updates", "200")
 #: The objective after four simulated Adam steps instead of one (--gradinit-lookahead-steps).
 LOOKAHEAD_4 = ("--gradinit-lookahead-steps", "4")
@@ -665,32 +686,37 @@ TESTBED = Preset(
     arms=(
         _tb("xavier", (), "Xavier, no warmup (the failure: the unigram plateau)"),
         _tb("warmup", TB_WARMUP, "Xavier, 200-update linear warmup (the target)"),
-        _tb("gi", GI_PLAIN, "GradInit from the plain usage line (--gradinit-iters 780, defaults), no warmup"),
-        _tb("gi-screen", TB_SCREEN, "GradInit, 200 iterations at tau 1e-2 (the screening phase), no warmup"),
+        _tb("gi", ("--gradinit-iters", "780") + TB_PAPER,
+            "GradInit from the plain usage line (--gradinit-iters 780) with the paper's defaults, no warmup"),
+        _tb("gi-screen", TB_PAPER_SCREEN, "GradInit, 200 iterations at tau 1e-2 (the screening phase), no warmup"),
         _tb("nodrop", NO_DROPOUT, "Xavier without dropout, no warmup"),
         _tb("nodrop-warmup", NO_DROPOUT + TB_WARMUP, "Xavier without dropout, 200-update warmup"),
         _tb("xavier-s2", ("--seed", "2"), "Xavier, no warmup, seed 2"),
         _tb("warmup-s2", TB_WARMUP + ("--seed", "2"), "200-update warmup, seed 2"),
-        _tb("gi-pairs", TB_SCREEN + AUTHORS_PAIRS, "the screening phase with the authors' S and S-tilde"),
-        _tb("gi-unstepped", TB_SCREEN + ("--gradinit-unstepped-uses", UNSTEPPED_OUTPUT),
+        _tb("gi-pairs", TB_PAPER_SCREEN + AUTHORS_PAIRS, "the screening phase with the authors' S and S-tilde"),
+        _tb("gi-unstepped", TB_PAPER_SCREEN + ("--gradinit-unstepped-uses", UNSTEPPED_OUTPUT),
             "the screening phase with the tied output projection un-stepped (the authors' simulated step)"),
-        _tb("gi-eta-lr", TB_SCREEN + ("--gradinit-eta", "1e-3"), "the screening phase with eta = lr, not 2 x lr"),
-        _tb("gi-warm50", GI_PLAIN + ("--warmup-updates", "50"), "GradInit (plain usage line), then 50 warmup updates"),
+        _tb("gi-eta-lr", _with(TB_PAPER_SCREEN, "--gradinit-eta", "1e-3", "--gradinit-gamma", "1000"), "the screening phase with eta = lr, not 2 x lr"),
+        _tb("gi-warm50", ("--gradinit-iters", "780") + TB_PAPER + ("--warmup-updates", "50"), "GradInit (plain usage line), then 50 warmup updates"),
         _tb("xavier-warm50", ("--warmup-updates", "50"), "Xavier with the same 50 warmup updates"),
         _tb("admin", WSKIP_ARCH + ADMIN_INIT, "Admin's w_skip Transformer with Admin's initialization, Adam, no "
                                              "warmup"),
         _tb("radam", ("--optimizer", "radam"), "Xavier, RAdam (betas 0.9, 0.98), no warmup"),
-        _tb("gi-dropout", TB_SCREEN + ("--gradinit-dropout", "true"), "variant: the screening phase with dropout on"),
-        _tb("gi-ratio", TB_SCREEN + ("--gradinit-max-step-ratio", "0.5"),
+        _tb("gi-dropout", TB_PAPER_SCREEN + ("--gradinit-dropout", "true"), "variant: the screening phase with dropout on"),
+        _tb("gi-ratio", TB_PAPER_SCREEN + ("--gradinit-max-step-ratio", "0.5"),
             "variant: the screening phase; no simulated step moves a tensor by more than half its size"),
-        _tb("gi-floors", TB_SCREEN + ("--gradinit-scale-bounds", HIGHER_FLOOR),
+        _tb("gi-floors", TB_PAPER_SCREEN + ("--gradinit-scale-bounds", HIGHER_FLOOR),
             "variant: the screening phase with floors (weights >= 0.1, LayerNorm weights >= 0.3)"),
-        _tb("gi-K2", TB_SCREEN + GAMMA_INIT_FACTOR, "variant: the screening phase with gamma = 2 x the init's norm"),
+        _tb("gi-K2", TB_SCREEN + GAMMA_INIT_FACTOR + PAPER_STEP, "variant: the screening phase with gamma = 2 x the init's norm"),
         _tb("gi-look4", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4,
             "variant: the screening phase, gamma = 2 x the init's norm, the loss after 4 simulated Adam steps"),
         _tb("gi-look4-s2", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4 + ("--seed", "2"), "gi-look4 at seed 2"),
-        _tb("gi-look4-g", TB_SCREEN + LOOKAHEAD_4,
+        _tb("gi-look4-g", _with(TB_PAPER_SCREEN, *LOOKAHEAD_4),
             "variant: the screening phase (gamma of the plain usage line), the loss after 4 simulated Adam steps"),
+        _tb("gi-default", ("--gradinit-iters", "200"),
+            "the plain usage line with the plugin's defaults since the testbed (gi-look4's settings), 200 iterations"),
+        _tb("gi-default-780", ("--gradinit-iters", "780"),
+            "the plain usage line with the plugin's defaults, the paper's 780 iterations"),
         _tb("gi-look4-floors", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4 + ("--gradinit-scale-bounds", HIGHER_FLOOR),
             "variant: gi-look4 with gi-floors' floors, so that no block can be silenced"),
     ),
@@ -706,8 +732,10 @@ TESTBED = Preset(
 (--gradinit-valid-dropout-loss) and writes the training monitor's records every 100 updates.
 Two arms at once, one thread each (--parallel 2 is the preset's; the runner sets OMP_NUM_THREADS).
 GradInit phases are cached by their settings in --gradinit-cache (default OUT/gradinit): gi and
-gi-warm50 share one. The explanations and variants use the screening phase (gi-screen) and change
-one thing each. Run it on an otherwise idle machine; --dry-run prints the estimate from the
+gi-warm50 share one. gi, gi-screen and the explanations pin the paper's setting that the plugin's
+defaults had when batch 1 ran (gamma = 1/eta, one simulated step, tau 2.5e-3; the screening phase
+tau 1e-2); the explanations and variants change one thing each; gi-default and gi-default-780 are the
+plain usage line with the plugin's defaults since (gi-look4's settings). Run it on an otherwise idle machine; --dry-run prints the estimate from the
 measured CPU speeds. Record and verdicts: lab/record/testbed-d128.md.""",
 )
 
@@ -829,8 +857,8 @@ LM_BASE = (
     "--criterion", "cross_entropy", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "3e-3",
     "--lr-scheduler", "fixed", "--max-tokens", "1024", "--num-workers", "0",
 )
-GI_LM = ("--gradinit-iters", "100", "--gradinit-lr", "1e-2", "--gradinit-max-tokens", "1024",
-         "--gradinit-log-interval", "10")
+GI_LM = ("--gradinit-iters", "100", "--gradinit-max-tokens", "1024", "--gradinit-log-interval", "10") \
+    + _with(paper_defaults(3e-3), "--gradinit-lr", "1e-2")
 
 LM = Preset(
     name="lm",

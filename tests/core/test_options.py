@@ -138,6 +138,9 @@ def test_plugin_research_settings_are_marked_where_declared():
     from fairseq_gradinit.fairseq_plugin.settings.options import PLUGIN_OPTIONS, option_table
 
     assert {s.name for s in PLUGIN_OPTIONS if s.experimental} == {"init_clamp"}
-    after = option_table().partition(EXPERIMENTAL_NOTE)[2]
-    assert "`--gradinit-init-clamp`" in after and "`--gradinit-gamma-init-factor`" in after
+    before, _, after = option_table().partition(EXPERIMENTAL_NOTE)
+    assert "`--gradinit-init-clamp`" in after and "`--gradinit-pairs {" in after
+    # the engine's research settings that the plugin turns on by default are among its main options
+    for flag in ("`--gradinit-gamma-init-factor`", "`--gradinit-lookahead-steps`"):
+        assert flag in before and flag not in after, flag
     assert "`--gradinit-eta`" not in after

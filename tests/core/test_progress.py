@@ -113,7 +113,7 @@ def test_summary_warns_when_no_objective_iteration_ran(caplog):
 
 def test_advice_counts_only_iterations_that_were_not_skipped():
     text = no_objective_advice(["constraint", "skipped", "constraint"], [5.0, None, 3.0], 1.0, 2)
-    assert "all 2 iterations that were not skipped were constraint iterations (|g|_2 5 -> 3 against gamma 1)" in text
+    assert "no objective iteration ran: 2 constraint iterations and 1 skipped (|g|_2 5 -> 3 against gamma 1)" in text
     assert no_objective_advice(["skipped"], [None], 1.0, 2) is None
     assert no_objective_advice(["constraint", "objective"], [5.0, 0.5], 1.0, 2) is None
 

@@ -26,7 +26,7 @@ def test_the_listing_says_in_a_few_lines_what_each_preset_answers_and_how_long_i
             if est is not None:
                 assert f"{c.name} ~{est.total_s:.0f} s" in how_long(p)
     flat = " ".join(text.split())
-    assert "calls A ~425 s, B ~390 s, C ~330 s on one H200 by the estimate (each within 480 s)" in flat
+    assert "calls A ~425 s, B ~390 s, C ~330 s, E ~380 s on one H200 by the estimate (each within 480 s)" in flat
     assert "most of a day" in how_long(PRESETS["demo"]) and "12 minutes" in how_long(PRESETS["lm"])
 
 

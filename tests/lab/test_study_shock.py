@@ -54,6 +54,12 @@ def test_each_arm_changes_one_thing_against_the_control():
     for name in ("gi-gamma", "gi-unstepped", "gi-pairs"):
         assert value(ARMS[name], "--gradinit-iters") == "780" and value(ARMS[name], "--gradinit-eta") == "1e-3"
         assert value(ARMS[name], "--warmup-updates") == "0"
+    # the CPU testbed's variant at d=512: its own GradInit settings, the plugin's defaults otherwise
+    look = ARMS["gi-look4"]
+    assert (value(look, "--gradinit-iters"), value(look, "--gradinit-lr"), value(look, "--gradinit-gamma-init-factor"),
+            value(look, "--gradinit-lookahead-steps")) == ("200", "1e-2", "2", "4")
+    assert value(look, "--gradinit-eta") is None and value(look, "--gradinit-gamma") is None
+    assert value(look, "--warmup-updates") == "0" and SHOCK.call("E").arms == ("gi-look4",)
 
 
 def test_the_calls_fit_eight_minutes_on_one_h200():
@@ -69,7 +75,7 @@ def test_the_calls_fit_eight_minutes_on_one_h200():
         assert e.fits and e.total_s <= 480 and e.upper_bound_s <= 480, e.describe()
         assert all(j.done == 3000 for j in e.jobs if j.kind == "arm")
     text = describe_presets(("shock",))
-    assert len(re.findall(r"expected duration on one H200: ~\d+ s, at most \d+ s; limit 480 s: fits", text)) == 3
+    assert len(re.findall(r"expected duration on one H200: ~\d+ s, at most \d+ s; limit 480 s: fits", text)) == 4
     assert "call D: trains the seed-2 twins of the arms you name" in text
 
 

@@ -40,6 +40,7 @@ def test_testbed_arms_groups_and_base(tiny_bin, tmp_path):
     screened = ("gi-screen", "gi-pairs", "gi-unstepped", "gi-eta-lr", "gi-dropout", "gi-ratio", "gi-floors", "gi-K2",
                 "gi-look4", "gi-look4-g", "gi-look4-floors")
     assert len({by_arm[n] for n in screened} | {by_arm["gi"]}) == len(screened) + 1
+    assert by_arm["gi-default"] is not None and by_arm["gi-default-780"] not in (None, by_arm["gi-default"])
     for ref in ("xavier", "warmup", "nodrop", "nodrop-warmup", "xavier-s2", "warmup-s2", "xavier-warm50",
                 "admin", "radam"):
         assert by_arm[ref] is None, ref
@@ -59,6 +60,24 @@ def test_dry_run_estimates_from_the_cpu_figures(tiny_bin, tmp_path):
     rc, out, _ = study_main([str(tiny_bin), "--preset", "testbed", "--cpu", "--no-bleu", "--out", str(tmp_path / "t"),
                              "--arms", "xavier", "--gpu", "h200", "--dry-run"])
     assert rc == 0 and "no estimate on the CPU" in out
+
+
+def test_dry_run_prices_the_simulated_steps_of_a_lookahead_phase(tiny_bin, tmp_path):
+    """A phase with K simulated Adam steps costs K - 1 more passes per objective iteration: its estimate is
+    the screening phase's times the measured factor, and the line says how many steps it simulates."""
+    import re
+
+    from lab.study.estimate import lookahead_factor
+
+    rc, out, err = study_main([str(tiny_bin), "--preset", "testbed", "--cpu", "--no-bleu", "--out",
+                               str(tmp_path / "s"), "--arms", "gi-screen,gi-look4", "--parallel", "1", "--dry-run"])
+    assert rc == 0, err
+    phases = re.findall(r"phase gi-\w+: starts \d+ s, ends \d+ s \((\d+) s, 200 GradInit iterations(, 4 simulated "
+                        r"steps)?\)", out)
+    assert len(phases) == 2, out
+    (plain,), (look,) = [[int(s) for s, steps in phases if bool(steps) is k] for k in (False, True)]
+    assert lookahead_factor(1) == 1.0 and lookahead_factor(4) > 1.0
+    assert abs((look - CPU2.startup_s) / (plain - CPU2.startup_s) - lookahead_factor(4)) < 0.01
 
 
 def test_tiny_testbed_records_both_losses_and_reuses_cached_phases(tiny_bin, tmp_path):

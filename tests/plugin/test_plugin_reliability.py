@@ -158,7 +158,7 @@ def test_init_file_with_compute_settings_is_refused(tmp_path, extra, named, caps
     assert f"error: argument --gradinit-init-file: not allowed with {named}: " in err, err[-600:]
     assert "drop --gradinit-init-file to compute new scales" in err
     # Settings that do not change the computation, or defaults given again, are accepted.
-    _parse(base + ["--gradinit-iters", "0", "--gradinit-log-interval", "5", "--gradinit-lr", "2.5e-3"])
+    _parse(base + ["--gradinit-iters", "0", "--gradinit-log-interval", "5", "--gradinit-min-scale", "0.01"])
 
 
 @pytest.mark.parametrize("scales, expected", [
@@ -418,8 +418,11 @@ def test_interrupted_gradinit_stops_cleanly_and_a_rerun_starts_over(tiny_data, t
         cmd = [sys.executable, "-m", "fairseq_cli.train", str(tiny_data), "--user-dir", "fairseq_gradinit",
                *TINY_MODEL, "--lr", "1e-3", "--max-update", "1", "--save-dir", str(save),
                "--gradinit-iters", "100000", "--gradinit-log-interval", "1", "--gradinit-checkpoint-interval", "0"]
+        # SIGINT at its default: a shell without job control starts background jobs with it ignored, and the
+        # child would inherit that (a user's Ctrl-C reaches a foreground fairseq-train with the default)
         procs[sig] = (save, subprocess.Popen(cmd, cwd=REPO, env=env_with_repo(), stdout=subprocess.PIPE,
-                                             stderr=subprocess.STDOUT, text=True))
+                                             stderr=subprocess.STDOUT, text=True,
+                                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)))
     outputs = {}
 
     def watch(sig, proc):

@@ -255,7 +255,7 @@ def test_report_script_writes_the_health_block_the_plugin_stored(gradinit_run, t
                          str(data), *TINY, "--max-tokens", "150"])
     assert rc == 0 and not out.with_suffix(".png").exists()
     result = json.loads(out.with_suffix(".json").read_text())
-    assert set(result) == {"check_first_iteration", "health", "meta"}
+    assert set(result) == {"check_first_iteration", "health", "meta", "written_by"}
     health = result["health"]
     assert health["batch"] == stored["batch"]  # the same sentences (GradInit's max_tokens, not --max-tokens)
     assert (health["verdict"], health["reasons"], health["floor"]) == (stored["verdict"], stored["reasons"],

@@ -13,6 +13,7 @@ pytest.importorskip("fairseq")
 
 from fairseq_gradinit.core.progress import format_duration  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.phase.run_log import TrainingProgress, summary_line  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.options import NO_WARMUP_TAU  # noqa: E402
 
 from fairseq_helpers import REPO, make_tiny_bin  # noqa: E402
 
@@ -94,7 +95,7 @@ def test_fairseq_train_says_what_happened_in_short_lines(tmp_path):
     took = format_duration(saved["wall_time"])
     assert sum(line.endswith(f" skipped) in {took}") and "gradinit: 3 iterations (" in line for line in lines) == 1
     assert f" skipped) in {took}; health: " in summary[0] and saved["wall_time_total"] >= saved["wall_time"]
-    assert saved["config"]["tau"] == 2.5e-3 and "lr" not in saved["config"]  # the default tau, not the training lr
+    assert saved["config"]["tau"] == NO_WARMUP_TAU and "lr" not in saved["config"]  # the default tau, not the training lr
     assert lines.index(summary[0]) > max(i for i, line in enumerate(lines) if "done training" in line)
     # the model printout and the whole configuration: not at the default level, and still recorded
     assert "TransformerEncoder(" not in out and "'common': {" not in out

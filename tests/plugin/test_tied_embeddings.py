@@ -1,5 +1,6 @@
 """--gradinit-tied-embeddings per-use: one GradInit scale per use of a tied embedding matrix."""
 import json
+import os
 import subprocess
 import sys
 
@@ -102,8 +103,10 @@ def test_shared_mode_and_untied_models_get_no_multiplier(tiny_data):
 
 
 def _train(argv, cwd):
+    # a fatal signal prints every thread's Python stack (in the assertion's stderr tail)
+    env = dict(os.environ, PYTHONFAULTHANDLER="1")
     return subprocess.run([sys.executable, "-m", "fairseq_cli.train", *argv], cwd=cwd, capture_output=True, text=True,
-                          timeout=600)
+                          timeout=600, env=env)
 
 
 def test_per_use_end_to_end_resume_and_reload(tiny_data, tmp_path):

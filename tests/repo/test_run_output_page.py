@@ -1,4 +1,4 @@
-"""docs/run-output.md's example is the stored run's lines (docs/run-output-example.log), rendered by
+"""docs/run-output.md's example is the stored run's lines (lab/record/run-output-example.log), rendered by
 scripts/run_output_example.py; tests/repo/test_fresh_clone.py checks that a fresh run prints the same shapes."""
 import importlib.util
 from pathlib import Path

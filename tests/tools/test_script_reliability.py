@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -26,8 +27,10 @@ from fairseq_gradinit.tools import prepare_corpus  # noqa: E402
 
 def run_python(code, *args, timeout=300):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    # SIGINT at its default in the child, as in a terminal (a shell without job control ignores it in background jobs)
     return subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=str(ROOT), env=env,
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from ...core.config import first_step
 from ...core.options import parse_scale_bounds, values_from  # noqa: F401  (parse_scale_bounds: re-exported)
 from ..data.cfg import cfg_value
 from .init_file import read_init_file  # noqa: F401  (re-exported)
-from .options import ENGINE_OPTIONS
+from .options import ENGINE_OPTIONS, NO_WARMUP_GAMMA_INIT_FACTOR, NO_WARMUP_LOOKAHEAD_STEPS, NO_WARMUP_TAU
 
 
 def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig:
@@ -25,6 +25,13 @@ def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig
     if values["optimizer"] is None:
         values["optimizer"] = "sgd" if training_optimizer(cfg) in ("sgd", "nag") else "adam"
     opt = str(values["optimizer"])
+    adam = opt == "adam"
+    if values["lookahead_steps"] is None:  # the simulated steps are Adam's, and move every use of a tensor
+        values["lookahead_steps"] = NO_WARMUP_LOOKAHEAD_STEPS if adam and values["unstepped_uses"] is None else 1
+    if adam and values["gamma"] is None and values["gamma_init_factor"] is None:
+        values["gamma_init_factor"] = NO_WARMUP_GAMMA_INIT_FACTOR
+    if values["lr"] is None:
+        values["lr"] = NO_WARMUP_TAU if adam else GradInitConfig.lr
     lr = None
     if values["eta"] is None:
         lr = cfg_value(cfg, "gradinit_train_lr")
@@ -53,8 +60,8 @@ def training_optimizer(cfg) -> Optional[str]:
 def derived_options(cfg) -> list:
     """The options whose value :func:`gradinit_config_from_task` / :func:`gradinit_batch_tokens`
     derive from the training command because they were not given (``optimizer``, ``eta``,
-    ``gamma``, ``max_tokens``)."""
-    names = [n for n in ("optimizer", "eta", "gamma") if getattr(cfg, "gradinit_" + n, None) is None
+    ``gamma``, ``lr``, ``lookahead_steps``, ``max_tokens``)."""
+    names = [n for n in ("optimizer", "eta", "gamma", "lr", "lookahead_steps") if getattr(cfg, "gradinit_" + n, None) is None
              and not (n == "gamma" and getattr(cfg, "gradinit_gamma_init_factor", None) is not None)]
     if not cfg_value(cfg, "gradinit_max_tokens"):
         names.append("max_tokens")

@@ -23,15 +23,27 @@ AUTHORS_SCALE_BOUNDS = recipe("authors-iwslt14").values["scale_bounds"]
 #: The authors' IWSLT setting of the scales' Adam: constraint and objective iterations keep their own moments.
 AUTHORS_ADAM_STATE = recipe("authors-iwslt14").values["adam_state"]
 
-#: Where the plugin's defaults differ from the engine's: the authors' IWSLT configuration, with eta,
-#: gamma and the optimizer derived from the training command (``first_step(..., rule="fairseq")``,
-#: :mod:`..core.config`).
+#: With Adam, what the plugin does unless told otherwise: gamma = this factor x ||g||_1 at the init, the
+#: objective is the loss after this many simulated Adam steps, and tau is this. With these, 200 GradInit
+#: iterations trained the README's quick-start Post-LN Transformer without warmup below a 200-update warmup on
+#: two seeds, where the paper's single step and fixed gamma did worse than no GradInit (docs/no-warmup.md).
+NO_WARMUP_GAMMA_INIT_FACTOR = 2.0
+NO_WARMUP_LOOKAHEAD_STEPS = 4
+NO_WARMUP_TAU = 1e-2
+
+#: Where the plugin's defaults differ from the engine's: the authors' IWSLT configuration, with eta and the
+#: optimizer derived from the training command (``first_step(..., rule="fairseq")``, :mod:`..core.config`),
+#: and for Adam the no-warmup setting above (gamma from the init, four simulated steps, tau 1e-2).
 FAIRSEQ_DEFAULTS = {
     "optimizer": Default(None, "follow --optimizer: sgd for sgd/nag, else adam"),
     "eta": Default(None, "2 x --lr for Adam (the authors' 1e-3 at lr 5e-4), --lr for SGD (the paper)"),
-    "gamma": Default(None, "1/eta for Adam (the authors' 1e3 at eta 1e-3), sqrt(0.15/eta) for SGD (the paper's "
-                           "1 at eta 0.15): a bound of 1 (Adam) or 0.15 (SGD) on the first step's first-order "
-                           "loss decrease"),
+    "gamma": Default(None, "Adam: 2 x the gradient's 1-norm at the init (--gradinit-gamma-init-factor 2; the authors "
+                           "used 1e3, 1/eta); SGD: sqrt(0.15/eta) (the paper's 1 at eta 0.15)"),
+    "lr": Default(None, "1e-2 with Adam, 2.5e-3 with SGD (the authors' IWSLT tau, the engine's default)"),
+    "gamma_init_factor": Default(None, "2 with Adam unless --gradinit-gamma is given; none with SGD",
+                                 experimental=False),
+    "lookahead_steps": Default(None, "4 with Adam, 1 with SGD or --gradinit-unstepped-uses (the paper's single "
+                                     "step)", experimental=False),
     "iters": Default(0, "0, GradInit off; the paper runs 780"),
     "adam_state": Default(AUTHORS_ADAM_STATE, "per_branch, as the authors' fairseq code"),
     "scale_bounds": Default(AUTHORS_SCALE_BOUNDS, "the authors' \"[('bias', 0, None), ('norm', None, 100)]\"; "

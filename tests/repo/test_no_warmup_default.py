@@ -1,0 +1,110 @@
+"""The plugin's Adam defaults are what the CPU testbed measured to train without warmup: the pages that say so
+(README, docs/fairseq.md, docs/no-warmup.md) are checked against the stored curves of the testbed's second
+batch (two seeds, 1000 updates) and against the constants and preset arms they name."""
+import csv
+import gzip
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BATCH2 = REPO / "lab" / "record" / "testbed-d128" / "batch2"
+#: The no-warmup arm and its warmup reference of each seed.
+PAIRS = {1: ("gi-look4", "warmup"), 2: ("gi-look4-s2", "warmup-s2")}
+
+
+def _flat(path: Path) -> str:
+    return " ".join(path.read_text(encoding="utf-8").split())
+
+
+def _curves():
+    rows = {}
+    with open(BATCH2 / "curves.csv", newline="", encoding="utf-8") as f:
+        for r in csv.DictReader(f):
+            if r["valid_loss"]:
+                rows.setdefault(r["arm"], {})[int(r["num_updates"])] = (float(r["valid_loss"]),
+                                                                        float(r["valid_loss_dropout"]))
+    return rows
+
+
+def _gap_warnings(arm: str) -> int:
+    with gzip.open(BATCH2 / "arms" / arm / "train.log.gz", "rt", encoding="utf-8") as f:
+        return sum("monitor: eval - train loss" in line for line in f)
+
+
+def _arm(name):
+    from lab.study.presets import TESTBED
+
+    return next(a for a in TESTBED.arms if a.name == name)
+
+
+def test_the_default_held_on_both_seeds_to_1000_updates():
+    """Item by item what 'holds' means: without warmup, eval-mode validation loss at or below the 200-update
+    warmup arm's at 800 and 1000 updates (here: at every validation), on two seeds, no gap warning."""
+    curves = _curves()
+    for seed, (gi, warm) in PAIRS.items():
+        assert max(curves[gi]) == max(curves[warm]) == 1000, seed
+        assert all(curves[gi][u][0] < curves[warm][u][0] for u in curves[warm]), seed
+        assert _gap_warnings(gi) == 0, gi
+        assert "--warmup-updates 200" in " ".join(_arm(warm).args) and "--warmup-updates" not in _arm(gi).args
+        assert (tuple(_arm(gi).args[-2:]) == ("--seed", "2")) == (seed == 2) == ("--seed" in _arm(gi).args)
+
+
+def test_the_pages_state_the_defaults_that_were_measured():
+    pytest.importorskip("fairseq")
+    from fairseq_gradinit.fairseq_plugin.settings.options import (
+        NO_WARMUP_GAMMA_INIT_FACTOR,
+        NO_WARMUP_LOOKAHEAD_STEPS,
+        NO_WARMUP_TAU,
+    )
+
+    args = _arm("gi-look4").args
+    flags = dict(zip(args[::2], args[1::2]))
+    assert float(flags["--gradinit-gamma-init-factor"]) == NO_WARMUP_GAMMA_INIT_FACTOR
+    assert int(flags["--gradinit-lookahead-steps"]) == NO_WARMUP_LOOKAHEAD_STEPS
+    assert float(flags["--gradinit-lr"]) == NO_WARMUP_TAU
+    iters = flags["--gradinit-iters"]
+    fairseq_md = _flat(REPO / "docs" / "fairseq.md")
+    assert f"(`--gradinit-gamma-init-factor {NO_WARMUP_GAMMA_INIT_FACTOR:g}`)" in fairseq_md
+    assert f"(`--gradinit-lookahead-steps {NO_WARMUP_LOOKAHEAD_STEPS}`" in fairseq_md
+    assert NO_WARMUP_TAU == 1e-2 and "τ = 1e-2" in fairseq_md
+    assert f"The testbed ran {iters} iterations (`--gradinit-iters {iters}`)" in fairseq_md
+    readme = _flat(REPO / "README.md")
+    assert f"With the plugin's defaults (`--gradinit-iters {iters}`:" in readme
+    assert "below a 200-update warmup at every validation up to update 1000, on two seeds" in readme
+    assert f"--gradinit-iters {iters}`, any task" in readme
+
+
+def test_the_papers_flags_on_the_page_give_the_authors_configuration():
+    """docs/fairseq.md's line for the paper's GradInit resolves to the authors' IWSLT recipe at lr 5e-4."""
+    pytest.importorskip("fairseq")
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_gradinit.core.recipes import recipe
+    from fairseq_gradinit.fairseq_plugin.settings.option_values import gradinit_config_from_task
+
+    page = _flat(REPO / "docs" / "fairseq.md")
+    line = re.search(r"The paper's GradInit for Adam, as the authors' IWSLT launch script runs it, is `([^`]+)`", page)
+    argv = ["data-bin-not-read", "--task", "translation", "--arch", "transformer_iwslt_de_en", "--optimizer", "adam",
+            "--lr", "5e-4", "--max-tokens", "4096", *line.group(1).split()]
+    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), input_args=argv))
+    g = gradinit_config_from_task(cfg.task)
+    authors = recipe("authors-iwslt14").values
+    assert (g.eta, g.resolved_gamma, g.lr, g.iters, g.lookahead_steps, g.gamma_init_factor) == (
+        authors["eta"], authors["gamma"], authors["lr"], authors["iters"], 1, None)
+
+
+def test_the_no_warmup_page_table_of_two_seeds_is_the_stored_curves():
+    page = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8")
+    section = page.split("### Two seeds, 1000 updates", 1)[1].split("\n#", 1)[0]
+    rows = re.findall(r"^\| `([\w.-]+)` \| (\d) \| [^|]+ \| ([\d.]+) / ([\d.]+) \| ([\d.]+) / ([\d.]+) \| (\d+) \|",
+                      section, re.M)
+    curves = _curves()
+    assert {r[0] for r in rows} >= {a for pair in PAIRS.values() for a in pair}
+    for arm, seed, e800, d800, e1000, d1000, warnings in rows:
+        assert curves[arm][800] == (float(e800), float(d800)), arm
+        assert curves[arm][1000] == (float(e1000), float(d1000)), arm
+        assert _gap_warnings(arm) == int(warnings), arm
+        assert ("--seed" in _arm(arm).args) == (seed == "2"), arm
