@@ -106,11 +106,11 @@ def run_locked(run: GradInitRun, model):
 def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
     gcfg = plan.config
     logger.info(
-        "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%s tau=%g, %d tokens per "
-        "iteration (S and S~ share %.0f%%, pairs %s), rank %d/%d", gcfg.iters, device, gcfg.optimizer, gcfg.eta,
-        f"{gcfg.resolved_gamma:g}" if gcfg.resolved_gamma is not None else
-        f"{gcfg.gamma_init_factor:g} x ||g|| at the init", gcfg.lr, plan.max_tokens, 100 * gcfg.overlap,
-        gcfg.pairs, rank, world)
+        "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%s tau=%g, objective after %d simulated step%s, "
+        "%d tokens per iteration (S and S~ share %.0f%%, pairs %s), rank %d/%d", gcfg.iters, device, gcfg.optimizer,
+        gcfg.eta, f"{gcfg.resolved_gamma:g}" if gcfg.resolved_gamma is not None else
+        f"{gcfg.gamma_init_factor:g} x ||g|| at the init", gcfg.lr, gcfg.lookahead_steps,
+        "s" if gcfg.lookahead_steps > 1 else "", plan.max_tokens, 100 * gcfg.overlap, gcfg.pairs, rank, world)
     settings = {k: v for k, v in gcfg.to_dict().items() if k != "param_filter"}
     logger.debug("gradinit: settings (%s derived from the training command): %s",
                 ", ".join(plan.derived) or "none", json.dumps(settings, default=str))
