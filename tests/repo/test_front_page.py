@@ -78,7 +78,12 @@ def test_readme_front_page_numbers_are_the_stored_runs():
     health = " ".join((docs / "health.md").read_text(encoding="utf-8").split())
     assert g["constraint"] / sum(g.values()) < 0.25
     assert f"starts at {first:.1f} times γ and spends under a quarter of its iterations on constraint steps" in health
-    assert "Its health line says `health: DEGENERATE` with the reason `no objective iteration ran`" in readme
+    # the translation quick start's step 2 as written, stored: its health line and branch counts
+    qs = json.loads((ROOT / "lab" / "record" / "quickstart-translation" / "gradinit.json").read_text(encoding="utf-8"))
+    assert (qs["iterations"], qs["num_objective"], qs["num_constraint"], qs["health"]["verdict"]) == (20, 20, 0, "ok")
+    assert qs["config"]["gamma_init_factor"] == 2.0 and qs["config"]["lookahead_steps"] == 4
+    assert "Its health line says `health: OK`: with Adam, γ is measured at the init" in readme
+    assert "so all 20 iterations optimize the loss after four simulated steps" in " ".join(readme.split())
     install = (ROOT / "docs" / "install.md").read_text(encoding="utf-8")
     size = readme.split("the environment we test with takes ")[1].split()[0]
     assert f"the virtual environment we test with takes {size} GB" in install

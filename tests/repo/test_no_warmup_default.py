@@ -108,3 +108,53 @@ def test_the_no_warmup_page_table_of_two_seeds_is_the_stored_curves():
         assert curves[arm][1000] == (float(e1000), float(d1000)), arm
         assert _gap_warnings(arm) == int(warnings), arm
         assert ("--seed" in _arm(arm).args) == (seed == "2"), arm
+
+
+def _scales(arm):
+    import json
+
+    for study in sorted(BATCH2.glob("study-*.json")):
+        info = json.loads(study.read_text(encoding="utf-8"))
+        group = info["arms"].get(arm, {}).get("gradinit_group")
+        if group:
+            return json.loads((BATCH2 / "gradinit" / group / "gradinit.json").read_text(encoding="utf-8"))["scales"]
+    raise AssertionError(f"no scales of {arm}")
+
+
+def test_the_sentences_under_the_table_are_the_stored_runs():
+    """docs/no-warmup.md's reading of the two-seed table: the encoder's last LayerNorm at the floor on both seeds,
+    at 0.3 with the floors, the floors' loss against the default's at 1000, and BLEU of every arm that has one."""
+    import json
+
+    page = _flat(REPO / "docs" / "no-warmup.md")
+    last_ln = "encoder.layers.5.final_layer_norm.weight"
+    for gi, _ in PAIRS.values():
+        assert abs(_scales(gi)[last_ln] - 0.01) < 1e-4, gi
+    assert abs(_scales("gi-look4-floors")[last_ln] - 0.3) < 1e-6
+    assert "the encoder's last LayerNorm sits at the 0.01 floor" in page and "stays at 0.3" in page
+    curves = _curves()
+    floors, default = curves["gi-look4-floors"][1000][0], curves["gi-look4"][1000][0]
+    assert f"trains as well ({floors:.2f} against {default:.2f} at update 1000)" in page
+    bleu = {p.parent.name: json.loads(p.read_text(encoding="utf-8")) for p in BATCH2.glob("arms/*/bleu.json")}
+    assert set(bleu) == {a for pair in PAIRS.values() for a in pair}
+    for b in bleu.values():
+        assert b["bleu"] < 0.3 and b["beam"] == 5 and b["subset"] == "test" and b["n_sentences"] == 1500
+        command = " ".join(b["generate_command"])
+        assert "--max-len-a 1.2 --max-len-b 10" in command
+    assert ("every arm translates nothing (BLEU below 0.3 on the test split, beam 5, outputs of at most 1.2 × the "
+            "source length + 10)") in page
+
+
+def test_the_quick_start_timing_sentence_is_the_stored_run():
+    import json
+    from datetime import datetime
+
+    record = REPO / "lab" / "record" / "quickstart-translation"
+    stamps = [datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
+              for line in (record / "train.log").read_text(encoding="utf-8").splitlines() if line[:2] == "20"]
+    info = json.loads((record / "gradinit.json").read_text(encoding="utf-8"))
+    page = _flat(REPO / "docs" / "fairseq.md")
+    span = (stamps[-1] - stamps[0]).total_seconds()
+    assert f"step 2's log runs {span:.0f} s from its first line to its last" in page
+    assert f"{info['wall_time']:.0f} s of them the {info['iterations']} GradInit iterations, all objective" in page
+    assert info["num_objective"] == info["iterations"] == 20

@@ -21,8 +21,9 @@ def test_the_page_shows_the_stored_run_and_says_what_it_shows():
     assert lines and all(line.startswith("gradinit") for line in lines)
     summary = next(line for line in lines if line.startswith("gradinit: summary: "))
     # the sentences under the example are those of this run
-    assert "gradinit: summary: 2 iterations (0 objective, 2 constraint, 0 skipped)" in summary
-    assert "; health: DEGENERATE;" in summary and "Two iterations are far too few to reach γ" in page
+    assert "gradinit: summary: 2 iterations (2 objective, 0 constraint, 0 skipped)" in summary
+    assert "; health: OK;" in summary and "both iterations here are objective iterations" in " ".join(page.split())
+    assert any("gamma = 2 x ||g||_1 at the init" in line for line in lines)
     took = next(line for line in lines if line.startswith("gradinit: 2 iterations (")).rsplit(" in ", 1)[1]
     assert f" skipped) in {took}; health: " in summary  # the phase's one time, in both lines
     # the sizes the page names are those of the fresh-clone test's run
