@@ -112,9 +112,8 @@ def phase_seconds(tp: Throughput, load: float) -> float:
 
 #: What each simulated Adam step beyond the first adds to a phase, as a fraction of a one-step phase of the same
 #: iterations (--gradinit-lookahead-steps; one forward/backward pass on S per objective iteration and step).
-#: Measured on the 2-core CPU (lab/record/testbed-d128.md, batch 2): 200 iterations with four steps, all of them
-#: objective iterations, took 901 s beside one arm, where the CPU figures give a one-step phase of 200
-#: iterations 590 s; a ratio of passes, used for the GPUs' figures too.
+#: From the 2-core CPU's measurement (lab/record/testbed-d128.md, batch 2's phase time); a ratio of passes, used
+#: for the GPUs' figures too.
 LOOKAHEAD_STEP_COST = 0.18
 
 

@@ -128,9 +128,10 @@ def test_the_user_page_states_what_the_evidence_measured():
 TESTBED = REPO / "lab" / "record" / "testbed-d128"
 
 
-def _testbed_curves():
+def testbed_curves(folder: Path = TESTBED):
+    """arm -> update -> (eval-mode, dropout-on) validation loss of a testbed record's curves.csv."""
     rows = {}
-    with open(TESTBED / "curves.csv", newline="", encoding="utf-8") as f:
+    with open(folder / "curves.csv", newline="", encoding="utf-8") as f:
         for r in csv.DictReader(f):
             if r["valid_loss"]:
                 rows.setdefault(r["arm"], {})[int(r["num_updates"])] = (float(r["valid_loss"]),
@@ -146,7 +147,7 @@ def test_the_cpu_testbed_table_is_the_stored_curves():
     section = PAGE.split("## CPU testbed", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([\w.-]+)` \| ([^|]+) \| ([\d.]+) / ([\d.]+) \| ([\d.]+) / ([\d.]+) \| (\d+) \|",
                       section, re.M)
-    curves = _testbed_curves()
+    curves = testbed_curves()
     assert len(rows) >= 8 and {a.name for a in PRESET.arms} >= {r[0] for r in rows}
     for arm, _, e400, d400, e800, d800, warnings in rows:
         assert curves[arm][400] == (float(e400), float(d400)), arm

@@ -1,15 +1,15 @@
 """The plugin's Adam defaults are what the CPU testbed measured to train without warmup: the pages that say so
 (README, docs/fairseq.md, docs/no-warmup.md) are checked against the stored curves of the testbed's second
 batch (two seeds, 1000 updates) and against the constants and preset arms they name."""
-import csv
 import gzip
 import re
 from pathlib import Path
 
 import pytest
+from test_docs_no_warmup import TESTBED, testbed_curves
 
 REPO = Path(__file__).resolve().parents[2]
-BATCH2 = REPO / "lab" / "record" / "testbed-d128" / "batch2"
+BATCH2 = TESTBED / "batch2"
 #: The no-warmup arm and its warmup reference of each seed.
 PAIRS = {1: ("gi-look4", "warmup"), 2: ("gi-look4-s2", "warmup-s2")}
 
@@ -19,13 +19,7 @@ def _flat(path: Path) -> str:
 
 
 def _curves():
-    rows = {}
-    with open(BATCH2 / "curves.csv", newline="", encoding="utf-8") as f:
-        for r in csv.DictReader(f):
-            if r["valid_loss"]:
-                rows.setdefault(r["arm"], {})[int(r["num_updates"])] = (float(r["valid_loss"]),
-                                                                        float(r["valid_loss_dropout"]))
-    return rows
+    return testbed_curves(BATCH2)
 
 
 def _gap_warnings(arm: str) -> int:
@@ -91,6 +85,10 @@ def test_the_papers_flags_on_the_page_give_the_authors_configuration():
             "--lr", "5e-4", "--max-tokens", "4096", *line.group(1).split()]
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), input_args=argv))
     g = gradinit_config_from_task(cfg.task)
+    # "on the testbed it did worse than no GradInit at all": batch 1's gi (the paper's setting) against Xavier
+    batch1 = testbed_curves()
+    assert "on the testbed it did worse than no GradInit at all" in page
+    assert batch1["gi"][800][0] > batch1["xavier"][800][0]
     authors = recipe("authors-iwslt14").values
     assert (g.eta, g.resolved_gamma, g.lr, g.iters, g.lookahead_steps, g.gamma_init_factor) == (
         authors["eta"], authors["gamma"], authors["lr"], authors["iters"], 1, None)
