@@ -128,7 +128,7 @@ def test_the_user_page_states_what_the_evidence_measured():
 TESTBED = REPO / "lab" / "record" / "testbed-d128"
 
 
-def testbed_curves(folder: Path = TESTBED):
+def curves_of_testbed(folder: Path = TESTBED):
     """arm -> update -> (eval-mode, dropout-on) validation loss of a testbed record's curves.csv."""
     rows = {}
     with open(folder / "curves.csv", newline="", encoding="utf-8") as f:
@@ -147,7 +147,7 @@ def test_the_cpu_testbed_table_is_the_stored_curves():
     section = PAGE.split("## CPU testbed", 1)[1].split("\n## ", 1)[0]
     rows = re.findall(r"^\| `([\w.-]+)` \| ([^|]+) \| ([\d.]+) / ([\d.]+) \| ([\d.]+) / ([\d.]+) \| (\d+) \|",
                       section, re.M)
-    curves = testbed_curves()
+    curves = curves_of_testbed()
     assert len(rows) >= 8 and {a.name for a in PRESET.arms} >= {r[0] for r in rows}
     for arm, _, e400, d400, e800, d800, warnings in rows:
         assert curves[arm][400] == (float(e400), float(d400)), arm

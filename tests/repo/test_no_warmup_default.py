@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import pytest
-from test_docs_no_warmup import TESTBED, testbed_curves
+from test_docs_no_warmup import TESTBED, curves_of_testbed
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH2 = TESTBED / "batch2"
@@ -19,7 +19,7 @@ def _flat(path: Path) -> str:
 
 
 def _curves():
-    return testbed_curves(BATCH2)
+    return curves_of_testbed(BATCH2)
 
 
 def _gap_warnings(arm: str) -> int:
@@ -86,7 +86,7 @@ def test_the_papers_flags_on_the_page_give_the_authors_configuration():
     cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), input_args=argv))
     g = gradinit_config_from_task(cfg.task)
     # "on the testbed it did worse than no GradInit at all": batch 1's gi (the paper's setting) against Xavier
-    batch1 = testbed_curves()
+    batch1 = curves_of_testbed()
     assert "on the testbed it did worse than no GradInit at all" in page
     assert batch1["gi"][800][0] > batch1["xavier"][800][0]
     authors = recipe("authors-iwslt14").values
