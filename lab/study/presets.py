@@ -701,6 +701,7 @@ TESTBED = Preset(
         _tb("xavier-warm50", ("--warmup-updates", "50"), "Xavier with the same 50 warmup updates"),
         _tb("admin", WSKIP_ARCH + ADMIN_INIT, "Admin's w_skip Transformer with Admin's initialization, Adam, no "
                                              "warmup"),
+        _tb("admin-s2", WSKIP_ARCH + ADMIN_INIT + ("--seed", "2"), "admin at seed 2"),
         _tb("radam", ("--optimizer", "radam"), "Xavier, RAdam (betas 0.9, 0.98), no warmup"),
         _tb("gi-dropout", TB_PAPER_SCREEN + ("--gradinit-dropout", "true"), "variant: the screening phase with dropout on"),
         _tb("gi-ratio", TB_PAPER_SCREEN + ("--gradinit-max-step-ratio", "0.5"),

@@ -42,7 +42,7 @@ def test_testbed_arms_groups_and_base(tiny_bin, tmp_path):
     assert len({by_arm[n] for n in screened} | {by_arm["gi"]}) == len(screened) + 1
     assert by_arm["gi-default"] is not None and by_arm["gi-default-780"] not in (None, by_arm["gi-default"])
     for ref in ("xavier", "warmup", "nodrop", "nodrop-warmup", "xavier-s2", "warmup-s2", "xavier-warm50",
-                "admin", "radam"):
+                "admin", "admin-s2", "radam"):
         assert by_arm[ref] is None, ref
 
 
