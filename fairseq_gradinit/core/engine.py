@@ -4,6 +4,10 @@ Every selected parameter tensor is written as theta_i = alpha_i * W_i with W_i f
 dL/dalpha_i = <dL/dtheta_i, W_i>, the engine works on the model's own parameters: it writes
 alpha*W (or alpha*W - eta*A[g]) into them in place, takes gradients with respect to them with
 ``torch.autograd.grad`` (``.grad`` is never touched) and reduces them to one number per tensor.
+
+One iteration is the function :func:`gradinit_step` on a :class:`ScaledModel` (model, loss, scaled
+tensors) and a :class:`GradInitState` (scales, their Adam moments, gamma); :class:`GradInit` holds
+both and keeps the history, skip counting and logging around it, and :func:`gradinit` drives it.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import math
 import time
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -125,171 +129,393 @@ def _sq_norm(tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         return torch.stack([t.pow(2).sum(dtype=torch.float64) for t in tensors]).sum()
 
 
+@dataclass(frozen=True)
+class ScaledModel:
+    """What a GradInit step differentiates: the model, its loss and its scaled tensors, built once
+    per run (:class:`GradInit` builds it from a :class:`GradInitConfig`)."""
+
+    #: The unwrapped model; a step writes alpha*W (or alpha*W - eta*A) into its parameters in place.
+    model: nn.Module
+    #: ``loss_fn(model, batch)`` in the phase's precision (:func:`~.precision.loss_in_precision`).
+    loss_fn: LossFn
+    #: The tensors W_i, their gradients' flat buffer and the scales' bounds.
+    scaled: ScaledParameters
+    #: Uses of tied tensors that keep alpha*W in the simulated step (``config.unstepped_uses``).
+    unstepped: Optional[UnsteppedUses] = None
+
+
+@dataclass
+class GradInitState:
+    """What one step reads and updates: device tensors, except ``gamma`` and ``last_branch``."""
+
+    #: The scales; the weights are written from this tensor (``ScaledParameters.alpha``), so a step
+    #: updates it in place.
+    alpha: torch.Tensor
+    #: Adam on the scales for objective steps.
+    adam: ScaleAdam
+    #: Adam for constraint steps: ``adam`` itself with ``adam_state="shared"``, its own moments with
+    #: "per_branch", so that a constraint step after a run of objective steps is not damped by their
+    #: second moments (or pushed by their momentum), and vice versa.
+    adam_constraint: ScaleAdam
+    #: The bound on ||g||; None until the first finite step measures it (``gamma_init_factor``).
+    gamma: Optional[float]
+    #: The last step's branch ("" before the first).
+    last_branch: str = ""
+    #: L(S~) and the ``ok`` flag of the last scale update, left on the device: the next step reads
+    #: them with its own host sync (None: nothing waits).
+    pending: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+    @classmethod
+    def initial(cls, scaled: ScaledParameters, config: GradInitConfig) -> "GradInitState":
+        """The state before the first step: the scales of ``scaled``, fresh moments, ``config``'s gamma."""
+        bounds = dict(min_scale=scaled.min_scales, max_scale=scaled.max_scales)
+        adam = ScaleAdam(scaled.alpha, config, **bounds)
+        constraint = ScaleAdam(scaled.alpha, config, **bounds) if config.adam_state == "per_branch" else adam
+        return cls(alpha=scaled.alpha, adam=adam, adam_constraint=constraint, gamma=config.resolved_gamma)
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """The host values of one step, all read in its one host sync."""
+
+    #: "objective", "constraint", or "skipped" (a non-finite loss or gradient on S: nothing stepped).
+    branch: str
+    #: L(S; alpha W), averaged over ranks.
+    loss_s: float
+    #: ||g||_p of the rank-averaged gradient on S.
+    grad_norm: float
+    #: The previous step's (L(S~), ok) (None: no step was pending); its scale update was not
+    #: applied where ok < 0.5 (a non-finite loss or scale gradient).
+    previous: Optional[Tuple[float, float]] = None
+
+
+def gradinit_step(model: ScaledModel, state: GradInitState, pair: BatchPair, config: GradInitConfig, *,
+                  group: Optional[DataParallelGroup] = None) -> StepResult:
+    """One iteration of Algorithm 1 on the pair (S, S~), in ``config.precision``.
+
+    The math of an iteration and nothing else: :class:`GradInit` keeps the history, the count of
+    skipped iterations, warnings and logging around it, as ``torch.optim.Adam`` keeps its bookkeeping
+    around ``_multi_tensor_adam``. Like those functional steps it updates ``state`` in place (the
+    scales, their Adam moments, gamma once measured, the branch and the pending device statistics)
+    and writes into the model's parameters; it returns the host values it read.
+
+    ``group`` is the data-parallel group as data (:class:`~.distributed.DataParallelGroup`: the
+    process group, its size and rank 0), not a callback: gradients, losses and scale gradients are
+    averaged over it and the new scales broadcast from its rank 0; default: as ``gradinit``'s
+    ``process_group=None``, the world group where ``torch.distributed`` is initialized, else this
+    process alone. Each rank passes its own shard's pair.
+    """
+    group = DataParallelGroup() if group is None else group
+    scaled, alpha = model.scaled, state.alpha
+    params = scaled.params
+    s, s_tilde = pair
+    with phase_precision(config.precision):
+        scaled.write(alpha)
+        # Constraint iterations come in runs (the norm comes down over many steps): after one,
+        # build the second-order graph of S in this first pass already, so that a constraint
+        # iteration costs one pass over S instead of two. A wrong guess costs only the graph's
+        # memory, released before the objective pass over S~.
+        fd = config.constraint_grad == "finite_difference"
+        speculate = config.reuse_graph and state.last_branch == "constraint" and not fd
+        g_local = None
+        with math_attention() if speculate else contextlib.nullcontext():
+            loss = check_loss(model.loss_fn(model.model, s))
+            if speculate:
+                g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+                grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, g_local)]
+            else:
+                grads = gradients(loss, params)
+        # From here on g is one zero-padded buffer (a copy, also of the graph's gradients): the
+        # norm, A[g], the step and the all-reduce are a few kernels each, not one per tensor.
+        grads = scaled.gather(grads)
+        loss_s = loss.detach().to(alpha.dtype).reshape(1)
+        del loss
+        group.mean_([grads.flat] if isinstance(grads, FlatViews) else grads)
+        group.mean_([loss_s])
+        g_all, grads = grads, scaled.without_fixed(grads)
+        gnorm = _grad_norm(grads, config.norm_p)
+        finite = torch.isfinite(loss_s[0]) & torch.isfinite(gnorm)
+        # The only host sync of the iteration: the branch depends on it. It also collects the
+        # previous iteration's deferred S~ statistics.
+        head = [loss_s[0], gnorm, finite.float()]
+        if state.pending is not None:
+            head += [state.pending[0], state.pending[1].float()]
+        values = torch.stack(head).tolist()
+        previous = tuple(values[3:5]) if state.pending is not None else None
+        state.pending = None
+        loss_v, gnorm_v, finite_v = values[:3]
+        if finite_v < 0.5:
+            state.last_branch = "skipped"
+            return StepResult("skipped", loss_v, gnorm_v, previous)
+
+        if state.gamma is None:  # gamma_init_factor: no scale has moved yet (skipped iterations do not step)
+            state.gamma = config.gamma_init_factor * gnorm_v
+        if gnorm_v > state.gamma:
+            branch = state.last_branch = "constraint"
+            if fd:
+                alpha_grad = _constraint_grad_fd(model, alpha, s, grads, gnorm, config, g_all)
+            else:
+                alpha_grad = _constraint_grad(model, alpha, s, grads, gnorm, config, g_local)
+            del grads, g_local, g_all
+            group.mean_([alpha_grad])
+            ok = torch.ones((), dtype=torch.bool, device=alpha.device)
+            new_alpha, ok = state.adam_constraint.step(alpha, alpha_grad, ok)
+            state.pending = (torch.zeros((), dtype=alpha.dtype, device=alpha.device), ok)
+        else:
+            branch = state.last_branch = "objective"
+            del g_local, g_all
+            if config.lookahead_steps > 1:
+                direction = _lookahead_direction(model, alpha, s, grads, config, group)
+            else:
+                direction = _step_direction(grads, gnorm, config, state.gamma)
+            alpha_grad, loss_t = _objective_grad(model, alpha, s_tilde, direction, config)
+            del direction, grads
+            loss_t = loss_t.reshape(1)
+            group.mean_([alpha_grad, loss_t])
+            ok = torch.isfinite(loss_t[0])
+            new_alpha, ok = state.adam.step(alpha, alpha_grad, ok)
+            state.pending = (loss_t[0], ok)
+        group.broadcast_([new_alpha])
+        alpha.copy_(new_alpha)
+    return StepResult(branch, loss_v, gnorm_v, previous)
+
+
+# -- the two branches (the math of gradinit_step) --------------------------------------------
+def _grad_norm(grads: Sequence[torch.Tensor], norm_p: int) -> torch.Tensor:
+    norms = foreach_norm(grads, norm_p)
+    return norms.sum() if norm_p == 1 else norms.pow(2).sum().sqrt()
+
+
+def _step_direction(grads: List[torch.Tensor], gnorm: torch.Tensor, config: GradInitConfig,
+                    gamma: Optional[float]) -> List[torch.Tensor]:
+    """A[g], computed in place in ``grads`` (one kernel where they are :class:`FlatViews`)."""
+    flat = getattr(grads, "flat", None)
+    if config.optimizer == "adam":
+        flat.sign_() if flat is not None else torch._foreach_sign_(grads)
+        return grads
+    if config.sgd_step == "normalized":
+        factor = (gamma / gnorm.clamp(min=1e-12)).to(grads[0].dtype)
+        flat.mul_(factor) if flat is not None else torch._foreach_mul_(grads, factor)
+    return grads
+
+
+def _norm_grad(scaled: ScaledParameters, gbar: List[torch.Tensor], gnorm: torch.Tensor,
+               norm_p: int) -> List[torch.Tensor]:
+    """v = d||gbar||_p / d gbar."""
+    flat = getattr(gbar, "flat", None)
+    if flat is not None:
+        if norm_p == 1:
+            return scaled.views(flat.sign())
+        return scaled.views(flat * (1.0 / gnorm.clamp(min=1e-12)).to(flat.dtype))
+    if norm_p == 1:
+        return list(torch._foreach_sign(gbar))
+    inv = 1.0 / gnorm.clamp(min=1e-12)
+    return list(torch._foreach_mul(gbar, inv.to(gbar[0].dtype)))
+
+
+def _constraint_grad(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
+                     config: GradInitConfig,
+                     g_local: Optional[Sequence[Optional[torch.Tensor]]] = None) -> torch.Tensor:
+    """d||gbar||_p / d alpha by double backward through ``g_local``, this rank's gradient on S
+    with its graph (computed here by a second-order pass on S when not given)."""
+    scaled = model.scaled
+    v = _norm_grad(scaled, gbar, gnorm, config.norm_p)
+    params = scaled.params
+    # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>,
+    # as one vector-Jacobian product d<g_r, v>/dtheta = (dg_r/dtheta)^T v (no per-tensor products).
+    with math_attention():
+        if g_local is None:
+            loss = check_loss(model.loss_fn(model.model, s))
+            g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+            del loss
+        used = [(gi, vi) for gi, vi in zip(g_local, v) if gi is not None and gi.requires_grad]
+        if not used:
+            return torch.zeros_like(alpha)
+        hv = torch.autograd.grad([gi for gi, _ in used], params, grad_outputs=[vi for _, vi in used],
+                                 allow_unused=True)
+    del g_local, used, v
+    h = scaled.gather([torch.zeros_like(p) if hi is None else hi for p, hi in zip(params, hv)])
+    del hv
+    return scaled.alpha_grad(h, consume=True)
+
+
+def _constraint_grad_fd(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torch.Tensor],
+                        gnorm: torch.Tensor, config: GradInitConfig,
+                        g_all: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
+    """d||gbar||_p / d alpha = <H v, W_i> with H v from a forward difference of the gradient on
+    S. Each rank returns (<g_r(theta + eps v), W_i> - <g_all, W_i>) / eps; their mean is the
+    difference quotient of the averaged gradient. ``g_all`` is gbar with the fixed tensors'
+    gradients too (their scales also move gbar; default: gbar)."""
+    scaled = model.scaled
+    # float64 products: the difference of the two is ~eps times smaller than either.
+    base = scaled.alpha_grad(gbar if g_all is None else g_all, torch.float64)
+    v = _norm_grad(scaled, gbar, gnorm, config.norm_p)
+    params = scaled.params
+    with torch.no_grad():
+        eps = config.fd_eps * _sq_norm(params).sqrt() / _sq_norm(v).sqrt().clamp(min=1e-30)
+    scaled.write(alpha, direction=v, eta=-eps.to(params[0].dtype))
+    del v
+    loss = check_loss(model.loss_fn(model.model, s))
+    h = scaled.gather(gradients(loss, params))
+    del loss
+    return ((scaled.alpha_grad(h, torch.float64, consume=True) - base) / eps).to(alpha.dtype)
+
+
+def _lookahead_direction(model: ScaledModel, alpha: torch.Tensor, s, grads: List[torch.Tensor],
+                         config: GradInitConfig, group: DataParallelGroup) -> List[torch.Tensor]:
+    """The sum u_1 + ... + u_K of K simulated Adam updates from alpha W (``lookahead_steps``),
+    Adam's bias-corrected m_t / (sqrt(v_t) + 1e-8): u_1 from g (sign g up to eps / |g|), each later
+    u_t from the gradient on S at alpha W - eta (u_1 + ... + u_{t-1}), averaged over ranks as g.
+    The u_t are constants of the objective, as A[g] is: its derivative in alpha_i stays
+    <dL/dtheta_i, W_i>."""
+    scaled = model.scaled
+    b1, b2 = config.lookahead_betas
+    m = [torch.zeros_like(g) for g in grads]
+    v = [torch.zeros_like(g) for g in grads]
+    total = [torch.zeros_like(g) for g in grads]
+    g = grads
+    for t in range(1, config.lookahead_steps + 1):
+        if t > 1:
+            scaled.write(alpha, direction=total, eta=config.eta)
+            loss = check_loss(model.loss_fn(model.model, s))
+            g = scaled.gather(gradients(loss, scaled.params))
+            del loss
+            group.mean_([g.flat] if isinstance(g, FlatViews) else g)
+            g = scaled.without_fixed(g)
+        torch._foreach_mul_(m, b1)
+        torch._foreach_add_(m, g, alpha=1.0 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, g, g, value=1.0 - b2)
+        denom = torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, 1.0 - b2 ** t)), 1e-8)
+        torch._foreach_add_(total, torch._foreach_div(torch._foreach_div(m, 1.0 - b1 ** t), denom))
+        del denom
+    return total
+
+
+def _objective_grad(model: ScaledModel, alpha: torch.Tensor, s_tilde, direction: List[torch.Tensor],
+                    config: GradInitConfig):
+    """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
+    scaled, unstepped = model.scaled, model.unstepped
+    if unstepped is None:
+        scaled.write(alpha, direction=direction, eta=config.eta)
+        loss = check_loss(model.loss_fn(model.model, s_tilde))
+        h = scaled.gather(gradients(loss, scaled.params))  # the autograd tensors go at once
+        return scaled.alpha_grad(h, consume=True) / config.eta, loss.detach().to(alpha.dtype)
+    unstepped.drop_steps(direction)
+    scaled.write(alpha, direction=direction, eta=config.eta)
+    unstepped_weights = {i: scaled.W[i] * alpha[i].to(scaled.W[i].dtype) for i, _, _ in unstepped.partial}
+    params = scaled.params
+    with unstepped.untied(unstepped_weights) as leaves:
+        loss = check_loss(model.loss_fn(model.model, s_tilde))
+        h = gradients(loss, list(params) + [leaf for _, leaf in leaves])
+    for k, (i, _) in enumerate(leaves):
+        h[i] = h[i] + h[len(params) + k]  # both uses depend on alpha_i through W_i
+    return scaled.alpha_grad(h[:len(params)]) / config.eta, loss.detach().to(alpha.dtype)
+
+
 class GradInit:
-    """Stateful GradInit run; :func:`gradinit` is the usual entry point."""
+    """A GradInit run: :func:`gradinit_step` over a :class:`ScaledModel` and a :class:`GradInitState`,
+    with the history, skip counting, warnings and progress lines around it; :func:`gradinit` is the
+    usual entry point."""
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, config: GradInitConfig, *,
                  process_group=None):
-        self.model = unwrap_model(model)
-        self.loss_fn = loss_fn
+        model = unwrap_model(model)
         self.cfg = config
-        self.gamma = config.resolved_gamma  # None until the first batch measures it (gamma_init_factor)
         self.dist = DataParallelGroup(process_group)
-        self.scaled = ScaledParameters(
-            self.model, config.param_filter, include_unscaled=config.step_params == "all",
+        scaled = ScaledParameters(
+            model, config.param_filter, include_unscaled=config.step_params == "all",
             bounds=config.scale_bounds, min_scale=config.min_scale, max_scale=config.max_scale,
             fixed=config.fixed_params)
         if self.dist.active:
             # Every rank must start from rank 0's weights (fairseq's legacy_ddp does not broadcast),
             # also those without a scale, so that all ranks end identical.
             with torch.no_grad():
-                self.dist.broadcast_(list(self.model.parameters()))
+                self.dist.broadcast_(list(model.parameters()))
         if config.max_step_ratio is not None:
-            raised = self.scaled.raise_floors_for_step_ratio(config.eta, config.max_step_ratio)
+            raised = scaled.raise_floors_for_step_ratio(config.eta, config.max_step_ratio)
             logger.info("gradinit: max_step_ratio %g raised the lower bound of %d scales (eta / (ratio * rms W))",
                         config.max_step_ratio, len(raised))
-        self.scaled.capture()
-        self.alpha = self.scaled.alpha
-        self.unstepped = (UnsteppedUses(self.model, self.scaled.params, config.unstepped_uses)
-                          if config.unstepped_uses else None)
-        if self.unstepped is not None:
-            logger.info("gradinit: uses that keep alpha*W in the simulated step: %s", ", ".join(self.unstepped.names))
-        self.loss_fn = loss_in_precision(loss_fn, config.precision, self.scaled.params[0].device.type)
-        bounds = dict(min_scale=self.scaled.min_scales, max_scale=self.scaled.max_scales)
-        self.adam = ScaleAdam(self.alpha, config, **bounds)
-        # With per-branch moments a constraint step after a run of objective steps is not damped by
-        # their second moments (or pushed by their momentum), and vice versa.
-        self.adam_constraint = ScaleAdam(self.alpha, config, **bounds) if config.adam_state == "per_branch" else self.adam
+        scaled.capture()
+        unstepped = (UnsteppedUses(model, scaled.params, config.unstepped_uses)
+                     if config.unstepped_uses else None)
+        if unstepped is not None:
+            logger.info("gradinit: uses that keep alpha*W in the simulated step: %s", ", ".join(unstepped.names))
+        self.target = ScaledModel(model, loss_in_precision(loss_fn, config.precision, scaled.params[0].device.type),
+                                  scaled, unstepped)
+        self.state = GradInitState.initial(scaled, config)
         self.history: List[IterationRecord] = []
-        self._pending: Optional[tuple] = None  # (record, loss_s_tilde tensor, ok tensor)
+        self._waiting: Optional[IterationRecord] = None  # the record whose S~ statistics are pending
         self._consecutive_skips = 0
-        self._last_branch = ""
 
-    # -- the two branches ---------------------------------------------------------------------
+    # -- the run's pieces, as attributes ------------------------------------------------------
+    @property
+    def model(self) -> nn.Module:
+        return self.target.model
+
+    @property
+    def loss_fn(self) -> LossFn:
+        return self.target.loss_fn
+
+    @property
+    def scaled(self) -> ScaledParameters:
+        return self.target.scaled
+
+    @property
+    def unstepped(self) -> Optional[UnsteppedUses]:
+        return self.target.unstepped
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        return self.state.alpha
+
+    @property
+    def adam(self) -> ScaleAdam:
+        return self.state.adam
+
+    @property
+    def adam_constraint(self) -> ScaleAdam:
+        return self.state.adam_constraint
+
+    @property
+    def gamma(self) -> Optional[float]:
+        return self.state.gamma
+
+    @gamma.setter
+    def gamma(self, value: Optional[float]) -> None:
+        self.state.gamma = value
+
+    # -- the branches' pieces, for checking them one by one ------------------------------------
     def grad_norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
-        norms = foreach_norm(grads, self.cfg.norm_p)
-        return norms.sum() if self.cfg.norm_p == 1 else norms.pow(2).sum().sqrt()
+        return _grad_norm(grads, self.cfg.norm_p)
 
     def step_direction(self, grads: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
-        """A[g], computed in place in ``grads`` (one kernel where they are :class:`FlatViews`)."""
-        flat = getattr(grads, "flat", None)
-        if self.cfg.optimizer == "adam":
-            flat.sign_() if flat is not None else torch._foreach_sign_(grads)
-            return grads
-        if self.cfg.sgd_step == "normalized":
-            factor = (self.gamma / gnorm.clamp(min=1e-12)).to(grads[0].dtype)
-            flat.mul_(factor) if flat is not None else torch._foreach_mul_(grads, factor)
-        return grads
-
-    def _norm_grad(self, gbar: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
-        """v = d||gbar||_p / d gbar."""
-        flat = getattr(gbar, "flat", None)
-        if flat is not None:
-            if self.cfg.norm_p == 1:
-                return self.scaled.views(flat.sign())
-            return self.scaled.views(flat * (1.0 / gnorm.clamp(min=1e-12)).to(flat.dtype))
-        if self.cfg.norm_p == 1:
-            return list(torch._foreach_sign(gbar))
-        inv = 1.0 / gnorm.clamp(min=1e-12)
-        return list(torch._foreach_mul(gbar, inv.to(gbar[0].dtype)))
+        """A[g], computed in place in ``grads``."""
+        return _step_direction(grads, gnorm, self.cfg, self.gamma)
 
     def _constraint_grad(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
                          g_local: Optional[Sequence[Optional[torch.Tensor]]] = None) -> torch.Tensor:
-        """d||gbar||_p / d alpha by double backward through ``g_local``, this rank's gradient on S
-        with its graph (computed here by a second-order pass on S when not given)."""
-        v = self._norm_grad(gbar, gnorm)
-        params = self.scaled.params
-        # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>,
-        # as one vector-Jacobian product d<g_r, v>/dtheta = (dg_r/dtheta)^T v (no per-tensor products).
-        with math_attention():
-            if g_local is None:
-                loss = check_loss(self.loss_fn(self.model, s))
-                g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-                del loss
-            used = [(gi, vi) for gi, vi in zip(g_local, v) if gi is not None and gi.requires_grad]
-            if not used:
-                return torch.zeros_like(self.alpha)
-            hv = torch.autograd.grad([gi for gi, _ in used], params, grad_outputs=[vi for _, vi in used],
-                                     allow_unused=True)
-        del g_local, used, v
-        h = self.scaled.gather([torch.zeros_like(p) if hi is None else hi for p, hi in zip(params, hv)])
-        del hv
-        return self.scaled.alpha_grad(h, consume=True)
+        return _constraint_grad(self.target, self.alpha, s, gbar, gnorm, self.cfg, g_local)
 
     def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
                             g_all: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
-        """d||gbar||_p / d alpha = <H v, W_i> with H v from a forward difference of the gradient on
-        S. Each rank returns (<g_r(theta + eps v), W_i> - <g_all, W_i>) / eps; their mean is the
-        difference quotient of the averaged gradient. ``g_all`` is gbar with the fixed tensors'
-        gradients too (their scales also move gbar; default: gbar)."""
-        # float64 products: the difference of the two is ~eps times smaller than either.
-        base = self.scaled.alpha_grad(gbar if g_all is None else g_all, torch.float64)
-        v = self._norm_grad(gbar, gnorm)
-        params = self.scaled.params
-        with torch.no_grad():
-            eps = self.cfg.fd_eps * _sq_norm(params).sqrt() / _sq_norm(v).sqrt().clamp(min=1e-30)
-        self.scaled.write(self.alpha, direction=v, eta=-eps.to(params[0].dtype))
-        del v
-        loss = check_loss(self.loss_fn(self.model, s))
-        h = self.scaled.gather(gradients(loss, params))
-        del loss
-        return ((self.scaled.alpha_grad(h, torch.float64, consume=True) - base) / eps).to(self.alpha.dtype)
-
-    def _lookahead_direction(self, s, grads: List[torch.Tensor]) -> List[torch.Tensor]:
-        """The sum u_1 + ... + u_K of K simulated Adam updates from alpha W (``lookahead_steps``),
-        Adam's bias-corrected m_t / (sqrt(v_t) + 1e-8): u_1 from g (sign g up to eps / |g|), each later
-        u_t from the gradient on S at alpha W - eta (u_1 + ... + u_{t-1}), averaged over ranks as g.
-        The u_t are constants of the objective, as A[g] is: its derivative in alpha_i stays
-        <dL/dtheta_i, W_i>."""
-        b1, b2 = self.cfg.lookahead_betas
-        m = [torch.zeros_like(g) for g in grads]
-        v = [torch.zeros_like(g) for g in grads]
-        total = [torch.zeros_like(g) for g in grads]
-        g = grads
-        for t in range(1, self.cfg.lookahead_steps + 1):
-            if t > 1:
-                self.scaled.write(self.alpha, direction=total, eta=self.cfg.eta)
-                loss = check_loss(self.loss_fn(self.model, s))
-                g = self.scaled.gather(gradients(loss, self.scaled.params))
-                del loss
-                self.dist.mean_([g.flat] if isinstance(g, FlatViews) else g)
-                g = self.scaled.without_fixed(g)
-            torch._foreach_mul_(m, b1)
-            torch._foreach_add_(m, g, alpha=1.0 - b1)
-            torch._foreach_mul_(v, b2)
-            torch._foreach_addcmul_(v, g, g, value=1.0 - b2)
-            denom = torch._foreach_add(torch._foreach_sqrt(torch._foreach_div(v, 1.0 - b2 ** t)), 1e-8)
-            torch._foreach_add_(total, torch._foreach_div(torch._foreach_div(m, 1.0 - b1 ** t), denom))
-            del denom
-        return total
+        return _constraint_grad_fd(self.target, self.alpha, s, gbar, gnorm, self.cfg, g_all)
 
     def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
-        """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
-        if self.unstepped is None:
-            self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
-            loss = check_loss(self.loss_fn(self.model, s_tilde))
-            h = self.scaled.gather(gradients(loss, self.scaled.params))  # the autograd tensors go at once
-            return self.scaled.alpha_grad(h, consume=True) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
-        self.unstepped.drop_steps(direction)
-        self.scaled.write(self.alpha, direction=direction, eta=self.cfg.eta)
-        unstepped_weights = {i: self.scaled.W[i] * self.alpha[i].to(self.scaled.W[i].dtype)
-                             for i, _, _ in self.unstepped.partial}
-        params = self.scaled.params
-        with self.unstepped.untied(unstepped_weights) as leaves:
-            loss = check_loss(self.loss_fn(self.model, s_tilde))
-            h = gradients(loss, list(params) + [leaf for _, leaf in leaves])
-        for k, (i, _) in enumerate(leaves):
-            h[i] = h[i] + h[len(params) + k]  # both uses depend on alpha_i through W_i
-        return self.scaled.alpha_grad(h[:len(params)]) / self.cfg.eta, loss.detach().to(self.alpha.dtype)
+        return _objective_grad(self.target, self.alpha, s_tilde, direction, self.cfg)
 
     # -- bookkeeping ----------------------------------------------------------------------
-    def _flush_pending(self, values: Optional[List[float]] = None) -> None:
-        if self._pending is None:
+    def _flush_pending(self, values: Optional[Sequence[float]] = None) -> None:
+        """Complete the waiting record with its S~ statistics: ``values`` read with another host read
+        (the step's or a progress line's), else read here."""
+        rec = self._waiting
+        if rec is None:
             return
-        rec, loss_t, ok = self._pending
-        self._pending = None
         if values is None:
+            loss_t, ok = self.state.pending
             values = torch.stack([loss_t, ok.float()]).tolist()
+            self.state.pending = None
+        self._waiting = None
         loss_v, ok_v = values
         if rec.branch == "objective":
             rec.loss_s_tilde = loss_v
@@ -319,11 +545,12 @@ class GradInit:
         a, mask = self.alpha.detach(), self.scaled.scaled  # no boolean indexing: it would read the mask
         head = [torch.where(mask, a, math.inf).min(), (a * mask).sum() / mask.sum(),
                 torch.where(mask, a, -math.inf).max()]
-        pending = self._pending is not None and not settled_only
+        pending = self._waiting is not None and not settled_only
         if pending:
-            head += [self._pending[1].to(a.dtype), self._pending[2].to(a.dtype)]
+            head += [self.state.pending[0].to(a.dtype), self.state.pending[1].to(a.dtype)]
         values = torch.stack(head).tolist()
         if pending:
+            self.state.pending = None
             self._flush_pending(values[3:5])
         stats = values[:3]
         rec = self.history[self.settled - 1] if settled_only else self.history[-1]
@@ -339,87 +566,22 @@ class GradInit:
 
     # -- one iteration --------------------------------------------------------------------
     def step(self, pair: BatchPair) -> IterationRecord:
-        """One iteration of Algorithm 1 on the pair (S, S~), in ``config.precision``."""
-        with phase_precision(self.cfg.precision):
-            return self._step(pair)
-
-    def _step(self, pair: BatchPair) -> IterationRecord:
-        params = self.scaled.params
-        s, s_tilde = pair
-        it = len(self.history) + 1
-        self.scaled.write(self.alpha)
-        # Constraint iterations come in runs (the norm comes down over many steps): after one,
-        # build the second-order graph of S in this first pass already, so that a constraint
-        # iteration costs one pass over S instead of two. A wrong guess costs only the graph's
-        # memory, released before the objective pass over S~.
-        fd = self.cfg.constraint_grad == "finite_difference"
-        speculate = self.cfg.reuse_graph and self._last_branch == "constraint" and not fd
-        g_local = None
-        with math_attention() if speculate else contextlib.nullcontext():
-            loss = check_loss(self.loss_fn(self.model, s))
-            if speculate:
-                g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-                grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, g_local)]
-            else:
-                grads = gradients(loss, params)
-        # From here on g is one zero-padded buffer (a copy, also of the graph's gradients): the
-        # norm, A[g], the step and the all-reduce are a few kernels each, not one per tensor.
-        grads = self.scaled.gather(grads)
-        loss_s = loss.detach().to(self.alpha.dtype).reshape(1)
-        del loss
-        self.dist.mean_([grads.flat] if isinstance(grads, FlatViews) else grads)
-        self.dist.mean_([loss_s])
-        g_all, grads = grads, self.scaled.without_fixed(grads)
-        gnorm = self.grad_norm(grads)
-        finite = torch.isfinite(loss_s[0]) & torch.isfinite(gnorm)
-        # The only host sync of the iteration: the branch depends on it. It also collects the
-        # previous iteration's deferred S~ statistics.
-        head = [loss_s[0], gnorm, finite.float()]
-        if self._pending is not None:
-            head += [self._pending[1], self._pending[2].float()]
-        values = torch.stack(head).tolist()
-        if self._pending is not None:
-            self._flush_pending(values[3:5])
-        loss_v, gnorm_v, finite_v = values[:3]
-        rec = IterationRecord(iteration=it, branch="", loss_s=loss_v, grad_norm=gnorm_v)
+        """One iteration of Algorithm 1 on the pair (S, S~) (:func:`gradinit_step`), recorded."""
+        measuring = self.state.gamma is None
+        out = gradinit_step(self.target, self.state, pair, self.cfg, group=self.dist)
+        if out.previous is not None:
+            self._flush_pending(out.previous)
+        rec = IterationRecord(iteration=len(self.history) + 1, branch=out.branch, loss_s=out.loss_s,
+                              grad_norm=out.grad_norm)
         self.history.append(rec)
-        if finite_v < 0.5:
-            rec.branch, rec.reason = "skipped", "non-finite loss or gradient on S"
-            self._last_branch = rec.branch
+        if rec.branch == "skipped":
+            rec.reason = "non-finite loss or gradient on S"
             self._skip(rec)
             return rec
-
-        if self.gamma is None:  # gamma_init_factor: no scale has moved yet (skipped iterations do not step)
-            self.gamma = self.cfg.gamma_init_factor * gnorm_v
+        if measuring:
             logger.info("gradinit: gamma = %g x ||g||_%d at the init (%.6g) = %.6g", self.cfg.gamma_init_factor,
-                        self.cfg.norm_p, gnorm_v, self.gamma)
-        if gnorm_v > self.gamma:
-            rec.branch = self._last_branch = "constraint"
-            if fd:
-                alpha_grad = self._constraint_grad_fd(s, grads, gnorm, g_all)
-            else:
-                alpha_grad = self._constraint_grad(s, grads, gnorm, g_local)
-            del grads, g_local, g_all
-            self.dist.mean_([alpha_grad])
-            ok = torch.ones((), dtype=torch.bool, device=self.alpha.device)
-            new_alpha, ok = self.adam_constraint.step(self.alpha, alpha_grad, ok)
-            self._pending = (rec, torch.zeros((), dtype=self.alpha.dtype, device=self.alpha.device), ok)
-        else:
-            rec.branch = self._last_branch = "objective"
-            del g_local, g_all
-            if self.cfg.lookahead_steps > 1:
-                direction = self._lookahead_direction(s, grads)
-            else:
-                direction = self.step_direction(grads, gnorm)
-            alpha_grad, loss_t = self._objective_grad(s_tilde, direction)
-            del direction, grads
-            loss_t = loss_t.reshape(1)
-            self.dist.mean_([alpha_grad, loss_t])
-            ok = torch.isfinite(loss_t[0])
-            new_alpha, ok = self.adam.step(self.alpha, alpha_grad, ok)
-            self._pending = (rec, loss_t[0], ok)
-        self.dist.broadcast_([new_alpha])
-        self.alpha.copy_(new_alpha)
+                        self.cfg.norm_p, out.grad_norm, self.gamma)
+        self._waiting = rec
         return rec
 
     # -- interrupting and resuming ---------------------------------------------------------
@@ -434,7 +596,7 @@ class GradInit:
             "config": _result_settings(self.cfg), "alpha": self.alpha.detach().cpu().clone(),
             "adam": self.adam.state_dict(), "adam_constraint": self.adam_constraint.state_dict() if separate else None,
             "history": [dataclasses.asdict(r) for r in self.history],
-            "consecutive_skips": self._consecutive_skips, "last_branch": self._last_branch, "gamma": self.gamma,
+            "consecutive_skips": self._consecutive_skips, "last_branch": self.state.last_branch, "gamma": self.gamma,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -460,9 +622,9 @@ class GradInit:
         if self.adam_constraint is not self.adam:
             self.adam_constraint.load_state_dict(state["adam_constraint"])
         self.history = [IterationRecord(**r) for r in state["history"]]
-        self._pending = None
+        self._waiting = self.state.pending = None
         self._consecutive_skips = int(state["consecutive_skips"])
-        self._last_branch = str(state["last_branch"])
+        self.state.last_branch = str(state["last_branch"])
         if self.cfg.gamma_init_factor is not None and state.get("gamma") is not None:
             self.gamma = float(state["gamma"])
 
@@ -472,11 +634,10 @@ class GradInit:
     @property
     def settled(self) -> int:
         """How many records of ``history`` are final (the last one waits for its S~ statistics)."""
-        return len(self.history) - (self._pending is not None)
+        return len(self.history) - (self._waiting is not None)
 
     def finalize(self) -> None:
-        if self._pending is not None:
-            self._flush_pending()
+        self._flush_pending()
         self.scaled.write(self.alpha)
 
 

@@ -25,11 +25,15 @@ docstring):
   :func:`~.norm_stats.norm_input_stats` in GradInit's mode (:func:`~.modes.gradinit_mode`: no
   dropout, batch statistics in BatchNorm). LayerNorm-like layers are judged; BatchNorm layers are
   listed (a BatchNorm re-normalizes every batch, and the thresholds were set on LayerNorm evidence);
-* per block (:func:`block_of`), the root-mean-square of dL/dtheta before and after the scales on the
-  same batch (:func:`block_gradient_rms`);
+* per block (:func:`block_of`, or the caller's :attr:`ModelStructure.blocks`), the root-mean-square of
+  dL/dtheta before and after the scales on the same batch (:func:`block_gradient_rms`);
 * the phase (:func:`phase_health`): the share of constraint iterations (||g|| at iteration 1
   against gamma is named as its cause); a phase without any objective iteration is always degenerate;
-* multiplicative pairs (:data:`MULTIPLICATIVE_PAIRS`) with both scales near their lower bound.
+* multiplicative pairs (the caller's :attr:`ModelStructure.pairs`) with both scales near their lower bound.
+
+The engine knows no model family: which sibling modules multiply and how parameters group into blocks is
+data the caller passes as a :class:`ModelStructure` (the fairseq plugin passes fairseq's module names; the
+default groups blocks by numbered modules and checks no pairs).
 """
 from __future__ import annotations
 
@@ -56,6 +60,48 @@ _NORM_NAME = re.compile(r"(norm|^ln(_\w+)?\d*$|^bn\d*$)", re.IGNORECASE)
 _LAYER_NORM_NAME = re.compile(r"(layer_?norm|^ln(_\w+)?\d*$|^norm\d*$)", re.IGNORECASE)
 
 
+@dataclass(frozen=True)
+class ModelStructure:
+    r"""How a model's parameters group for the health check, as names the caller gives.
+
+    ``pairs``: sibling modules whose outputs multiply (attention logits q.k, values through the output
+    projection, an FFN's two layers), by their attribute names, e.g. ``(("query", "key"),)``:
+    scaling both down scales their branch by the product. Default: none.
+
+    ``blocks``: a regular expression whose match at the start of a parameter name is that parameter's
+    block (e.g. ``r"stages\.\d+\.\d+"``); names it does not match, and every name when
+    None, go by :func:`block_of`: up to the first numeric part, else the module.
+    """
+
+    pairs: Tuple[Tuple[str, str], ...] = ()
+    blocks: Optional[str] = None
+
+    def __post_init__(self):
+        pairs = tuple(tuple(p) for p in self.pairs)
+        if any(len(p) != 2 or not all(isinstance(n, str) and n for n in p) for p in pairs):
+            raise ValueError(f"ModelStructure.pairs={self.pairs!r} is invalid: expected pairs of module names, "
+                             "e.g. (('query', 'key'),)")
+        object.__setattr__(self, "pairs", pairs)
+        if self.blocks is not None:
+            try:
+                re.compile(self.blocks)
+            except re.error as e:
+                raise ValueError(f"ModelStructure.blocks={self.blocks!r} is invalid: {e}; expected a regular "
+                                 "expression matching the start of a parameter name") from None
+
+    def block(self, name: str) -> str:
+        """The block of the parameter ``name``."""
+        if self.blocks is not None:
+            m = re.match(self.blocks, name)
+            if m and m.group(0):
+                return m.group(0)
+        return block_of(name)
+
+
+#: Blocks by numbered modules, no pairs: the default of every check.
+GENERIC = ModelStructure()
+
+
 @dataclass
 class HealthThresholds:
     """When :func:`scale_health` calls a result degenerate (the run behind each value: docs/health.md).
@@ -80,7 +126,7 @@ class HealthThresholds:
     gains from being flagged for what GradInit did not cause; without a "before" measurement only
     ``max_gain`` applies).
 
-    ``max_block_quieting`` = 100: per block (``encoder.layers.3``...), the RMS of dL/dtheta on the
+    ``max_block_quieting`` = 100: per block (a Transformer layer...), the RMS of dL/dtheta on the
     same batch before the scales over after them. Degenerate when one block's gradient is that many
     times quieter: the scales' objective (the loss after one step) hardly depends on such a block, so
     GradInit did not prepare its first steps; it barely moves at first and takes full-lr Adam steps
@@ -96,8 +142,8 @@ class HealthThresholds:
     above gamma and then alternates did optimize its objective). A phase without any objective
     iteration is always flagged.
 
-    ``pair_floor_factor`` = 2: a multiplicative pair (``q_proj`` & ``k_proj``, ``v_proj`` &
-    ``out_proj``, ``fc1`` & ``fc2`` of one module) is switched off together when both scales are at
+    ``pair_floor_factor`` = 2: a multiplicative pair (:attr:`ModelStructure.pairs`, e.g. an attention's
+    query & key projections, or an FFN's two layers, of one module) is switched off together when both scales are at
     most twice their lower bound: the branch then carries the product of the two, at most 4e-4 of
     its initial output at the floor 0.01, and each tensor's gradient is scaled by the other's scale.
     A single tensor at the floor is tolerated by ``floor_allowance``, but a pair switches a whole
@@ -348,7 +394,8 @@ def _tolerance(lo: float) -> float:
 def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, is_norm: Callable[[str], bool],
            is_layer_norm: Callable[[str], bool], params: Mapping[str, nn.Parameter],
            norms: Optional[List[NormHealth]], th: HealthThresholds, notes: List[str],
-           blocks: Optional[List[BlockGradient]] = None, phase: Optional[PhaseHealth] = None) -> ScaleHealth:
+           blocks: Optional[List[BlockGradient]] = None, phase: Optional[PhaseHealth] = None,
+           pairs: Sequence[Tuple[str, str]] = ()) -> ScaleHealth:
     floor_w: Dict[str, Tuple[float, float]] = {}
     lows: Dict[str, float] = {}
     floor_b: Dict[str, Tuple[float, float]] = {}
@@ -400,27 +447,23 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
                            + f": {'; '.join(fmt(n) for n in high[:3])}"
                            + (" (their input std was shrunk by the scales of the layers before them)"
                               if small else ""))
-    pairs = pairs_switched_off(scales, lows, th.pair_floor_factor)
-    reasons += shock_reasons(blocks, phase, pairs, th)
+    off = pairs_switched_off(scales, lows, th.pair_floor_factor, pairs=pairs)
+    reasons += shock_reasons(blocks, phase, off, th)
     return ScaleHealth(verdict=DEGENERATE if reasons else OK, reasons=reasons, floor_weights=floor_w,
                        floor_biases=floor_b, num_weights=n_w, num_biases=n_b, small_layer_norm_scales=small,
-                       norms=norms, thresholds=th, notes=list(notes), blocks=blocks, phase=phase, pairs_off=pairs)
+                       norms=norms, thresholds=th, notes=list(notes), blocks=blocks, phase=phase, pairs_off=off)
 
 
-#: Sibling modules whose outputs multiply (attention logits q·k, values through the output
-#: projection, the FFN's two layers): scaling both down scales their branch by the product.
-MULTIPLICATIVE_PAIRS = (("q_proj", "k_proj"), ("v_proj", "out_proj"), ("fc1", "fc2"))
-
-
-def pairs_switched_off(scales: Mapping[str, float], lows: Mapping[str, float], factor: float) -> List[list]:
-    """[name_a, name_b, scale_a, scale_b] for every pair of :data:`MULTIPLICATIVE_PAIRS` (weights of
-    sibling modules) whose two scales are both at most ``factor`` times their lower bound."""
+def pairs_switched_off(scales: Mapping[str, float], lows: Mapping[str, float], factor: float, *,
+                       pairs: Sequence[Tuple[str, str]] = ()) -> List[list]:
+    """[name_a, name_b, scale_a, scale_b] for every pair of ``pairs`` (:attr:`ModelStructure.pairs`:
+    weights of sibling modules) whose two scales are both at most ``factor`` times their lower bound."""
     out = []
     for name, value in scales.items():
         parts = name.split(".")
         if len(parts) < 2 or parts[-1] != "weight":
             continue
-        for a, b in MULTIPLICATIVE_PAIRS:
+        for a, b in pairs:
             if parts[-2] != a:
                 continue
             other = ".".join(parts[:-2] + [b, "weight"])
@@ -489,8 +532,8 @@ def phase_health(history: Optional[Sequence[Any]], gamma: Optional[float]) -> Op
 
 
 def block_of(name: str) -> str:
-    """The block a parameter belongs to: its name up to the first numeric part (``encoder.layers.3``),
-    else its module (``encoder.embed_tokens``)."""
+    """The block a parameter belongs to: its name up to the first numeric part (``layers.3`` of
+    ``layers.3.attn.weight``), else its module (``embed.weight``: ``embed``)."""
     parts = name.split(".")
     for i, part in enumerate(parts[:-1]):
         if part.isdigit():
@@ -499,8 +542,9 @@ def block_of(name: str) -> str:
 
 
 def block_gradient_rms(model: nn.Module, loss: Callable[[nn.Module], torch.Tensor], *,
-                       norm_inputs: Optional[Dict[str, NormInputStats]] = None) -> Dict[str, float]:
-    """Per block (:func:`block_of`, forward order of the parameters), the root-mean-square of
+                       norm_inputs: Optional[Dict[str, NormInputStats]] = None,
+                       structure: ModelStructure = GENERIC) -> Dict[str, float]:
+    """Per block (:meth:`ModelStructure.block`, forward order of the parameters), the root-mean-square of
     dL/dtheta over the block's trainable parameters, ``loss(model)`` run in GradInit's mode. With
     ``norm_inputs`` (a dict), the normalization layers' :class:`NormInputStats` of the same forward pass
     are recorded into it."""
@@ -513,7 +557,7 @@ def block_gradient_rms(model: nn.Module, loss: Callable[[nn.Module], torch.Tenso
         norm_inputs.update(stats)
     sums: Dict[str, list] = {}
     for (name, p), g in zip(named, grads):
-        acc = sums.setdefault(block_of(name), [0.0, 0])
+        acc = sums.setdefault(structure.block(name), [0.0, 0])
         acc[0] += 0.0 if g is None else float(g.detach().double().pow(2).sum())
         acc[1] += p.numel()
     return {b: math.sqrt(sq / n) for b, (sq, n) in sums.items() if n}
@@ -523,7 +567,7 @@ def scale_verdict(scales: Mapping[str, float], *, config: Union[GradInitConfig, 
                   norm_weights: Optional[Callable[[str], bool]] = None,
                   layer_norm_weights: Optional[Callable[[str], bool]] = None,
                   thresholds: Optional[HealthThresholds] = None, history: Optional[Sequence[Any]] = None,
-                  gamma: Optional[float] = None) -> ScaleHealth:
+                  gamma: Optional[float] = None, structure: ModelStructure = GENERIC) -> ScaleHealth:
     """The health check from the scales alone (no model, no batch): tensors at their lower bound,
     LayerNorm weights scaled far below 1, multiplicative pairs switched off together and, with the
     phase's ``history`` and ``gamma``, whether the phase was constraint-bound.
@@ -537,11 +581,13 @@ def scale_verdict(scales: Mapping[str, float], *, config: Union[GradInitConfig, 
         thresholds: :class:`HealthThresholds`.
         history / gamma: the phase's :class:`~.engine.IterationRecord` list (or ``gradinit.json``'s
             ``history``) and the gamma it ran with (``GradInitResult.gamma``).
+        structure: the model's multiplicative pairs (:class:`ModelStructure`; default: none checked).
     """
     min_scale, bounds, notes = bounds_of_config(config)
     return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=norm_weights or guess_norm_weight,
                   is_layer_norm=layer_norm_weights or guess_layer_norm_weight, params={}, norms=None,
-                  th=thresholds or HealthThresholds(), notes=notes, phase=phase_health(history, gamma))
+                  th=thresholds or HealthThresholds(), notes=notes, phase=phase_health(history, gamma),
+                  pairs=structure.pairs)
 
 
 def snapshot_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -585,7 +631,8 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
                  config: Union[GradInitConfig, Mapping[str, Any], None] = None,
                  thresholds: Optional[HealthThresholds] = None,
                  loss: Optional[Callable[[nn.Module], torch.Tensor]] = None,
-                 history: Optional[Sequence[Any]] = None, gamma: Optional[float] = None) -> ScaleHealth:
+                 history: Optional[Sequence[Any]] = None, gamma: Optional[float] = None,
+                 structure: ModelStructure = GENERIC) -> ScaleHealth:
     """The health check of ``scales`` on ``model``, which holds the scaled weights alpha * W (as
     :func:`~.engine.gradinit` and :func:`~.scales.apply_scales` leave it).
 
@@ -606,6 +653,8 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
             each block's gradient RMS after the scales and, with ``initial``, before them (run with
             gradients, in GradInit's mode); None: not measured.
         history / gamma: as in :func:`scale_verdict`.
+        structure: the model's blocks and multiplicative pairs (:class:`ModelStructure`; default:
+            blocks by numbered modules, no pairs).
 
     Returns:
         A :class:`ScaleHealth` (``verdict``, ``reasons``, ``to_dict()``, ``table()``).
@@ -621,7 +670,7 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
         # One pass per weight state: the norm inputs are recorded in the forward pass of the gradients.
         after: Dict[str, NormInputStats] = {}
         before: Optional[Dict[str, NormInputStats]] = {} if initial is not None else None
-        blocks = _blocks(inner, loss, initial, norm_inputs=(after, before))
+        blocks = _blocks(inner, loss, initial, structure, norm_inputs=(after, before))
     elif forward is not None:
         after = _measure(inner, forward)
         before = None
@@ -638,21 +687,23 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
                                     gain_after=s.gain, input_std_before=None if b is None else b.input_std,
                                     gain_before=None if b is None else b.gain))
     if forward is None or loss is None:
-        blocks = _blocks(inner, loss, initial)
+        blocks = _blocks(inner, loss, initial, structure)
     return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=lambda n: n in norm_names or (
         n not in params and guess_norm_weight(n)), is_layer_norm=lambda n: n in layer_norm_names,
-        params=params, norms=norms, th=th, notes=notes, blocks=blocks, phase=phase_health(history, gamma))
+        params=params, norms=norms, th=th, notes=notes, blocks=blocks, phase=phase_health(history, gamma),
+        pairs=structure.pairs)
 
 
-def _blocks(model: nn.Module, loss, initial, *, norm_inputs: tuple = (None, None)) -> Optional[List[BlockGradient]]:
+def _blocks(model: nn.Module, loss, initial, structure: ModelStructure, *,
+            norm_inputs: tuple = (None, None)) -> Optional[List[BlockGradient]]:
     """Each block's gradient RMS after the scales and, with ``initial``, before them; ``norm_inputs``
     (after, before): dicts that receive the norm input statistics of the same passes (None: not recorded)."""
     if loss is None:
         return None
-    after = block_gradient_rms(model, loss, norm_inputs=norm_inputs[0])
+    after = block_gradient_rms(model, loss, norm_inputs=norm_inputs[0], structure=structure)
     before = None
     if initial is not None:
         with swapped_weights(model, initial):
-            before = block_gradient_rms(model, loss, norm_inputs=norm_inputs[1])
+            before = block_gradient_rms(model, loss, norm_inputs=norm_inputs[1], structure=structure)
     return [BlockGradient(name=b, rms_after=rms, rms_before=None if before is None else before.get(b))
             for b, rms in after.items()]

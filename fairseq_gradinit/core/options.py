@@ -5,6 +5,7 @@ Each front end derives its options from :func:`options_of`: the fairseq plugin's
 fields, the vision API's keyword arguments and ``scripts/train_vision.py``'s flags. A front end
 only says which defaults differ for it (a mapping ``name -> Default``); help texts, choices,
 types, parsing from the command line and whether an option changes the result all come from here.
+Their argparse flags and Markdown tables are made outside the engine, by :mod:`fairseq_gradinit.option_forms`.
 """
 from __future__ import annotations
 
@@ -196,65 +197,3 @@ def values_from(source: Any, specs: Iterable[OptionSpec], *, prefix: str = "") -
             msg = str(e)
             raise ValueError(msg if msg.startswith("--") else f"{spec.flag()}: {msg}") from None
     return out
-
-
-def add_arguments(parser, specs: Iterable[OptionSpec], *, prefix: str = "--gradinit-") -> None:
-    """Add one ``argparse`` option per spec (``prefix`` + name) to ``parser`` (or an argument group),
-    with its help, choices and default; values are parsed by :meth:`OptionSpec.parse`."""
-    for spec in specs:
-        if spec.python_only:
-            continue
-        metavar = {"choice": "{" + ",".join(spec.choices or ()) + "}", "bool": "{true,false}",
-                   "pair": "'(B1, B2)'", "bounds": "'[(SELECT, MIN, MAX), ...]'"}.get(spec.kind)
-        shown = spec.to_text(spec.default) if spec.kind in ("pair", "bounds", "bool") else spec.default
-        help_text = spec.help if "(default:" in spec.help else f"{spec.help} (default: {shown})"
-        # '%(default).0s' prints nothing, and keeps ArgumentDefaultsHelpFormatter from adding the raw
-        # default after the one described here.
-        help_text = help_text.replace("%", "%%") + "%(default).0s"
-        parser.add_argument(spec.flag(prefix), dest=spec.flag(prefix)[2:].replace("-", "_"), default=spec.default,
-                            type=_argparse_type(spec), metavar=metavar, help=help_text)
-
-
-def _argparse_type(spec: OptionSpec):
-    def convert(text):
-        try:
-            return spec.parse(text)
-        except ValueError as e:
-            import argparse
-
-            raise argparse.ArgumentTypeError(str(e).replace(f"{spec.flag()} ", "", 1)) from None
-
-    convert.__name__ = spec.kind  # argparse names the type in its "invalid <type> value" message
-    return convert
-
-
-#: What the generated tables say of the options marked ``experimental``.
-EXPERIMENTAL_NOTE = (
-    "**Experimental.** Research settings: each tests one explanation of a failure or one remedy "
-    "([phase-options.md](phase-options.md), [remedies.md](remedies.md)); their defaults run GradInit as the "
-    "paper describes it.")
-
-
-def markdown_table(specs: Iterable[OptionSpec], *, prefix: str = "--gradinit-", keyword: bool = False) -> str:
-    """The options as Markdown tables (flag or keyword, default, what it does): the established ones,
-    then those marked ``experimental`` under :data:`EXPERIMENTAL_NOTE`."""
-    specs = list(specs)
-    stable = [s for s in specs if not s.experimental]
-    experimental = [s for s in specs if s.experimental]
-    text = _table(stable, prefix=prefix, keyword=keyword)
-    if experimental:
-        text += "\n" + EXPERIMENTAL_NOTE + "\n\n" + _table(experimental, prefix=prefix, keyword=keyword)
-    return text
-
-
-def _table(specs: List[OptionSpec], *, prefix: str, keyword: bool) -> str:
-    rows = ["| option | default | what it does |", "|---|---|---|"]
-    for spec in specs:
-        name = spec.name if keyword else spec.flag(prefix)
-        if spec.choices and not keyword:
-            name += " {" + ",".join(spec.choices) + "}"
-        help_text, _, default_text = spec.help.partition(" (default: ")
-        default = default_text[:-1] if default_text else (
-            repr(spec.default) if keyword else (spec.to_text(spec.default) or "none"))
-        rows.append(f"| `{name}` | {default} | {help_text.replace('|', chr(92) + '|')} |")
-    return "\n".join(rows) + "\n"

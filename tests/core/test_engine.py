@@ -1048,3 +1048,56 @@ def test_fixed_tensor_scale_gradients_are_exact(optimizer):
             numeric = (objective(up) - objective(down)) / (2 * h)
             assert abs(numeric - float(analytic[i])) < 1e-5 * max(1.0, abs(numeric)), name
         engine.finalize()
+
+
+# --------------------------------------------------------------------------------------------
+# the step as a function: gradinit_step on a ScaledModel and a GradInitState
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("options", [
+    dict(optimizer="adam", adam_state="shared"),
+    dict(optimizer="adam", adam_state="per_branch", max_scale=1.5),
+    dict(optimizer="sgd", sgd_step="normalized", eta=0.02, gamma=None, gamma_init_factor=0.95,
+         constraint_grad="finite_difference"),
+    dict(optimizer="adam", gamma=None, gamma_init_factor=0.9, lookahead_steps=2, reuse_graph=False),
+])
+def test_gradinit_step_called_directly_equals_the_class(options):
+    """The function alone, on state built by hand from the public pieces, gives bit-identical scales,
+    moments, branches and losses to the GradInit class and to gradinit(); each step hands back the
+    previous step's L(S~), read in its one host sync."""
+    from fairseq_gradinit.core import GradInitState, ScaledModel, gradinit_step
+
+    cfg = GradInitConfig(**{**dict(optimizer="adam", eta=0.05, gamma=14.0, lr=0.05, iters=10), **options})
+    pairs = make_pairs(10)
+    model = make_mlp(dims=(6, 16, 16, 3), weight_scale=2.0)
+
+    held = copy.deepcopy(model)
+    engine = GradInit(held, ce_loss, cfg)
+    with gradinit_mode(held):
+        records = [engine.step(p) for p in pairs]
+    engine.finalize()
+
+    direct = copy.deepcopy(model)
+    scaled = ScaledParameters(direct, cfg.param_filter, bounds=cfg.scale_bounds, min_scale=cfg.min_scale,
+                              max_scale=cfg.max_scale)
+    scaled.capture()
+    target, state = ScaledModel(direct, ce_loss, scaled), GradInitState.initial(scaled, cfg)
+    with gradinit_mode(direct):
+        results = [gradinit_step(target, state, p, cfg) for p in pairs]
+    scaled.write(state.alpha)
+
+    branches = [r.branch for r in results]
+    assert "skipped" not in branches and len(set(branches)) == 2, branches  # both branches ran
+    assert branches == [r.branch for r in records]
+    assert [(r.loss_s, r.grad_norm) for r in results] == [(r.loss_s, r.grad_norm) for r in records]
+    assert torch.equal(state.alpha, engine.alpha) and not torch.equal(state.alpha, torch.ones_like(state.alpha))
+    for mine, theirs in ((state.adam, engine.adam), (state.adam_constraint, engine.adam_constraint)):
+        assert torch.equal(mine.m, theirs.m) and torch.equal(mine.v, theirs.v)
+    assert (state.adam is state.adam_constraint) == (cfg.adam_state == "shared")
+    assert state.gamma == engine.gamma and state.last_branch == branches[-1]
+    assert_params_equal(params_of(direct), params_of(held))
+    # the previous step's S~ loss (0 after a constraint step) and its ok flag
+    assert results[0].previous is None
+    assert [r.previous for r in results[1:]] == [(r.loss_s_tilde or 0.0, 1.0) for r in records[:-1]]
+    assert gradinit(copy.deepcopy(model), pairs, ce_loss, cfg).scales == scaled.scales_dict()

@@ -223,3 +223,31 @@ def test_plugin_check_failure_is_recorded_not_raised(caplog):
     assert "the health check failed" in caplog.text
     scales_only = measure_health(model, {"ln0.weight": 0.02}, broken_criterion, None, initial=None, config=None)
     assert scales_only["verdict"] == DEGENERATE and scales_only["norms"] is None
+
+
+def test_the_caller_gives_the_pairs_and_the_blocks():
+    """The engine assumes no module names: without a structure no pair is checked and blocks go by numbered
+    modules; a ModelStructure's pairs and block pattern decide both, on the same scales and model."""
+    from fairseq_gradinit.core.health import ModelStructure, block_gradient_rms
+
+    scales = {"m.a.weight": 0.01, "m.b.weight": 0.015, "m.c.weight": 1.0, "n.a.weight": 0.01, "n.b.weight": 0.5}
+    lenient = HealthThresholds(floor_allowance=10)
+    assert scale_verdict(scales, thresholds=lenient).ok and not scale_verdict(scales, thresholds=lenient).pairs_off
+    paired = scale_verdict(scales, thresholds=lenient, structure=ModelStructure(pairs=[("a", "b")]))
+    assert paired.pairs_off == [["m.a.weight", "m.b.weight", 0.01, 0.015]] and paired.verdict == DEGENERATE
+    assert "1 multiplicative pairs are switched off together" in paired.reasons[0]
+
+    torch.manual_seed(0)
+    model, batch = PostLN(), (torch.randn(8, 16), torch.randint(0, 3, (8,)))
+    generic = block_gradient_rms(model, lambda m: loss_fn(m, batch))
+    assert list(generic) == ["fc0", "ln0", "fc1", "ln1", "out"]
+    grouped = block_gradient_rms(model, lambda m: loss_fn(m, batch), structure=ModelStructure(blocks=r"\w+?(?=\d)"))
+    assert list(grouped) == ["fc", "ln", "out"]  # fc0+fc1, ln0+ln1; "out" has no digit: its module
+    sq = {k: v ** 2 * n for k, v, n in [(k, generic[k], sum(p.numel() for name, p in model.named_parameters()
+                                                            if name.startswith(k + "."))) for k in generic]}
+    n_fc = sum(p.numel() for name, p in model.named_parameters() if name.startswith("fc"))
+    assert grouped["fc"] == pytest.approx(math.sqrt((sq["fc0"] + sq["fc1"]) / n_fc), rel=1e-12)
+    with pytest.raises(ValueError, match="expected pairs of module names"):
+        ModelStructure(pairs=[("a",)])
+    with pytest.raises(ValueError, match="expected a regular expression"):
+        ModelStructure(blocks="(")

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from fairseq_gradinit.core import BatchPair, GradInit, GradInitConfig, gradinit, gradinit_mode
+from fairseq_gradinit.core import engine as engine_module
 from fairseq_gradinit.core.precision import loss_in_precision, phase_precision, tf32_matmuls
 from tiny_models import TinyTransformer, lm_loss, token_batches
 
@@ -103,9 +104,9 @@ def test_bf16_autocast_in_every_loss_pass_and_scales_stay_fp32(gamma, monkeypatc
     model = TinyTransformer()
     engine = GradInit(model, loss_fn, GradInitConfig(eta=1e-3, gamma=gamma, lr=2.5e-3, precision="bf16"))
     norm_inputs = []
-    grad_norm = engine.grad_norm
-    monkeypatch.setattr(engine, "grad_norm", lambda grads: norm_inputs.append({g.dtype for g in grads})
-                        or grad_norm(grads))
+    grad_norm = engine_module._grad_norm  # the step's ||g||, which gradinit_step calls
+    monkeypatch.setattr(engine_module, "_grad_norm", lambda grads, p: norm_inputs.append({g.dtype for g in grads})
+                        or grad_norm(grads, p))
     batches = token_batches(4)
     with gradinit_mode(model):
         for i in range(3):

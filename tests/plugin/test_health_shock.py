@@ -132,17 +132,21 @@ def test_constraint_share_and_first_norm_thresholds():
 
 
 def test_pairs_switched_off_together_against_their_own_bounds():
+    pytest.importorskip("fairseq")
+    from fairseq_gradinit.fairseq_plugin.features.health_report import FAIRSEQ_STRUCTURE as fairseq
+
     scales = {"a.q_proj.weight": 0.01, "a.k_proj.weight": 0.02, "b.fc1.weight": 0.01, "b.fc2.weight": 0.5,
               "c.v_proj.weight": 0.0150, "c.out_proj.weight": 0.012, "d.q_proj.weight": 0.3, "d.k_proj.weight": 0.3,
               "c.v_proj.bias": 0.0}
-    health = scale_verdict(scales, thresholds=HealthThresholds(floor_allowance=10))
+    health = scale_verdict(scales, thresholds=HealthThresholds(floor_allowance=10), structure=fairseq)
     assert [p[:2] for p in health.pairs_off] == [["a.q_proj.weight", "a.k_proj.weight"],
                                                  ["c.v_proj.weight", "c.out_proj.weight"]]
     assert health.verdict == DEGENERATE and "2 multiplicative pairs are switched off together" in health.reasons[0]
     # a pair whose own lower bound is higher is near its floor at a higher scale
     raised = scale_verdict({"e.fc1.weight": 0.15, "e.fc2.weight": 0.2},
-                           config={"min_scale": 0.01, "scale_bounds": [["re:fc", 0.1, None]]})
-    assert len(raised.pairs_off) == 1 and scale_verdict({"e.fc1.weight": 0.15, "e.fc2.weight": 0.2}).ok
+                           config={"min_scale": 0.01, "scale_bounds": [["re:fc", 0.1, None]]}, structure=fairseq)
+    assert len(raised.pairs_off) == 1 and scale_verdict({"e.fc1.weight": 0.15, "e.fc2.weight": 0.2},
+                                                        structure=fairseq).ok
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +171,7 @@ def d512():
 def test_the_collapsed_d512_scales_are_flagged_for_all_three(d512):
     from fairseq_gradinit.fairseq_plugin.settings.init_file import saved_gamma
     from fairseq_gradinit.fairseq_plugin.data.loss import mean_loss_fn
+    from fairseq_gradinit.fairseq_plugin.features.health_report import FAIRSEQ_STRUCTURE
 
     fm, sample = d512
     saved = json.loads(EVIDENCE.read_text())
@@ -174,7 +179,8 @@ def test_the_collapsed_d512_scales_are_flagged_for_all_three(d512):
     apply_scales(fm.model, saved["scales"])
     loss = mean_loss_fn(fm.criterion)
     health = scale_health(fm.model, saved["scales"], None, initial=initial, config=saved["config"],
-                          loss=lambda m: loss(m, sample), history=saved["history"], gamma=saved_gamma(saved))
+                          loss=lambda m: loss(m, sample), history=saved["history"], gamma=saved_gamma(saved),
+                          structure=FAIRSEQ_STRUCTURE)
     quiet = {b.name: b.quieting for b in health.blocks}
     assert min(quiet[f"decoder.layers.{i}"] for i in (0, 1)) > 150  # the evidence: about 240x on its batch
     assert quiet["decoder.layers.2"] > 100

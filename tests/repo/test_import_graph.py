@@ -3,6 +3,7 @@ nothing imported: no cycle between our modules, no private (``_name``) name impo
 into another, and no arrow from the library to the lab. Imports inside functions count too: a lazy import does
 not make a cycle acceptable."""
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -140,3 +141,64 @@ def test_study_arms_and_presets_import_neither_the_planner_nor_fairseq_or_torch(
                 imported.add("." * node.level + (node.module or ""))
         assert not imported & {"fairseq", "torch", ".plan", ".runner", ".cli", ".scheduler", ".results"}, \
             (mod, imported)
+
+
+#: Attribute names of fairseq's models (its Transformer's stacks, attention, FFN, embeddings and norms): the engine's
+#: code holds none of them, so that no check of the engine assumes a fairseq model; a caller passes its model's
+#: structure as data (``core.health.ModelStructure``: the plugin's ``FAIRSEQ_STRUCTURE``).
+FAIRSEQ_MODULE_NAMES = frozenset({
+    "encoder", "decoder", "self_attn", "encoder_attn", "q_proj", "k_proj", "v_proj", "out_proj", "fc1", "fc2",
+    "embed_tokens", "embed_positions", "output_projection", "self_attn_layer_norm", "encoder_attn_layer_norm",
+    "final_layer_norm", "layernorm_embedding"})
+#: Strings of the engine allowed to name a fairseq module, with why: (file, value) -> reason.
+NAMED_IN_CORE = {
+    ("recipes.py", r"decoder\.output_projection\."): "the authors' published IWSLT setting (a recipe the user picks by "
+                                                     "name) leaves their fairseq model's tied output projection "
+                                                     "un-stepped",
+}
+
+
+def impurities(source: str, filename: str) -> list:
+    """What keeps a module of ``fairseq_gradinit.core`` from being pure PyTorch: an import of argparse, of fairseq
+    or of our modules outside core (absolute, or relative beyond the package), and a string constant that names a
+    fairseq module. Only strings without whitespace count (a name, a dotted path or a pattern the code uses);
+    prose (help texts, messages) and docstrings may mention fairseq's modules as examples."""
+    tree = ast.parse(source)
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, node.col_offset, f"{filename}:{node.lineno} imports {a.name}") for a in node.names
+                      if a.name.split(".")[0] == "argparse" or a.name.startswith("fairseq")]
+        elif isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level > 1 or (not node.level and (module.split(".")[0] == "argparse"
+                                                       or module.startswith("fairseq"))):
+                found.append((node.lineno, node.col_offset,
+                              f"{filename}:{node.lineno} imports from {'.' * node.level}{module}"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            names = set(re.findall(r"[A-Za-z_]\w*", node.value)) & FAIRSEQ_MODULE_NAMES
+            if names and not re.search(r"\s", node.value) and (filename, node.value) not in NAMED_IN_CORE:
+                found.append((node.lineno, node.col_offset,
+                              f"{filename}:{node.lineno} names fairseq's {', '.join(sorted(names))}: {node.value!r}"))
+    return [message for *_, message in sorted(found)]
+
+
+def test_the_engine_imports_neither_argparse_nor_fairseq_and_names_no_fairseq_module():
+    core = REPO / PACKAGE / "core"
+    found = [f for path in sorted(core.glob("*.py")) for f in impurities(path.read_text(encoding="utf-8"), path.name)]
+    assert not found, found
+
+
+def test_the_purity_check_catches_each_kind():
+    bad = ('"""Mentions encoder.layers in a docstring: allowed."""\n'
+           "import argparse\nimport fairseq.models\nfrom fairseq_gradinit.tools import x\nfrom .. import plugin\n"
+           "from .config import GradInitConfig\n"
+           "PAIRS = (('q_proj', 'k_proj'),)\nBLOCK = 'encoder.layers'\n"
+           "HELP = 'e.g. decoder\\\\.output_projection\\\\. leaves it un-stepped'\n")
+    assert impurities(bad, "x.py") == [
+        "x.py:2 imports argparse", "x.py:3 imports fairseq.models", "x.py:4 imports from fairseq_gradinit.tools",
+        "x.py:5 imports from ..", "x.py:7 names fairseq's q_proj: 'q_proj'", "x.py:7 names fairseq's k_proj: 'k_proj'",
+        "x.py:8 names fairseq's encoder: 'encoder.layers'"]

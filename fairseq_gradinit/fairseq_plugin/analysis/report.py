@@ -31,7 +31,7 @@ from ...paths import png_metadata
 from ..data.loss import mean_loss_fn
 from ..data.training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 from ..features.groups import transformer_place
-from ..features.health_report import batch_size, log_health
+from ..features.health_report import FAIRSEQ_STRUCTURE, batch_size, log_health
 from ..features.tied import apply_multiplier_scales
 from ..registration.hook import GradInitTaskMixin
 from ..settings.init_file import saved_gamma
@@ -178,7 +178,7 @@ def health_of_saved(fm, saved: Mapping[str, Any]) -> dict:
             apply_scales(fm.model, apply_multiplier_scales(fm.model, saved["scales"]))
         health = scale_health(fm.model, saved["scales"], lambda m: fm.criterion(m, sample), initial=initial,
                               config=saved.get("config"), loss=lambda m: mean_loss_fn(fm.criterion)(m, sample),
-                              history=saved.get("history"), gamma=saved_gamma(saved))
+                              history=saved.get("history"), gamma=saved_gamma(saved), structure=FAIRSEQ_STRUCTURE)
     if note:
         health.notes.append(note)
     log_health(health)

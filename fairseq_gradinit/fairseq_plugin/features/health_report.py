@@ -3,7 +3,8 @@
 :func:`~fairseq_gradinit.core.health.scale_health` runs the criterion's forward pass on the S batch
 of GradInit's last iteration (no extra data) with the weights before and after the scales, and the
 plugin stores its ``to_dict()`` as the ``health`` block of ``gradinit.json``
-(:func:`~.report.health_of_saved` measures the same block for an existing file).
+(:func:`~.report.health_of_saved` measures the same block for an existing file). The engine's check
+knows no model family: :data:`FAIRSEQ_STRUCTURE` gives it fairseq's blocks and multiplicative pairs.
 """
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
-from ...core.health import ScaleHealth, scale_health, scale_verdict
+from ...core.health import ModelStructure, ScaleHealth, scale_health, scale_verdict
 
 logger = logging.getLogger(__name__)
+
+#: fairseq's module names: the blocks are the layers of its Transformer stacks (``encoder.layers.3``; other
+#: parameters go by their numbered or own module), and the multiplicative pairs are MultiheadAttention's
+#: query & key and value & output projections and a Transformer layer's two FFN layers.
+FAIRSEQ_STRUCTURE = ModelStructure(pairs=(("q_proj", "k_proj"), ("v_proj", "out_proj"), ("fc1", "fc2")),
+                                   blocks=r"(encoder|decoder)\.layers\.\d+")
 
 
 def log_health(health: ScaleHealth, *, log: Optional[logging.Logger] = None) -> None:
@@ -37,11 +44,11 @@ def measure_health(model, scales: Mapping[str, float], criterion, sample: Any, *
     of the check is logged and recorded (``verdict`` "unknown", ``error``) instead of stopping the run."""
     try:
         if sample is None:
-            health = scale_verdict(scales, config=config, history=history, gamma=gamma)
+            health = scale_verdict(scales, config=config, history=history, gamma=gamma, structure=FAIRSEQ_STRUCTURE)
         else:
             loss = None if loss_fn is None else (lambda m: loss_fn(m, sample))
             health = scale_health(model, scales, lambda m: criterion(m, sample), initial=initial, config=config,
-                                  loss=loss, history=history, gamma=gamma)
+                                  loss=loss, history=history, gamma=gamma, structure=FAIRSEQ_STRUCTURE)
     except Exception as e:  # noqa: BLE001 - the check must never cost the user the GradInit result
         logger.warning("gradinit: the health check failed (%s: %s); the scales are saved without it",
                        type(e).__name__, e)

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ...core.options import add_arguments
+from ...option_forms import add_arguments
 from ...core.progress import format_duration
 from ...quiet import quiet_command
 from ...vision import list_models
