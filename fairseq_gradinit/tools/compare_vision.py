@@ -24,12 +24,14 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
+from ..argtypes import float_in, positive_int
 from ..core.progress import format_duration
 from ..locks import FolderBusy, folder_lock
 from ..paths import OutputError, check_output, json_result, png_metadata, png_output, write_json
 from ..quiet import quiet_command
 from .train_vision.cli import get_args_parser as train_parser
 from .train_vision.cli import main as train_main
+from .train_vision.cli import name_too_long, seed
 from .train_vision.data import DATASETS
 from .train_vision.errors import Interrupted, RunFailure, UsageError
 from .train_vision.loop import RUN_FILES, run_writer
@@ -57,14 +59,14 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="vgg19", help="registered architecture")
     p.add_argument("--bn", default=True, action=argparse.BooleanOptionalAction,
                    help="with or without BN layers (without: learnable biases instead)")
-    p.add_argument("--width", default=0.25, type=float, help="channel-width multiplier")
-    p.add_argument("--batch-size", default=128, type=int, help="training batch size (also GradInit's |S|)")
-    p.add_argument("--steps", default=120, type=int, help="training steps of each run (one cosine "
+    p.add_argument("--width", default=0.25, type=float_in(0.0, low_open=True), help="channel-width multiplier")
+    p.add_argument("--batch-size", default=128, type=positive_int, help="training batch size (also GradInit's |S|)")
+    p.add_argument("--steps", default=120, type=positive_int, help="training steps of each run (one cosine "
                    "schedule; at most one pass over the training data)")
     p.add_argument("--gradinit-iters", default=39, type=int, help="GradInit iterations")
-    p.add_argument("--test-batches", default=10, type=int, help="test batches of 256 images scored after training")
-    p.add_argument("--log-interval", default=10, type=int, help="a point of the curves every this many steps")
-    p.add_argument("--seed", default=0, type=int, help="random seed of both runs")
+    p.add_argument("--test-batches", default=10, type=positive_int, help="test batches of 256 images scored after training")
+    p.add_argument("--log-interval", default=10, type=positive_int, help="a point of the curves every this many steps")
+    p.add_argument("--seed", default=0, type=seed, help="random seed of both runs")
     p.add_argument("--output-dir", default="runs/compare-vision", help="the two runs' folders (kaiming/, "
                    "gradinit/) and, unless --json/--plot say otherwise, compare.json and compare.png")
     p.add_argument("--json", default=None, help="where the comparison's JSON goes (default: OUTPUT_DIR/compare.json)")
@@ -86,6 +88,20 @@ def arm_argv(args, init: str, extra: Sequence[str]) -> List[str]:
     if init == "gradinit":
         argv += ["--gradinit-iters", str(args.gradinit_iters)]
     return argv + list(extra)
+
+
+def check_names(args) -> None:
+    """Before the output folder is locked: no path this command or its runs write has a name longer than
+    the file system allows (:class:`UsageError`), which would otherwise be found when it is first written,
+    for ``--json``/``--plot`` after both runs."""
+    json_path, png_path = output_paths(args)
+    paths = [("--output-dir", Path(args.output_dir), True)]
+    paths += [("--output-dir", Path(args.output_dir) / init, True) for init in INITS]
+    paths += [("--json", json_path, False), ("--plot", png_path, False)]
+    for flag, path, locked in paths:
+        problem = name_too_long(flag, path, locked=locked)
+        if problem:
+            raise UsageError(problem)
 
 
 def check_outputs(args) -> None:
@@ -262,6 +278,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     try:
+        check_names(args)
         with folder_lock(args.output_dir, flag="--output-dir", command=COMMAND):
             result = compare(args, extra)
             json_path, png_path = output_paths(args)

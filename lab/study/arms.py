@@ -7,7 +7,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+from fairseq_gradinit.paths import text_lines, utf8_problem
+
 _ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: An arm's name names its folder, and a file system allows 255 bytes per name; the rest is kept for the
+#: suffixes the study adds (a seed twin's ``-sN``).
+MAX_ARM_NAME = 128
 _PLACEHOLDER_RE = re.compile(r"\{([A-Za-z_]\w*)\}")
 
 
@@ -30,6 +35,9 @@ class Arm:
         if not _ARM_NAME_RE.match(self.name):
             raise ValueError(f"arm name {self.name!r}: use letters, digits, '.', '_' and '-' "
                              "(it names the arm's folder)")
+        if len(self.name) > MAX_ARM_NAME:
+            raise ValueError(f"arm name {self.name[:40]}... is {len(self.name)} characters long; use at most "
+                             f"{MAX_ARM_NAME} (it names the arm's folder, and a file name has at most 255 bytes)")
         for opt in self.drop:
             if not opt.startswith("--"):
                 raise ValueError(f"arm {self.name}: dropped option {opt!r} must start with '--'")
@@ -58,9 +66,18 @@ def parse_arm_spec(spec: str, *, note: str = "") -> Arm:
 
 def read_arms_file(path: Path) -> List[Arm]:
     """Arms from a text file: one ``NAME[@DATA]=ARGS`` per line; ``#`` starts a comment line, a
-    line ending in ``\\`` continues on the next."""
+    line ending in ``\\`` continues on the next. A file that cannot be read, or is not UTF-8 text, is
+    a ValueError naming it (and the line)."""
+    try:
+        problem = utf8_problem(path)
+        lines = text_lines(path) if problem is None else []
+    except OSError as e:
+        raise ValueError(f"--arms-file {path}: cannot read it ({e.strerror or e}); give a text file of arms, "
+                         "one NAME[@DATA]=ARGS per line") from None
+    if problem is not None:
+        raise ValueError(f"--arms-file {path}, {problem}; the arms file must be UTF-8 text")
     arms, pending = [], ""
-    for lineno, raw in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for lineno, raw in enumerate(lines, 1):
         line = raw.strip()
         if not pending and (not line or line.startswith("#")):
             continue

@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import logging
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,14 +80,17 @@ class StudyConfig:
         for opt in RESERVED_OPTIONS:
             if has_option(self.base, opt):
                 raise ValueError(f"the base arguments set {opt}: the study sets it for every arm; remove it")
-        if self.time_budget_s is not None and self.time_budget_s <= 0:
-            raise ValueError("--time-budget must be positive")
+        if self.time_budget_s is not None and not (0 < self.time_budget_s < math.inf):  # also NaN
+            raise ValueError(f"--time-budget must be positive and finite (minutes), got {self.time_budget_s / 60!r}; "
+                             "leave it out for no limit")
         for flag, value in (("--max-update", self.max_update), ("--valid-every", self.valid_every),
                             ("--save-every", self.save_every)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{flag} must be an integer >= 1, got {value!r}")
         if not (self.finish_margin_s >= 0):  # also NaN
             raise ValueError(f"--finish-margin must be >= 0 seconds, got {self.finish_margin_s!r}")
+        if self.finish_margin_s == math.inf:
+            raise ValueError("--finish-margin must be a finite number of seconds, got inf")
         if self.bleu_budget_s is not None and not (self.bleu_budget_s > 0 and self.bleu_budget_s != float("inf")):
             raise ValueError(f"--bleu-budget must be a positive number of minutes, got {self.bleu_budget_s / 60!r}")
 

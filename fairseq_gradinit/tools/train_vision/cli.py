@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import random
 import sys
 from pathlib import Path
@@ -35,12 +36,14 @@ from .errors import Interrupted, RunFailure, UsageError
 from .initialization import (GRADINIT_CLI_OPTIONS, INITS, build_model, check_batches, check_init_options,
                              check_model_options, has_batchnorm, run_initialization)
 from .loop import RUN_FILES, check_output_dir, default_output_dir, load_checkpoint, set_rng_state, train_epochs
-from ...argtypes import float_in, positive_int
-from ...locks import FolderBusy, folder_lock
+from ...argtypes import float_in, int_at_least, positive_int
+from ...locks import FolderBusy, folder_lock, lock_path
 from ...paths import FOLDER, MARKER, OutputError, check_output
 
 logger = logging.getLogger("train_vision")
 COMMAND = "gradinit-train-vision"
+#: The seeds every generator the run seeds accepts (numpy's are 32-bit).
+SEED_RANGE = (0, 2 ** 32 - 1)
 
 
 
@@ -48,6 +51,18 @@ COMMAND = "gradinit-train-vision"
 # ----------------------------------------------------------------------------------------------
 # arguments
 # ----------------------------------------------------------------------------------------------
+def seed(text: str) -> int:
+    """An argparse type: a seed that Python's, numpy's and torch's generators all accept."""
+    low, high = SEED_RANGE
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not low <= value <= high:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected an integer in [{low}, {high}]")
+    return value
+
+
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train a CIFAR-style classifier with GradInit / MetaInit / "
                                 "baseline initializations (GradInit paper recipe)", add_help=add_help,
@@ -77,17 +92,17 @@ def add_model_and_data_arguments(p: argparse.ArgumentParser) -> None:
                    "imagefolder: folder with train/ and val/ (or test/) subfolders")
     g.add_argument("--download", default=True, action=argparse.BooleanOptionalAction,
                    help="cifar10: download the data if it is not in --data-dir")
-    g.add_argument("--image-size", default=32, type=int, help="imagefolder: side of the (square) training images")
-    g.add_argument("--synthetic-train-size", default=512, type=int, help="synthetic: number of training images")
-    g.add_argument("--synthetic-test-size", default=128, type=int, help="synthetic: number of test images")
+    g.add_argument("--image-size", default=32, type=positive_int, help="imagefolder: side of the (square) training images")
+    g.add_argument("--synthetic-train-size", default=512, type=positive_int, help="synthetic: number of training images")
+    g.add_argument("--synthetic-test-size", default=128, type=positive_int, help="synthetic: number of test images")
     g.add_argument("--synthetic-shape", default="1,28,28", help="synthetic: image shape C,H,W (1,28,28 is "
                    "Fashion-MNIST's shape)")
-    g.add_argument("--synthetic-classes", default=10, type=int, help="synthetic: number of classes")
+    g.add_argument("--synthetic-classes", default=10, type=positive_int, help="synthetic: number of classes")
     g.add_argument("--augment", default=True, action=argparse.BooleanOptionalAction,
                    help="random crop (padding 4) + horizontal flip + cutout on training images")
-    g.add_argument("--cutout-length", default=None, type=int, help="side of the cutout square (default: half "
+    g.add_argument("--cutout-length", default=None, type=int_at_least(0), help="side of the cutout square (default: half "
                    "the image side, 16 for CIFAR; 0 disables cutout)")
-    g.add_argument("--workers", default=2, type=int, help="DataLoader worker processes")
+    g.add_argument("--workers", default=2, type=int_at_least(0), help="DataLoader worker processes")
 
 
 def add_training_arguments(p: argparse.ArgumentParser) -> None:
@@ -97,19 +112,20 @@ def add_training_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-size", default=None, type=positive_int,
                    help="training batch size (default: 128, 64 for densenet100)")
     g.add_argument("--test-batch-size", default=256, type=positive_int, help="evaluation batch size")
-    g.add_argument("--lr", default=0.1, type=float, help="base learning rate of SGD")
-    g.add_argument("--momentum", default=0.9, type=float, help="SGD momentum")
-    g.add_argument("--wd", "--weight-decay", dest="wd", default=1e-4, type=float, help="weight decay")
-    g.add_argument("--clip-grad-norm", default=None, type=float, help="clip the gradient norm during training "
+    g.add_argument("--lr", default=0.1, type=float_in(0.0), help="base learning rate of SGD")
+    g.add_argument("--momentum", default=0.9, type=float_in(0.0, 1.0), help="SGD momentum")
+    g.add_argument("--wd", "--weight-decay", dest="wd", default=1e-4, type=float_in(0.0), help="weight decay")
+    g.add_argument("--clip-grad-norm", default=None, type=float_in(0.0), help="clip the gradient norm during training "
                    "(default: 1 for networks without BN, off otherwise; 0 turns it off)")
     g.add_argument("--limit-train-batches", default=None, type=positive_int, help="use at most this many batches per "
                    "epoch (also bounds the GradInit/MetaInit pass); for quick runs")
     g.add_argument("--limit-test-batches", default=None, type=positive_int,
                    help="evaluate on at most this many batches")
-    g.add_argument("--seed", default=0, type=int, help="random seed")
+    g.add_argument("--seed", default=0, type=seed, help="random seed")
     g.add_argument("--device", default=None, help="torch device (default: cuda if available, else cpu)")
-    g.add_argument("--threads", default=None, type=int, help="torch.set_num_threads for CPU runs")
-    g.add_argument("--log-interval", default=50, type=int, help="log training progress every N batches")
+    g.add_argument("--threads", default=None, type=positive_int, help="torch.set_num_threads for CPU runs")
+    g.add_argument("--log-interval", default=50, type=int_at_least(0),
+                   help="log training progress every N batches (0: never)")
 
     g = p.add_argument_group("initialization")
     g.add_argument("--init", default="kaiming", choices=INITS, help="kaiming: the architecture's initialization; "
@@ -148,10 +164,13 @@ def main(args, *, command: str = COMMAND) -> Dict[str, Any]:
     warn_unused(args)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    device = resolve_device(args.device)
     if args.batch_size is None:
         args.batch_size = 64 if args.model.startswith("densenet") else 128
     out_dir = Path(args.output_dir or default_output_dir(args))
+    problem = name_too_long("--output-dir", out_dir, locked=True)
+    if problem:
+        raise UsageError(problem)
     check_output_dir(out_dir, resume=args.resume, overwrite=args.overwrite)
     try:  # before any data is loaded: a folder written only when the first epoch ends must be writable
         check_output("--output-dir", out_dir, FOLDER, inputs={"--data-dir": args.data_dir},
@@ -163,6 +182,51 @@ def main(args, *, command: str = COMMAND) -> Dict[str, Any]:
             return train_run(args, out_dir, device, command)
     except FolderBusy as e:
         raise RunFailure(str(e)) from None
+
+
+def resolve_device(text: Optional[str]) -> torch.device:
+    """``--device`` as a torch device (default: cuda if available, else cpu); :class:`UsageError` for a
+    name torch does not know or an accelerator this machine does not have, before anything is built."""
+    if text is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise UsageError(f"argument --device: invalid value {text!r}: expected a torch device such as cpu, cuda "
+                         "or cuda:1") from None
+    backend = getattr(torch, device.type, None) if device.type not in ("cpu", "meta") else None
+    count = backend.device_count() if callable(getattr(backend, "device_count", None)) else None
+    if count == 0:
+        raise UsageError(f"argument --device: {text}: this machine has no {device.type.upper()} device that torch can "
+                         f"use; use --device cpu, or leave --device out to take a GPU when there is one")
+    if count is not None and device.index is not None and device.index >= count:
+        raise UsageError(f"argument --device: {text}: this machine has {count} {device.type.upper()} device(s), "
+                         f"{device.type}:0 to {device.type}:{count - 1}; pick one of them")
+    return device
+
+
+def name_too_long(flag: str, path: os.PathLike, *, locked: bool = False) -> Optional[str]:
+    """Why ``path`` (given as ``flag``) cannot be created because one of its names (or, with ``locked``,
+    that of its folder lock beside it) is longer than the file system allows, or None. Said before
+    any work instead of as an ``OSError`` when the first file is written."""
+    absolute = os.path.abspath(os.fspath(path))
+    existing = absolute
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    names = [(name, "the name") for name in Path(absolute).parts[1:]]
+    if locked:
+        names.append((os.path.basename(lock_path(absolute)), "the name of its lock file beside it"))
+    for name, what in names:
+        size = len(os.fsencode(name))
+        if size > limit:
+            shown = name if len(name) <= 40 else name[:40] + "..."
+            return (f"{flag} {path}: {what}, {shown!r}, is {size} bytes long, more than the {limit} bytes a file "
+                    f"name may have there; give a shorter name")
+    return None
 
 
 def train_run(args, out_dir: Path, device: torch.device, command: str) -> Dict[str, Any]:
