@@ -9,18 +9,25 @@ outside the config (batch sizes of a front end), looked up by name as timm looks
     config = recipe("paper-cifar10").config(lr=5e-2)  # a GradInitConfig, with tau replaced
     recipe("authors-iwslt14").flags()                # the same settings as --gradinit-* flags
 
-The front ends' own defaults come from here too: the vision API's are the CIFAR-10 recipe's
-(:data:`fairseq_gradinit.vision.api.VISION_DEFAULTS`), and eta and gamma follow one rule per front
-end, :func:`~.config.first_step`.
+The front ends' own defaults come from here too: each is a recipe plus a documented list of
+differences, ``field -> (value, reason)``, turned into the front end's defaults by
+:meth:`Recipe.defaults` (the vision API's: the CIFAR-10 recipe,
+:data:`fairseq_gradinit.vision.api.VISION_DIFFERENCES`; the fairseq plugin's: the authors' IWSLT
+recipe, :data:`fairseq_gradinit.fairseq_plugin.settings.options.FAIRSEQ_DIFFERENCES`). Eta and gamma,
+where a front end derives them, come from one function, :func:`~.config.first_step`.
 """
 from __future__ import annotations
 
 import types
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .config import GradInitConfig
-from .options import options_of
+from .options import Default, options_of
+
+#: A front end's departure from its recipe: the value it uses instead (None: derived when the run
+#: starts) and why.
+Difference = Tuple[Any, str]
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,45 @@ class Recipe:
         for name, value in self.settings.items():
             out += [prefix + name.replace("_", "-"), str(value)]
         return tuple(out)
+
+    def front_end_values(self, differences: Mapping[str, Difference]) -> Dict[str, Any]:
+        """Every :class:`GradInitConfig` field and setting of a front end that starts from this recipe
+        and departs from it where ``differences`` says: the difference's value, else the recipe's, else
+        the engine's default (settings: the recipe's ones only)."""
+        fields = {spec.name: spec.default for spec in options_of(GradInitConfig)}
+        unknown = sorted(set(differences) - set(fields) - set(self.settings))
+        if unknown:
+            raise ValueError(f"differences from recipe {self.name!r} name unknown fields {unknown}: expected "
+                             "GradInitConfig fields or the recipe's settings "
+                             f"({', '.join(self.settings) or 'none'})")
+        for name, difference in differences.items():
+            if not (isinstance(difference, tuple) and len(difference) == 2 and isinstance(difference[1], str)
+                    and difference[1].strip()):
+                raise ValueError(f"difference {name}={difference!r} from recipe {self.name!r}: expected "
+                                 "(value, reason) with the reason stated")
+        out = {**fields, **self.values, **self.settings}
+        out.update({name: value for name, (value, _) in differences.items()})
+        return out
+
+    def defaults(self, differences: Mapping[str, Difference], *, texts: Optional[Mapping[str, str]] = None,
+                 main: Tuple[str, ...] = ()) -> Dict[str, Default]:
+        """A front end's defaults (for :func:`~.options.options_of`) where they differ from the engine's:
+        this recipe with ``differences`` (``field -> (value, reason)``) applied. ``texts``: how an option's
+        help states its default (a derived one, None, says how it is derived); ``main``: research settings
+        the front end lists with its main options. A field at the engine's own default, without a text,
+        keeps the engine's declaration; the recipe's settings are the front end's own options."""
+        texts = dict(texts or {})
+        engine = {spec.name: spec.default for spec in options_of(GradInitConfig)}
+        values = self.front_end_values(differences)
+        out = {}
+        for name, default in engine.items():
+            value = values[name]
+            if value == default and name not in texts and name not in main and type(value) is type(default):
+                continue
+            out[name] = Default(value, texts.pop(name, ""), experimental=False if name in main else None)
+        if texts:
+            raise ValueError(f"texts for options the front end does not have: {sorted(texts)}")
+        return out
 
 
 def _recipe(name: str, summary: str, source: str, values: Dict[str, Any], settings: Dict[str, Any]) -> Recipe:

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import GradInitConfig, GradInitResult, MetaInitConfig, MetaInitResult, unwrap_model
-from ..core.options import Default, options_of
+from ..core.options import options_of
 from ..core.recipes import recipe
 from ..core.runtime import LossFn
 from ..core import gradinit as core_gradinit
@@ -175,37 +175,49 @@ def _batches(loader: Iterable[Any], dev: torch.device) -> Iterable[Any]:
     return DeviceLoader(loader, dev)
 
 
-#: Where the vision API's defaults differ from the engine's: the paper's CIFAR-10 recipe
-#: (``recipe("paper-cifar10")``: SGD at learning rate 0.1, A[g] = gamma g/||g||_2 as the authors' CIFAR
-#: scripts, Adam with default betas on the scales, the scale gradient clipped at 1), with one pass over
-#: the loader instead of the recipe's 390 iterations and gamma from the rule of thumb eta*gamma^2 = 0.1,
-#: which gives the recipe's 1 at eta 0.1.
-VISION_DEFAULTS = {
-    **{name: Default(CIFAR10.values[name], text) for name, text in (
-        ("optimizer", "sgd"), ("eta", "0.1"), ("lr", "1e-2; the paper searches 1e-3 .. 1e-1"),
-        ("betas", "(0.9, 0.999)"), ("scale_grad_clip", "1.0"), ("sgd_step", "normalized"))},
-    "iters": Default(None, "None, one pass over the loader (len(loader) - 1 iterations); a larger number cycles "
-                           "a re-iterable loader"),
+#: Where the vision API's defaults depart from the paper's CIFAR-10 recipe (:data:`CIFAR10`: SGD at
+#: learning rate 0.1, A[g] = gamma g/||g||_2 as the authors' CIFAR scripts, Adam with default betas on the
+#: scales, the scale gradient clipped at 1), ``field -> (value, reason)``; every other value is the recipe's.
+VISION_DIFFERENCES = {
+    "iters": (None, "one pass over the loader the caller hands in, whatever its batch size (the recipe's 390 "
+                    "iterations are one epoch of its 128-image batches)"),
+    "gamma": (None, "the rule of thumb eta*gamma^2 = 0.1 (first_step) follows an eta the caller changes; at the "
+                    "recipe's eta 0.1 it gives the recipe's gamma 1"),
+    "batch_size": (None, "the batches are the loader's"),
 }
+#: How the options' help states the vision API's defaults, where the value alone does not.
+VISION_DEFAULT_TEXTS = {
+    "lr": "1e-2; the paper searches 1e-3 .. 1e-1",
+    "iters": "None, one pass over the loader (len(loader) - 1 iterations); a larger number cycles a re-iterable "
+             "loader",
+}
+#: The vision API's defaults where they differ from the engine's: :data:`CIFAR10` with :data:`VISION_DIFFERENCES`.
+VISION_DEFAULTS = CIFAR10.defaults(VISION_DIFFERENCES, texts=VISION_DEFAULT_TEXTS)
 #: The keyword options of :func:`gradinit` besides its own arguments (all of GradInitConfig's).
 GRADINIT_OPTIONS = {s.name: s for s in options_of(GradInitConfig, defaults=VISION_DEFAULTS)}
+# gradinit()'s signature names every option and reads its default here, so that each is declared once
+# (help(gradinit) shows the values).
+_D = {name: spec.default for name, spec in GRADINIT_OPTIONS.items()}
 
 
 def gradinit(
     model: nn.Module, loader: Iterable[Any], config: Optional[GradInitConfig] = None, *,
     loss_fn: Optional[LossFn] = None, device: Device = None, progress: bool = True, process_group=None,
     callback: Optional[Callable[[Any], None]] = None,
-    optimizer: str = "sgd", eta: float = 0.1, gamma: Optional[float] = None, lr: float = 1e-2,
-    betas: Tuple[float, float] = (0.9, 0.999), eps: float = 1e-8, iters: Optional[int] = None,
-    min_scale: float = 0.01, max_scale: Optional[float] = None, gamma_init_factor: Optional[float] = None,
-    overlap: float = 0.5, pairs: str = "overlap", adam_state: str = "shared",
-    scale_grad_clip: Optional[float] = 1.0, sgd_step: str = "normalized", reuse_graph: bool = True,
-    constraint_grad: str = "exact", fd_eps: float = 1e-4, max_consecutive_skips: int = 10,
-    log_interval: int = 50, log_seconds: float = 30.0, scale_bounds: Sequence[Any] = (),
-    step_params: str = "all", max_step_ratio: Optional[float] = None, lookahead_steps: int = 1,
-    lookahead_betas: Tuple[float, float] = (0.9, 0.98), dropout: bool = False,
-    unstepped_uses: Optional[str] = None, fixed_params: Optional[Callable[[str, nn.Parameter], bool]] = None,
-    precision: str = "fp32", param_filter: Optional[Callable[[str, nn.Parameter], bool]] = None,
+    optimizer: str = _D["optimizer"], eta: float = _D["eta"], gamma: Optional[float] = _D["gamma"],
+    lr: float = _D["lr"], betas: Tuple[float, float] = _D["betas"], eps: float = _D["eps"],
+    iters: Optional[int] = _D["iters"], min_scale: float = _D["min_scale"], max_scale: Optional[float] = _D["max_scale"],
+    gamma_init_factor: Optional[float] = _D["gamma_init_factor"], overlap: float = _D["overlap"],
+    pairs: str = _D["pairs"], adam_state: str = _D["adam_state"], scale_grad_clip: Optional[float] = _D["scale_grad_clip"],
+    sgd_step: str = _D["sgd_step"], reuse_graph: bool = _D["reuse_graph"], constraint_grad: str = _D["constraint_grad"],
+    fd_eps: float = _D["fd_eps"], max_consecutive_skips: int = _D["max_consecutive_skips"],
+    log_interval: int = _D["log_interval"], log_seconds: float = _D["log_seconds"],
+    scale_bounds: Sequence[Any] = _D["scale_bounds"], step_params: str = _D["step_params"],
+    max_step_ratio: Optional[float] = _D["max_step_ratio"], lookahead_steps: int = _D["lookahead_steps"],
+    lookahead_betas: Tuple[float, float] = _D["lookahead_betas"], dropout: bool = _D["dropout"],
+    unstepped_uses: Optional[str] = _D["unstepped_uses"],
+    fixed_params: Optional[Callable[[str, nn.Parameter], bool]] = _D["fixed_params"],
+    precision: str = _D["precision"], param_filter: Optional[Callable[[str, nn.Parameter], bool]] = _D["param_filter"],
 ) -> GradInitResult:
     """Initialize ``model`` with GradInit on the batches of ``loader`` (in place).
 

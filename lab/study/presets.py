@@ -15,11 +15,40 @@ import shlex
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+from fairseq_gradinit.core.config import first_step
+from fairseq_gradinit.core.recipes import Recipe, recipe
 
 from .arms import Arm
 
 EVIDENCE_DIR = "lab/record/evidence/nowarmup-d512-2026-11-26"  # relative to the repository root
+#: The authors' IWSLT'14 setting, declared once in the library: the presets take its values from here.
+AUTHORS_RECIPE = recipe("authors-iwslt14")
+
+
+def number_text(value) -> str:
+    """A number as the presets' command lines spell it: ``1e-3``, ``2.5e-3``, ``1e3``, ``780``."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    mantissa, exponent = f"{value:e}".split("e")
+    text = f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    return text if float(text) == value else repr(value)
+
+
+def recipe_args(source: Recipe, names: Sequence[str]) -> Tuple[str, ...]:
+    """The values ``names`` (config fields or settings) of a recipe as ``--gradinit-*`` flags, in that
+    order: :meth:`~fairseq_gradinit.core.recipes.Recipe.flags`, numbers spelled by :func:`number_text`."""
+    flags = source.flags()
+    text = dict(zip(flags[::2], flags[1::2]))
+    out: Tuple[str, ...] = ()
+    for name in names:
+        flag = "--gradinit-" + name.replace("_", "-")
+        if flag not in text:
+            raise ValueError(f"recipe {source.name!r} has no value {name!r}")
+        value = source.values[name] if name in source.values else source.settings[name]
+        out += (flag, number_text(value) if isinstance(value, (int, float)) else text[flag])
+    return out
 
 
 @dataclass(frozen=True)
@@ -109,8 +138,10 @@ def _with(args: Tuple[str, ...], *overrides: str) -> Tuple[str, ...]:
 
 def paper_defaults(train_lr: float) -> Tuple[str, ...]:
     """What the plugin's Adam defaults were before its no-warmup setting, for the presets that record runs made
-    with them: one simulated step, gamma = 1/eta (eta = 2 x ``train_lr``) and tau 2.5e-3."""
-    return ("--gradinit-gamma", repr(1.0 / (2.0 * train_lr)), "--gradinit-lr", "2.5e-3") + PAPER_STEP
+    with them: one simulated step, gamma by the plugin's rule (1/eta, eta = 2 x ``train_lr``) and the authors'
+    tau 2.5e-3."""
+    gamma = first_step("adam", train_lr, rule="fairseq").gamma
+    return ("--gradinit-gamma", repr(gamma)) + recipe_args(AUTHORS_RECIPE, ("lr",)) + PAPER_STEP
 
 
 def _gi(*overrides: str) -> Tuple[str, ...]:
@@ -154,7 +185,7 @@ group (the training betas do not enter GradInit). Data: scripts/prepare_corpus.p
 
 
 # -- the screen of eight differences from the authors' setup -----------------------------------------------------------------------
-AUTHORS_BOUNDS = "[('bias', 0, None), ('norm', None, 100)]"
+AUTHORS_BOUNDS = recipe_args(AUTHORS_RECIPE, ("scale_bounds",))[1]
 RECIPE_5 = ("--weight-decay", "1e-4", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
             "--lr-scheduler", "polynomial_decay", "--total-num-update", "100000", "--end-learning-rate", "0",
             "--warmup-updates", "0")
@@ -269,12 +300,23 @@ in the base does not reach warmup-s1). On the CPU add --cpu (and keep --parallel
 
 # -- the ablation of the authors' setup -----------------------------------------------
 AUTHORS_EVIDENCE_DIR = "lab/record/evidence/nowarmup-d512-authors-2026-11-26"  # relative to the repository root
-#: The authors' GradInit launch settings, spelled out (independent of the plugin's defaults).
-GI_AUTHORS = (
-    "--gradinit-iters", "780", "--gradinit-eta", "1e-3", "--gradinit-gamma", "1e3", "--gradinit-lr", "2.5e-3",
-    "--gradinit-max-tokens", "6000", "--gradinit-adam-state", "per_branch", "--gradinit-step-params", "all",
-    "--gradinit-scale-bounds", AUTHORS_BOUNDS, "--gradinit-tied-embeddings", "shared",
-) + PAPER_STEP
+#: The authors' GradInit launch settings as the recorded runs of presets ablate, confirm, hold and shock
+#: passed them (the evidence's authors.gradinit.json), spelled out so that they do not depend on the
+#: plugin's defaults: the recipe's values (:data:`AUTHORS_RECIPE`) in the order the runs gave them, less
+#: :data:`GI_AUTHORS_LEFT_OUT`, and the single simulated step pinned.
+GI_AUTHORS = recipe_args(AUTHORS_RECIPE, (
+    "iters", "eta", "gamma", "lr", "max_tokens", "adam_state", "step_params", "scale_bounds",
+)) + ("--gradinit-tied-embeddings", "shared") + PAPER_STEP
+#: The recipe's values that :data:`GI_AUTHORS` leaves out, and why: ``field -> reason``.
+GI_AUTHORS_LEFT_OUT = {
+    "optimizer": "the plugin derives adam from the runs' --optimizer adam",
+    "betas": "the plugin's default (0.9, 0.98) is the recipe's",
+    "min_scale": "the plugin's default 0.01 is the recipe's",
+    "overlap": "the plugin's default 0.5 is the recipe's",
+    "unstepped_uses": "the recorded runs stepped every use of the tied output projection; adding it would change "
+                      "their scales and the cache keys of their GradInit groups (the arms gi-unstepped-out of "
+                      "hold and gi-unstepped of shock add it: the recipe's whole setting)",
+}
 #: Separate dictionaries, decoder input embeddings tied to the output projection (the authors' data setup).
 SEPARATE = ("--share-decoder-input-output-embed",)
 SEPARATE_DROP = ("--share-all-embeddings",)
@@ -478,7 +520,8 @@ ADMIN_LOSS_SCALE = ("--fp16-scale-window", "256", "--threshold-loss-scale", "0.0
 CLAMP_STRONG = "[('norm', 0.3, None), ('re:.', 0.1, None)]"
 CLAMP_MILD = "[('norm', 0.1, None), ('re:.', 0.05, None)]"
 HIGHER_FLOOR = "[('bias', 0, None), ('norm', 0.3, 100), ('re:.', 0.1, None)]"
-UNSTEPPED_OUTPUT = r"decoder\.output_projection\."
+#: The authors' simulated step: the tied output projection keeps its un-stepped weights.
+UNSTEPPED_OUTPUT = AUTHORS_RECIPE.values["unstepped_uses"]
 HOLD_SCALES = AUTHORS_SCALES + CONFIRM_RECIPE + MONITOR
 
 

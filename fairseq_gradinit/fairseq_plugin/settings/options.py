@@ -14,14 +14,9 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
 from ...core.config import option
-from ...core.options import Default, OptionSpec, options_of
+from ...core.options import OptionSpec, options_of
 from ...core.recipes import recipe
 from ...core.sdpa_guard import GUARD_MODES
-
-#: The authors' IWSLT setting of the per-group bounds: biases may reach 0, LayerNorm weights capped at 100.
-AUTHORS_SCALE_BOUNDS = recipe("authors-iwslt14").values["scale_bounds"]
-#: The authors' IWSLT setting of the scales' Adam: constraint and objective iterations keep their own moments.
-AUTHORS_ADAM_STATE = recipe("authors-iwslt14").values["adam_state"]
 
 #: With Adam, what the plugin does unless told otherwise: gamma = this factor x ||g||_1 at the init, the
 #: objective is the loss after this many simulated Adam steps, and tau is this: the setting that trains a
@@ -30,25 +25,51 @@ NO_WARMUP_GAMMA_INIT_FACTOR = 2.0
 NO_WARMUP_LOOKAHEAD_STEPS = 4
 NO_WARMUP_TAU = 1e-2
 
-#: Where the plugin's defaults differ from the engine's: the authors' IWSLT configuration, with eta and the
-#: optimizer derived from the training command (``first_step(..., rule="fairseq")``, :mod:`..core.config`),
-#: and for Adam the no-warmup setting above (gamma from the init, four simulated steps, tau 1e-2).
-FAIRSEQ_DEFAULTS = {
-    "optimizer": Default(None, "follow --optimizer: sgd for sgd/nag, else adam"),
-    "eta": Default(None, "2 x --lr for Adam (the authors' 1e-3 at lr 5e-4), --lr for SGD (the paper)"),
-    "gamma": Default(None, "Adam: 2 x the gradient's 1-norm at the init (--gradinit-gamma-init-factor 2; the authors "
-                           "used 1e3, 1/eta); SGD: sqrt(0.15/eta) (the paper's 1 at eta 0.15)"),
-    "lr": Default(None, "1e-2 with Adam, 2.5e-3 with SGD (the authors' IWSLT tau, the engine's default)"),
-    "gamma_init_factor": Default(None, "2 with Adam unless --gradinit-gamma is given; none with SGD",
-                                 experimental=False),
-    "lookahead_steps": Default(None, "4 with Adam, 1 with SGD or --gradinit-unstepped-uses (the paper's single "
-                                     "step)", experimental=False),
-    "iters": Default(0, "0, GradInit off; the paper runs 780"),
-    "adam_state": Default(AUTHORS_ADAM_STATE, "per_branch, as the authors' fairseq code"),
-    "scale_bounds": Default(AUTHORS_SCALE_BOUNDS, "the authors' \"[('bias', 0, None), ('norm', None, 100)]\"; "
-                                                  "'[]' for the global bounds only"),
-    "log_interval": Default(20, "20"),
+#: The recipe the plugin's defaults start from: the authors' IWSLT'14 setting.
+AUTHORS = recipe("authors-iwslt14")
+#: Where the plugin's defaults depart from :data:`AUTHORS`, ``field -> (value, reason)``; None is derived
+#: when the run starts (:func:`~.option_values.gradinit_config_from_task`, eta and gamma by
+#: ``first_step(..., rule="fairseq")`` of :mod:`...core.config`). Every other value is the recipe's.
+FAIRSEQ_DIFFERENCES = {
+    "optimizer": (None, "the plugin serves any training command: GradInit prepares the first step of its "
+                        "--optimizer (sgd for sgd/nag, else adam)"),
+    "eta": (None, "the first step is the training's own: 2 x --lr for Adam (the authors' 1e-3 at their lr "
+                  "5e-4), --lr for SGD (the paper)"),
+    "gamma": (None, "the authors' 1e3 is 1/eta at their eta; with Adam the plugin measures gamma at the init "
+                    "instead (gamma_init_factor), with SGD it takes the paper's sqrt(0.15/eta)"),
+    "gamma_init_factor": (None, f"{NO_WARMUP_GAMMA_INIT_FACTOR:g} with Adam unless --gradinit-gamma is given: "
+                                "a constraint that rarely binds, the no-warmup setting (docs/no-warmup.md)"),
+    "lookahead_steps": (None, f"{NO_WARMUP_LOOKAHEAD_STEPS} with Adam: the loss after several simulated steps "
+                              "trains without warmup where the paper's single step does not (docs/no-warmup.md); "
+                              "1 with SGD or --gradinit-unstepped-uses"),
+    "unstepped_uses": (None, "the simulated Adam steps of the default objective move every use of a tensor, as "
+                             "the real training does; --gradinit-unstepped-uses gives the authors' single step"),
+    "lr": (None, f"tau {NO_WARMUP_TAU:g} with Adam, the no-warmup setting (docs/no-warmup.md); the engine's "
+                 "2.5e-3 with SGD"),
+    "iters": (0, "GradInit runs only when asked for: the options are on every task the plugin serves"),
+    "log_interval": (20, "progress in fairseq's log every 20 iterations: the engine's 50 gives a 780-iteration "
+                        "phase 15 lines"),
+    "max_tokens": (None, "(2 - overlap) x --max-tokens, so that S is one training batch (6144 at the authors' "
+                         "--max-tokens 4096, where they drew 6000)"),
 }
+#: How the options' help states the plugin's defaults (``(default: ...)``).
+FAIRSEQ_DEFAULT_TEXTS = {
+    "optimizer": "follow --optimizer: sgd for sgd/nag, else adam",
+    "eta": "2 x --lr for Adam (the authors' 1e-3 at lr 5e-4), --lr for SGD (the paper)",
+    "gamma": "Adam: 2 x the gradient's 1-norm at the init (--gradinit-gamma-init-factor 2; the authors used 1e3, "
+             "1/eta); SGD: sqrt(0.15/eta) (the paper's 1 at eta 0.15)",
+    "lr": "1e-2 with Adam, 2.5e-3 with SGD (the authors' IWSLT tau, the engine's default)",
+    "gamma_init_factor": "2 with Adam unless --gradinit-gamma is given; none with SGD",
+    "lookahead_steps": "4 with Adam, 1 with SGD or --gradinit-unstepped-uses (the paper's single step)",
+    "iters": "0, GradInit off; the paper runs 780",
+    "adam_state": "per_branch, as the authors' fairseq code",
+    "scale_bounds": "the authors' \"[('bias', 0, None), ('norm', None, 100)]\"; '[]' for the global bounds only",
+    "log_interval": "20",
+}
+#: Where the plugin's defaults differ from the engine's: :data:`AUTHORS` with :data:`FAIRSEQ_DIFFERENCES`
+#: (the research settings it turns on with Adam are among its main options).
+FAIRSEQ_DEFAULTS = AUTHORS.defaults(FAIRSEQ_DIFFERENCES, texts=FAIRSEQ_DEFAULT_TEXTS,
+                                    main=("gamma_init_factor", "lookahead_steps"))
 #: The engine's options as the plugin offers them (prefix ``gradinit_``), with its defaults.
 ENGINE_OPTIONS = tuple(options_of(defaults=FAIRSEQ_DEFAULTS, python_only=False))
 

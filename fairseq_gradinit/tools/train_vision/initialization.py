@@ -11,21 +11,30 @@ from torch.utils.data import DataLoader
 
 from ...core import GradInitConfig, MetaInitConfig
 from ...core.config import first_step
-from ...core.options import Default, options_of, values_from
+from ...core.options import options_of, values_from
 from ...core.uses import unstepped_uses_error
 from ...vision import create_model, gradinit, metainit
-from ...vision.api import VISION_DEFAULTS
+from ...vision.api import CIFAR10, VISION_DIFFERENCES
 from .data import Limited
 from .errors import UsageError
 
-#: The vision API's defaults, with eta, tau and the iterations derived from this script's settings.
-GRADINIT_CLI_OPTIONS = tuple(options_of(GradInitConfig, python_only=False, defaults={
-    **VISION_DEFAULTS,
-    "eta": Default(None, "--lr"),
-    "lr": Default(None, "the paper's best tau for the network, else 1e-2; MetaInit's too unless --metainit-lr"),
-    "iters": Default(None, "one pass over the training data"),
-    "scale_grad_clip": Default(1.0, "1.0; 0 turns it off; MetaInit's too"),
-}))
+#: Where this script's defaults depart from the vision API's (:data:`~...vision.api.VISION_DIFFERENCES`),
+#: ``field -> (value, reason)``: what the script knows of the training run replaces the API's values.
+TRAIN_VISION_DIFFERENCES = {
+    **VISION_DIFFERENCES,
+    "eta": (None, "the first step is the training's own: --lr"),
+    "lr": (None, "the paper's best tau for the network (PAPER_TAU), else 1e-2"),
+    "iters": (None, "one pass over the training data the script loads"),
+    "batch_size": (None, "--gradinit-batch-size, else the training's --batch-size"),
+}
+#: The script's options and their defaults: the CIFAR-10 recipe with :data:`TRAIN_VISION_DIFFERENCES`.
+GRADINIT_CLI_OPTIONS = tuple(options_of(GradInitConfig, python_only=False, defaults=CIFAR10.defaults(
+    TRAIN_VISION_DIFFERENCES, texts={
+        "eta": "--lr",
+        "lr": "the paper's best tau for the network, else 1e-2; MetaInit's too unless --metainit-lr",
+        "iters": "one pass over the training data",
+        "scale_grad_clip": "1.0; 0 turns it off; MetaInit's too",
+    })))
 INITS = ("kaiming", "gradinit", "metainit", "warmup1", "const1")
 #: Best tau (GradInit's scale learning rate) per network from the paper's Appendix A; WRN-28-10
 #: from the authors' launch script. Other networks fall back to 1e-2.
