@@ -636,7 +636,6 @@ def run_generate(
     meter.t0 = meter.last_log_line = t0
     # fairseq and the plugin are imported before the time limit is armed: an import cut short would leave them
     # half registered in this process
-    configure_logging()
     from .. import fairseq_plugin  # noqa: F401  (what fairseq-generate --user-dir loads; patches fairseq's loading)
     from .inprocess_generate import SplitDecoder, import_fairseq
 
@@ -704,7 +703,8 @@ def decode(decoder, meter: DecodeMeter, out: GenerateOutput, lines: Optional[Lis
 
 
 def configure_logging() -> None:
-    """fairseq's log lines on stderr in fairseq-generate's format, unless this process configured logging."""
+    """fairseq's log lines on stderr in fairseq-generate's format, unless this process configured logging (called
+    before fairseq is first imported, whose import configures it otherwise)."""
     from .host_generate import configure_logging as fairseq_generate_logging
 
     fairseq_generate_logging()
@@ -803,6 +803,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(own)
+    configure_logging()
     try:
         check_paths(args)
         return evaluate(args, extra)

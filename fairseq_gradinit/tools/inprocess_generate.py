@@ -20,7 +20,7 @@ import sys
 import time
 from dataclasses import dataclass
 from itertools import chain
-from typing import Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, Tuple
 
 #: fairseq-generate's ``--max-tokens`` when neither it nor ``--batch-size`` is given.
 FAIRSEQ_DEFAULT_MAX_TOKENS = 12000
@@ -29,12 +29,13 @@ FAIRSEQ_DEFAULT_MAX_TOKENS = 12000
 @dataclass(frozen=True)
 class Hypothesis:
     """One of a sentence's ``--nbest`` hypotheses: ``text`` is fairseq-generate's ``H`` string (post-processed,
-    not detokenized), ``detokenized`` its ``D`` string; scores in base 2, as fairseq-generate prints them."""
+    not detokenized), ``detokenized`` its ``D`` string; the scores in base 2, as fairseq-generate prints them
+    (tensors of the decoding device, read only when the lines are made)."""
 
     text: str
     detokenized: str
-    score: float
-    positional_scores: Tuple[float, ...]
+    score: Any
+    positional_scores: Any
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class DecodedSentence:
             lines.append(f"T-{self.id}\t{self.reference}")
         for h in self.hypotheses:
             lines += [f"H-{self.id}\t{h.score}\t{h.text}", f"D-{self.id}\t{h.score}\t{h.detokenized}",
-                      f"P-{self.id}\t" + " ".join(f"{x:.4f}" for x in h.positional_scores)]
+                      f"P-{self.id}\t" + " ".join(f"{x:.4f}" for x in h.positional_scores.tolist())]
         return lines
 
 
@@ -244,8 +245,7 @@ class SplitDecoder:
                     extra_symbols_to_ignore=self.strip)
                 detok_hypo_str = self.decode_text(hypo_str)
                 score = hypo["score"] / math.log(2)  # base e to base 2, as fairseq-generate prints it
-                found.append(Hypothesis(hypo_str, detok_hypo_str, score,
-                                        tuple((hypo["positional_scores"] / math.log(2)).tolist())))
+                found.append(Hypothesis(hypo_str, detok_hypo_str, score, hypo["positional_scores"] / math.log(2)))
                 if self.has_target and j == 0:
                     self._score(target_str, detok_hypo_str, target_tokens, hypo_tokens)
             out.append(DecodedSentence(sample_id, src_str if self.src_dict is not None else None, target_str,
