@@ -716,13 +716,15 @@ def subset_size(data: Path, subset: str) -> Optional[int]:
     Returns None when it cannot be determined (no data dir, other dataset format, several
     language pairs with different sizes).
     """
-    from fairseq.data.indexed_dataset import MMapIndexedDataset
+    from fairseq.data.indexed_dataset import MMapIndexedDataset, infer_dataset_impl
 
     sizes = set()
     for idx in sorted(Path(data).glob(f"{subset}.*-*.*.idx")):
+        prefix = str(idx)[: -len(".idx")]
         try:
-            sizes.add(len(MMapIndexedDataset.Index(str(idx))))
-        except (OSError, AssertionError, ValueError, KeyError):  # not fairseq's mmap format, or cut short
+            if infer_dataset_impl(prefix) == "mmap":
+                sizes.add(len(MMapIndexedDataset.Index(str(idx))))
+        except (OSError, AssertionError, ValueError, KeyError):  # another version of the format, or cut short
             continue
     return sizes.pop() if len(sizes) == 1 else None
 

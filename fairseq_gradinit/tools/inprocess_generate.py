@@ -85,17 +85,21 @@ def generation_config(argv: Sequence[str]):
     from fairseq import options
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    parser = options.get_generation_parser()
-    parser.add_argument("--arch", "-a", metavar="ARCH", default="wav2vec2",
-                        help="Model architecture. For constructing tasks that rely on model args")
-    said = io.StringIO()
+    said, argv_before = io.StringIO(), sys.argv
     try:
+        # fairseq's get_parser reads --user-dir from sys.argv, not from input_args: it sees these arguments
+        sys.argv = [argv_before[0] if argv_before else "fairseq-generate", *argv]
         with contextlib.redirect_stderr(said):
+            parser = options.get_generation_parser()
+            parser.add_argument("--arch", "-a", metavar="ARCH", default="wav2vec2",
+                                help="Model architecture. For constructing tasks that rely on model args")
             args = options.parse_args_and_arch(parser, input_args=list(argv))
     except SystemExit as exc:
         sys.stderr.write(said.getvalue())
         last = next((line for line in reversed(said.getvalue().splitlines()) if line.strip()), "no message")
         raise ArgumentsRefused(last.strip(), exc.code if isinstance(exc.code, int) else 1) from None
+    finally:
+        sys.argv = argv_before
     sys.stderr.write(said.getvalue())
     return convert_namespace_to_omegaconf(args)
 

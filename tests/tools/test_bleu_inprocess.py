@@ -62,7 +62,7 @@ def saved_lines(path):
 @pytest.mark.parametrize("settings", [
     ["--beam", "4", "--batch-size", "7", "--", "--lenpen", "0.6", "--max-len-a", "1.2", "--max-len-b", "10",
      "--nbest", "2"],
-    ["--beam", "1", "--max-tokens", "150", "--", "--max-len-a", "0", "--max-len-b", "6", "--no-repeat-ngram-size", "2"],
+    ["--beam", "1", "--max-tokens", "150", "--", "--max-len-a", "1", "--max-len-b", "2", "--no-repeat-ngram-size", "2"],
 ])
 def test_inprocess_decode_equals_fairseq_generate(tiny_data, checkpoint, tmp_path, capsys, settings):
     """The in-process decode gives fairseq-generate's hypotheses and references, sentence by sentence, its own BLEU
