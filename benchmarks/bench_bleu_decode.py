@@ -1,18 +1,30 @@
 #!/usr/bin/env python3
-"""Time the BLEU step's translation: one decode alone and several at once, with given batch settings.
+"""Time the BLEU step's translation: one decode alone and several at once, with given batch settings, in
+this process's decode or the former subprocess one.
 
-Each case runs ``python -m fairseq_gradinit.tools.evaluate_bleu`` (what the study's BLEU step runs) once per
-decode at the same time, and records per decode its wall and processor time (start-up included), its
-measured decode rate and batch settings, and the case's wall time. Cases run one after the other::
+Each case runs ``python -m fairseq_gradinit.tools.evaluate_bleu`` (what the study's BLEU step runs; it decodes
+in its own process) once per decode at the same time, or, for a ``subprocess``/``stock`` case, the former
+BLEU step (``benchmarks/subprocess_bleu.py``: fairseq-generate as a subprocess, its output read), and records
+per decode its wall and processor time (start-up included), its measured decode rate and batch settings, and
+the case's wall time. Cases run one after the other::
 
     python benchmarks/bench_bleu_decode.py DATA-BIN --path CKPT --user-dir gradinit --fp16 \\
         --case alone:1 --case alone-4x1k:1:16384:1024 --case five:5 --out bleu_decode.json -- \\
         --max-len-a 1.2 --max-len-b 10
 
-A case is ``NAME:AT_ONCE[:MAX_TOKENS:BATCH_SIZE[:stock]]`` (no batch settings: evaluate_bleu's defaults for
-the device; ``stock``: fairseq's own ``fairseq_cli.generate``, which reads source tokens from the device one
-by one, instead of :mod:`fairseq_gradinit.tools.host_generate`). Arguments after ``--`` go to fairseq-generate. Each decode gets ``OMP_NUM_THREADS`` = cores //
-AT_ONCE unless the environment sets it (as the study's BLEU step does).
+A case is ``NAME:AT_ONCE[:MAX_TOKENS:BATCH_SIZE[:subprocess|:stock]]`` (no batch settings: evaluate_bleu's
+defaults for the device; ``subprocess``: the former path, fairseq-generate as
+:mod:`fairseq_gradinit.tools.host_generate`; ``stock``: the former path with fairseq's own
+``fairseq_cli.generate``, which reads source tokens from the device one by one). A ``NAME:AT_ONCE:subprocess``
+case takes the default batches too. Arguments after ``--`` go to fairseq-generate. Each decode gets
+``OMP_NUM_THREADS`` = cores // AT_ONCE unless the environment sets it (as the study's BLEU step does). With
+``--out X.json`` a table of the cases is written to ``X.md`` as well.
+
+The in-process and subprocess paths on the same checkpoint, one after the other, one thread::
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_bleu_decode.py DATA-BIN --path CKPT --cpu --beam 5 \\
+        --case subprocess:1:subprocess --case in-process:1 --out benchmarks/results/bleu_decode_cpu.json -- \\
+        --max-len-a 1.2 --max-len-b 10
 """
 from __future__ import annotations
 
@@ -26,23 +38,28 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 
+#: The former BLEU step, fairseq-generate as a subprocess (the baseline of the in-process decode).
+SUBPROCESS_BLEU = Path(__file__).resolve().parent / "subprocess_bleu.py"
+PATHS = ("subprocess", "stock")
+
+
 def parse_case(text: str) -> dict:
     parts = text.split(":")
-    stock = len(parts) == 5 and parts[4] == "stock"
-    numbers = parts[1:4 if stock else None]
-    if len(parts) not in (2, 4, 5) or (len(parts) == 5 and not stock) or not all(p.isdigit() for p in numbers) \
-            or int(parts[1]) < 1:
+    path = parts.pop() if len(parts) in (3, 5) and parts[-1] in PATHS else None
+    if len(parts) not in (2, 4) or not all(p.isdigit() for p in parts[1:]) or int(parts[1]) < 1:
         raise argparse.ArgumentTypeError(f"--case {text!r}: give NAME:AT_ONCE or NAME:AT_ONCE:MAX_TOKENS:BATCH_SIZE"
-                                         "[:stock]")
+                                         "[:subprocess|:stock]")
     case = {"name": parts[0], "at_once": int(parts[1]), "max_tokens": None, "batch_size": None,
-            "generate_module": "fairseq_cli.generate" if stock else None}
-    if len(parts) >= 4:
+            "path": "in-process" if path is None else "subprocess",
+            "generate_module": "fairseq_cli.generate" if path == "stock" else None}
+    if len(parts) == 4:
         case.update(max_tokens=int(parts[2]), batch_size=int(parts[3]))
     return case
 
 
 def decode_command(args, case: dict, out_json: Path, extra: Sequence[str]) -> List[str]:
-    cmd = [sys.executable, "-m", "fairseq_gradinit.tools.evaluate_bleu", str(args.data), "--path", str(args.path),
+    command = ["-m", "fairseq_gradinit.tools.evaluate_bleu"] if case["path"] == "in-process" else [str(SUBPROCESS_BLEU)]
+    cmd = [sys.executable, *command, str(args.data), "--path", str(args.path),
            "--beam", str(args.beam), "--gen-subset", args.gen_subset, "--output-json", str(out_json)]
     for flag, value in (("--user-dir", args.user_dir), ("--ref", args.ref), ("--time-limit", args.time_limit),
                         ("--max-tokens", case["max_tokens"]), ("--batch-size", case["batch_size"]),
@@ -75,12 +92,45 @@ def run_case(args, case: dict, work: Path, extra: Sequence[str]) -> dict:
         result = json.loads(out_json.read_text()) if out_json.is_file() else {}
         decodes.append({"returncode": rc, "wall_s": round(time.time() - t0, 2),
                         "cpu_s": round(usage.ru_utime + usage.ru_stime, 2), "bleu": result.get("bleu"),
+                        "signature": result.get("signature"), "fairseq_bleu": result.get("fairseq_bleu"),
                         "n_sentences": result.get("n_sentences"), "batches": result.get("batches"),
                         "decode": result.get("decode"), "log": str(log.name)})
     wall = time.time() - t0
     sentences = sum(d["n_sentences"] or 0 for d in decodes)
     return {**case, "omp_num_threads": env["OMP_NUM_THREADS"], "wall_s": round(wall, 2),
             "sentences_per_s": round(sentences / wall, 2), "decodes": decodes}
+
+
+def torch_version() -> Optional[str]:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch.__version__
+
+
+def commit() -> Optional[str]:
+    """The repository's commit (with ``+dirty`` for uncommitted changes), or None outside a git checkout."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
+def markdown(report: dict) -> str:
+    """scripts/benchmark_tables.py's table of this benchmark (the one benchmarks/README.md shows)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("benchmark_tables", Path(__file__).resolve().parents[1] / "scripts"
+                                                  / "benchmark_tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    return tables.bleu_decode_markdown(report)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,8 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--fp16", action="store_true")
     p.add_argument("--case", dest="cases", type=parse_case, action="append", required=True,
-                   help="NAME:AT_ONCE[:MAX_TOKENS:BATCH_SIZE], repeatable; run in the order given")
+                   help="NAME:AT_ONCE[:MAX_TOKENS:BATCH_SIZE][:subprocess|:stock], repeatable; run in the order given")
     p.add_argument("--out", type=Path, required=True, help="result JSON (the decodes' logs go beside it)")
+    p.add_argument("--note", default=None, help="what the result should say about the machine (its load, ...)")
     return p
 
 
@@ -112,9 +163,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         c = cases[-1]
         print(f"{c['name']}: {c['at_once']} at once, {c['wall_s']:.1f} s, {c['sentences_per_s']:.1f} sentences/s "
               f"in all; return codes {[d['returncode'] for d in c['decodes']]}", flush=True)
-        args.out.write_text(json.dumps({"device": "cpu" if args.cpu else "cuda", "cpu_count": os.cpu_count(),
-                                        "data": str(args.data), "checkpoint": str(args.path), "beam": args.beam,
-                                        "generate_args": extra, "cases": cases}, indent=1) + "\n")
+        report = {"device": "cpu" if args.cpu else "cuda", "cpu_count": os.cpu_count(), "torch": torch_version(),
+                  "commit": commit(), "note": args.note, "data": str(args.data), "checkpoint": str(args.path),
+                  "beam": args.beam, "generate_args": extra, "cases": cases}
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        if args.out.suffix == ".json":
+            args.out.with_suffix(".md").write_text(markdown(report) + "\n")
     return 0 if all(d["returncode"] == 0 for c in cases for d in c["decodes"]) else 1
 
 

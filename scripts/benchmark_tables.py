@@ -223,6 +223,33 @@ def phase_e2e_table(tag: str) -> str:
     return "\n" + phase_e2e_markdown(load(tag))
 
 
+def bleu_decode_markdown(d: dict) -> str:
+    """The table of ``bench_bleu_decode.py``'s report ``d``: per case the decode path, the decodes at once, the wall
+    and processor time (start-up included), the start-up and the rate after it, BLEU, and the wall time over the
+    first case's."""
+    lines = ["| case | decode | at once | wall (s) | CPU (s) | start-up (s) | sentences/s after start-up | BLEU "
+             "| wall / first case |", "|---|---|---|---|---|---|---|---|---|"]
+    first = d["cases"][0]["wall_s"] if d["cases"] else None
+    for c in d["cases"]:
+        one = c["decodes"][0]
+        decode = one.get("decode") or {}
+        module = f" ({c['generate_module']})" if c.get("generate_module") else ""
+        lines.append(f"| {c['name']} | {c.get('path', 'in-process')}{module} | {c['at_once']} | {c['wall_s']:.1f} "
+                     f"| {sum(x['cpu_s'] for x in c['decodes']):.1f} | {_num(decode.get('startup_s'), '.1f')} "
+                     f"| {_num(decode.get('sentences_per_s'), '.1f')} | {_num(one.get('bleu'), '.2f')} "
+                     f"| {c['wall_s'] / first:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def bleu_decode_table(tag: str) -> str:
+    """:func:`bleu_decode_markdown` of ``results/<tag>.json`` and its note; a missing result is said so."""
+    if not (RESULTS / f"{tag}.json").exists():
+        return f"\nNot measured yet: `results/{tag}.json` is written by the command above.\n"
+    d = load(tag)
+    note = f"\n{d['note']}\n" if d.get("note") else ""
+    return "\n" + bleu_decode_markdown(d) + note
+
+
 TRANSFORMER_TIME_KEYS = ["objective_time", "constraint_time", "constraint_switch_time"]
 
 #: name -> renderer of each generated block.
@@ -234,6 +261,7 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "gpu_phase_cuda_4310047": lambda: gpu_phase_table("gpu_phase_cuda_4310047"),
     "gpu_phase_cuda": lambda: gpu_phase_table("gpu_phase_cuda"),
     "phase_e2e_cpu": lambda: phase_e2e_table("phase_e2e_cpu"),
+    "bleu_decode_cpu": lambda: bleu_decode_table("bleu_decode_cpu"),
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
                                                                  "after": "flat buffers (this version)"}),
     "transformer_cpu.iteration_range": lambda: ratio_range(["transformer_cpu_B2048"], TRANSFORMER_TIME_KEYS),

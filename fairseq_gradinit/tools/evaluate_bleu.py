@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Translate a binarized split with fairseq-generate and score it with sacreBLEU.
+"""Translate a binarized split as fairseq-generate does, in this process, and score it with sacreBLEU.
 
-Runs::
+The decode is the one of the command::
 
     python -m fairseq_gradinit.tools.host_generate DATA --path CKPT --gen-subset SUBSET --beam 5 \\
         --remove-bpe sentencepiece --max-tokens N [--batch-size B] [--user-dir D] [--cpu] \\
         --num-workers 0 [EXTRA...]
 
-(fairseq-generate, with token strings built from host lists: :mod:`.host_generate`) with the same
-Python interpreter, collects the ``H-<id>`` (hypothesis) and ``T-<id>`` (reference)
-lines, which ``--remove-bpe sentencepiece`` has already turned back into plain text, and computes
-corpus BLEU with ``sacrebleu.metrics.BLEU`` (13a tokenization by default). A JSON file with the
-score, its signature and the run details is written, and a one-line summary is printed.
+(fairseq-generate, with token strings built from host lists: :mod:`.host_generate`), run through fairseq's
+Python API in this process (:mod:`.inprocess_generate`): fairseq's generation parser reads those arguments,
+the task is set up, the ensemble loaded onto it, the split batched by the task's iterator and decoded by the
+task's sequence generator. The hypotheses (fairseq-generate's ``H`` strings, which ``--remove-bpe
+sentencepiece`` has already turned back into plain text) and the references (its ``T`` strings) are scored
+with ``sacrebleu.metrics.BLEU`` (13a tokenization by default). A JSON file with the score, its signature and
+the run details (``generate_command``: the command above, which prints the same hypotheses) is written, and
+a one-line summary is printed.
 
-Everything after ``--`` is passed unchanged to fairseq-generate, e.g.::
+Everything after ``--`` is passed unchanged to fairseq-generate's arguments, e.g.::
 
     python scripts/evaluate_bleu.py data-bin/debian-ui-de-en/bin \\
         --path checkpoints/run1/checkpoint_best.pt --cpu -- --lenpen 1.0 --nbest 1
@@ -21,16 +24,17 @@ Everything after ``--`` is passed unchanged to fairseq-generate, e.g.::
 ``--ref FILE`` scores against a raw reference file (line i = sample id i) instead of the ``T-``
 lines, which come from the binarized data (SentencePiece-normalized, unknown words as
 ``<<unk>>``). The file is compared with the ``T-`` lines (letters and digits, lowercased) and
-refused when more than half of them differ (the target file of another split). ``--from-output FILE`` scores a saved fairseq-generate output without running it.
+refused when more than half of them differ (the target file of another split). ``--from-output FILE`` scores
+a saved fairseq-generate output (``--save-output`` writes the decode's lines as fairseq-generate prints them)
+without decoding.
 
-On a CUDA GPU the batches are larger (``--max-tokens 65536``, up to 4096 sentences) and ``--fp16`` decodes in half precision (fairseq-generate
-``--fp16``; asked for when the model trained in fp16). On the CPU ``--fp16`` is ignored with a note
-(fairseq's CPU decoding is fp32). The decode rate is measured while fairseq-generate runs (sentences and
-source tokens per second since its start-up ended), logged once the batches holding the first
-``--rate-chunk`` sentences are out (fairseq prints a batch's hypotheses together when the batch is decoded)
-and then every few seconds, written to ``--progress-json`` and kept in the result's ``decode`` block;
-with ``--time-limit S`` the run stops as soon as that rate projects a total beyond S seconds (or at S),
-and the result file says so, with the rate.
+On a CUDA GPU the batches are larger (``--max-tokens 65536``, up to 4096 sentences) and ``--fp16`` decodes in
+half precision (fairseq-generate ``--fp16``; asked for when the model trained in fp16). On the CPU ``--fp16`` is
+ignored with a note (fairseq's CPU decoding is fp32). The decode rate is measured while decoding (sentences and
+source tokens per second since the start-up, loading the model and the split, ended), logged once the batches
+holding the first ``--rate-chunk`` sentences are out and then every few seconds, written to ``--progress-json``
+and kept in the result's ``decode`` block; with ``--time-limit S`` the decode stops as soon as that rate projects
+a total beyond S seconds (or at S), and the result file says so, with the rate.
 
 ``--required-batch-size-multiple 1`` is added unless given after ``--``: with fairseq's default
 of 8 the last batch is dropped when its size is not a multiple of 8, so a few test sentences
@@ -38,8 +42,8 @@ would silently go untranslated. The number of hypotheses is also checked against
 the binarized subset.
 
 fairseq 0.12.3 cannot load its checkpoints under torch >= 2.6 (``torch.load`` now defaults to
-``weights_only=True``); the subprocess therefore runs with ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1``
-(only evaluate checkpoints you trust).
+``weights_only=True``); the plugin, which the decode loads as fairseq-generate's ``--user-dir`` would, lets
+fairseq load them with ``weights_only=False`` (only evaluate checkpoints you trust).
 """
 
 from __future__ import annotations
@@ -47,20 +51,21 @@ from __future__ import annotations
 import argparse
 import html
 import os
-import queue
 import re
-import struct
-import subprocess
+import signal
 import sys
 import threading
 import time
+import traceback
 import unicodedata
 import zipfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
 from ..argtypes import positive_int
-from ..checkpoints import load_trusted_checkpoint, trusted_loading_env
+from ..checkpoints import load_trusted_checkpoint
 from ..paths import OutputError, check_output, header_line, json_result, text_lines, text_output, utf8_problem, write_json
 from ..quiet import quiet_command
 
@@ -101,9 +106,27 @@ class GenerateOutput:
     subset: Optional[str] = None  # from that line
     beam: Optional[int] = None  # from that line
 
+    def add(self, sentence) -> None:
+        """A sentence decoded in this process (:class:`~.inprocess_generate.DecodedSentence`), as its lines read."""
+        if sentence.hypotheses:
+            self.hypotheses.setdefault(sentence.id, sentence.hypotheses[0].text)
+        if sentence.reference is not None:
+            self.references[sentence.id] = sentence.reference
+        if sentence.source is not None:
+            self.sources[sentence.id] = sentence.source
+
+    def finish(self, decoder) -> None:
+        """The whole decode's numbers from ``decoder`` (:class:`~.inprocess_generate.SplitDecoder`), as its
+        timing and BLEU lines read (the time to fairseq's tenth of a second)."""
+        self.n_translated = decoder.n_translated
+        self.translate_seconds = round(decoder.translate_seconds, 1)
+        self.fairseq_bleu = decoder.fairseq_bleu()
+        if self.fairseq_bleu is not None:
+            self.subset, self.beam = decoder.cfg.dataset.gen_subset, decoder.cfg.generation.beam
+
 
 def parse_generate_output(lines: Iterable[str]) -> GenerateOutput:
-    """Parse fairseq-generate stdout.
+    """Parse fairseq-generate's output (a file saved with ``--save-output``, or printed by fairseq-generate).
 
     ``H-<id>\\t<score>\\t<text>`` and ``T-<id>\\t<text>`` lines are collected (the text may be
     empty). With ``--nbest > 1`` only the first ``H`` line per id (the best one) is kept. Log
@@ -247,7 +270,7 @@ def format_summary(result: dict) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# running fairseq-generate
+# decoding (fairseq-generate's decode, in this process)
 # --------------------------------------------------------------------------------------------
 
 
@@ -395,10 +418,11 @@ def check_paths(args) -> None:
 GPU_MAX_TOKENS = 65536
 GPU_BATCH_SIZE = 4096
 CPU_MAX_TOKENS = 4096
-#: fairseq-generate reads the batches in this process (its default, 1 worker, forks one more process
-#: per decode, which outlives a stop by seconds while holding the output open).
+#: The batches are read in the decoding process (fairseq's default, 1 worker, forks one more process per
+#: decode, which would copy this one and outlive a stop by seconds).
 GENERATE_NUM_WORKERS = 0
-#: The module run as fairseq-generate (fairseq_cli.generate with token strings built on the host).
+#: The module of the fairseq-generate command the decode repeats (fairseq_cli.generate with token strings
+#: built on the host): the result's ``generate_command`` prints the same hypotheses.
 GENERATE_MODULE = "fairseq_gradinit.tools.host_generate"
 
 
@@ -420,7 +444,8 @@ def decode_device(args) -> Tuple[bool, bool, Optional[str]]:
 
 def build_generate_command(args, extra: Sequence[str], *, cuda: Optional[bool] = None,
                            fp16: bool = False) -> List[str]:
-    """The fairseq-generate command line; ``cuda`` (detected when None) picks the batch defaults."""
+    """The fairseq-generate command line of the decode (its arguments, ``[3:]``, are what the decode in this process
+    parses); ``cuda`` (detected when None) picks the batch defaults."""
     if cuda is None:
         cuda = not args.cpu and cuda_available()
     cmd = [
@@ -465,25 +490,13 @@ def batch_settings(cmd: Sequence[str]) -> dict:
     return settings
 
 
-def generate_env() -> Dict[str, str]:
-    """Environment for fairseq-generate.
-
-    fairseq 0.12.3 calls ``torch.load`` without ``weights_only``; torch >= 2.6 then refuses its
-    checkpoints (they pickle an argparse.Namespace). The checkpoints evaluated here are our own,
-    so the subprocess gets ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` unless the caller set either
-    torch variable already.
-    """
-    env = trusted_loading_env(os.environ)
-    env["PYTHONUNBUFFERED"] = "1"  # hypotheses arrive per batch, so the decode rate is measured as it goes
-    return env
-
-
 class DecodeMeter:
-    """The decode rate of a running fairseq-generate, from the times its hypotheses arrive.
+    """The decode rate of a running decode, from the times its batches' hypotheses come out.
 
-    Start-up (loading, moving the model) ends at the last log line before the first hypothesis;
-    the rate counts sentences, and source tokens where the subset's sizes are known (fairseq
-    decodes short sentences first, so a token rate projects the rest better).
+    Start-up (loading, moving the model) ends at the last log line before the first hypothesis (the decode in
+    this process marks it once the model and the split are loaded); the rate counts sentences, and source
+    tokens where the subset's sizes are known (fairseq decodes short sentences first, so a token rate projects
+    the rest better).
     """
 
     def __init__(self, total: Optional[int], source_sizes: Optional[Sequence[int]] = None,
@@ -495,6 +508,10 @@ class DecodeMeter:
         self.total_tokens = sum(source_sizes) if source_sizes is not None else None
         self.last_log_line = self.t0
         self.first_report: Optional[dict] = None
+
+    def use_sizes(self, source_sizes: Sequence[int]) -> None:
+        """Count source tokens with ``source_sizes`` (by sentence id), known once the split is loaded."""
+        self.sizes, self.total_tokens = list(source_sizes), sum(source_sizes)
 
     def log_line(self, now: float) -> None:
         if self.decode_start is None:
@@ -512,7 +529,7 @@ class DecodeMeter:
         return self.done >= min(self.chunk, self.total or self.chunk)
 
     def report(self, now: float) -> dict:
-        """Rate so far and the projected total wall time (seconds since fairseq-generate started)."""
+        """Rate so far and the projected total wall time (seconds since the decode started)."""
         start = self.decode_start if self.decode_start is not None else now
         decode_s = max(now - start, 1e-6)
         out = {"sentences_done": self.done, "sentences_total": self.total,
@@ -542,7 +559,7 @@ def format_rate(report: dict) -> str:
 
 
 class TimeLimitReached(EvaluationError):
-    """fairseq-generate was stopped: its measured rate projected beyond --time-limit (or it ran into it)."""
+    """The decode was stopped: its measured rate projected beyond --time-limit (or it ran into it)."""
 
     def __init__(self, message: str, report: dict):
         super().__init__(message)
@@ -554,171 +571,161 @@ def write_json_atomic(path: Path, data: dict) -> None:
     write_json(path, data, command=COMMAND)
 
 
-#: Seconds without a new output line after which a batch's hypotheses are taken to be all out.
-BATCH_QUIET_S = 0.5
+#: Signal that stops a decode in this process at --time-limit (between two of its Python calls).
+_STOP_SIGNAL = getattr(signal, "SIGALRM", None)
 
 
-def lines_with_pauses(stdout: Iterable[str], quiet_s: float):
-    """``stdout``'s lines, each as (line, time read), and ``(None, time)`` whenever no line came for
-    ``quiet_s`` seconds: fairseq-generate prints a whole batch's hypotheses at once, then decodes the next."""
-    lines: "queue.Queue" = queue.Queue()
-
-    def pump() -> None:
-        for raw in stdout:
-            lines.put((raw, time.time()))
-        lines.put(None)
-
-    threading.Thread(target=pump, daemon=True).start()
-    while True:
-        try:
-            item = lines.get(timeout=quiet_s)
-        except queue.Empty:
-            yield None, time.time()
-            continue
-        if item is None:
-            return
-        yield item
+class _TimeIsUp(BaseException):
+    """Raised inside the decode when --time-limit is reached (no ``Exception``: fairseq's handlers let it through)."""
 
 
-def read_output(stdout: Iterable[str], meter: DecodeMeter, stop_generate, *, time_limit: Optional[float],
-                progress_json: Optional[Path], report_every_s: float, quiet_s: float = BATCH_QUIET_S) -> List[str]:
-    """fairseq-generate's stdout lines, each hypothesis timed by ``meter``. The rate is reported, at most every
-    ``report_every_s`` seconds, once a batch's hypotheses are all out (the output pauses for ``quiet_s``):
-    counted in the middle of a batch, a rate would take the batch's decode time for a fraction of its
-    sentences. ``stop_generate(reason)`` is called once the rate projects beyond ``time_limit``."""
-    out_lines: List[str] = []
-    next_report, last_hypothesis, reported = None, None, 0
-    for raw, now in lines_with_pauses(stdout, quiet_s):
-        if raw is not None:
-            line = raw.rstrip("\n")
-            out_lines.append(line)
-            m = _HYP_RE.match(line)
-            if m:
-                meter.hypothesis(int(m.group(1)), now)
-                last_hypothesis = now
-            continue
-        if (last_hypothesis is None or meter.done == reported or not meter.measured
-                or (next_report is not None and now < next_report)):
-            continue
-        reported = meter.done
-        report = meter.report(last_hypothesis)
-        if meter.first_report is None:
-            meter.first_report = report
-        next_report = now + report_every_s
-        print("evaluate_bleu: " + format_rate(report), file=sys.stderr, flush=True)
-        if progress_json is not None:
-            write_json_atomic(progress_json, report)
-        projected = report["projected_total_s"]
-        if time_limit is not None and projected is not None and projected > time_limit:
-            stop_generate(f"the measured rate projects {projected:.0f} s, beyond --time-limit {time_limit:g} s")
-    return out_lines
+@contextmanager
+def stop_at(limit: Optional[float]):
+    """Raise :class:`_TimeIsUp` in this thread ``limit`` seconds from now (no-op without a limit, off the main
+    thread or without ``SIGALRM``, where the limit is checked after each batch only); the previous timer and
+    handler come back afterwards."""
+    if limit is None or _STOP_SIGNAL is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def time_is_up(signum, frame):
+        raise _TimeIsUp()
+
+    previous = signal.signal(_STOP_SIGNAL, time_is_up)
+    signal.setitimer(signal.ITIMER_REAL, max(limit, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(_STOP_SIGNAL, previous)
+
+
+def generation_failure(exc: BaseException) -> EvaluationError:
+    """The one line for a decode that failed, as for a fairseq-generate command that ended so: its exit status and
+    its last line (after the traceback, shown once on stderr, of an error)."""
+    from .inprocess_generate import ArgumentsRefused
+
+    if isinstance(exc, ArgumentsRefused):  # fairseq's parser printed its usage above
+        return EvaluationError(f"fairseq-generate failed (exit {exc.code}): {exc}")
+    if isinstance(exc, SystemExit):  # the plugin's one-line stops (a data-bin the model was not trained on)
+        if isinstance(exc.code, int) or exc.code is None:
+            return EvaluationError(f"fairseq-generate failed (exit {exc.code or 0}): it exited")
+        return EvaluationError(f"fairseq-generate failed (exit 1): {exc.code}")
+    traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    return EvaluationError(f"fairseq-generate failed (exit 1): {last}")
 
 
 def run_generate(
     cmd: Sequence[str], save_output: Optional[Path], *, meter: Optional[DecodeMeter] = None,
     time_limit: Optional[float] = None, progress_json: Optional[Path] = None, report_every_s: float = 5.0,
-) -> Tuple[List[str], List[str], float]:
-    """Run fairseq-generate; returns (stdout lines, stderr lines, wall seconds).
+) -> Tuple[GenerateOutput, float]:
+    """Decode as the fairseq-generate command ``cmd`` would, in this process
+    (:class:`~.inprocess_generate.SplitDecoder` on ``cmd``'s arguments); returns (the sentences, wall seconds).
 
-    stdout (the S/T/H/D/P lines) is read as it comes, each hypothesis timed by ``meter``; stderr
-    (where fairseq's log usually ends up) is echoed live and also returned, without the very long
-    config line. With ``time_limit``, the run is stopped (:class:`TimeLimitReached`) once the
-    measured rate projects a total beyond it, or when it is reached.
+    ``meter`` times each batch as it comes out; the rate is reported once ``meter`` has measured a chunk, at most
+    every ``report_every_s`` seconds. With ``time_limit``, the decode is stopped (:class:`TimeLimitReached`) once
+    the measured rate projects a total beyond it, or when it is reached.
     """
     # one short line: the whole command, with the user's paths, is the result's generate_command
     what = f"python -m {cmd[2]}" if len(cmd) > 2 and cmd[1] == "-m" else cmd[0]
-    print(f"evaluate_bleu: running fairseq-generate ({what}; the whole command is generate_command in the result)",
-          file=sys.stderr, flush=True)
+    print(f"evaluate_bleu: running fairseq-generate ({what}; in this process; the whole command is generate_command "
+          "in the result)", file=sys.stderr, flush=True)
     t0 = time.time()
     meter = meter or DecodeMeter(None, t0=t0)
     meter.t0 = meter.last_log_line = t0
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            encoding="utf-8", errors="replace", env=generate_env())
-    err_lines: List[str] = []
-    stop: Dict[str, str] = {}
+    # fairseq and the plugin are imported before the time limit is armed: an import cut short would leave them
+    # half registered in this process
+    from .. import fairseq_plugin  # noqa: F401  (what fairseq-generate --user-dir loads; patches fairseq's loading)
+    from .inprocess_generate import SplitDecoder, import_fairseq
 
-    def pump_stderr() -> None:
-        for line in proc.stderr:
-            meter.log_line(time.time())
-            sys.stderr.write(line)
-            if len(line) < 2000:
-                err_lines.append(line.rstrip("\n"))
-
-    def stop_generate(reason: str) -> None:
-        if proc.poll() is None and not stop:
-            stop["reason"] = reason
-            proc.kill()
-
-    pump = threading.Thread(target=pump_stderr, daemon=True)
-    pump.start()
-    timer = None
-    if time_limit is not None:
-        timer = threading.Timer(max(time_limit, 0.0), stop_generate, args=(f"--time-limit {time_limit:g} s reached",))
-        timer.daemon = True
-        timer.start()
+    import_fairseq()
+    out, lines = GenerateOutput(), [] if save_output is not None else None
+    decoder, stop, done = None, None, False
     try:
-        out_lines = read_output(proc.stdout, meter, stop_generate, time_limit=time_limit,
-                                progress_json=progress_json, report_every_s=report_every_s)
+        with stop_at(None if time_limit is None else time_limit - (time.time() - t0)):
+            decoder = SplitDecoder(cmd[3:])
+            if decoder.source_sizes is not None:
+                meter.use_sizes(decoder.source_sizes)
+            meter.log_line(time.time())  # start-up ends: the model and the split are loaded
+            stop = decode(decoder, meter, out, lines, time_limit=time_limit, progress_json=progress_json,
+                          report_every_s=report_every_s)
+            done = stop is None
+    except _TimeIsUp:
+        if meter.total is None or meter.done < meter.total:  # else the timer went off as the decode ended
+            stop = f"--time-limit {time_limit:g} s reached"
+        done = stop is None
+    except (Exception, SystemExit) as exc:  # fairseq's failures (and its parser's exit) are the decode's
+        raise generation_failure(exc) from None
     finally:
-        if timer is not None:
-            timer.cancel()
-    returncode = proc.wait()
-    pump.join(timeout=10)
-    wall = time.time() - t0
-    final = meter.report(time.time())
-    if progress_json is not None:
-        write_json_atomic(progress_json, final)
-    if save_output is not None:
-        save_output.parent.mkdir(parents=True, exist_ok=True)
-        save_output.write_text("\n".join([header_line(COMMAND), *out_lines]) + "\n", encoding="utf-8")
-    if stop:
+        wall = time.time() - t0
+        final = meter.report(time.time())
+        if progress_json is not None:
+            write_json_atomic(progress_json, final)
+        if done:
+            out.finish(decoder)
+        if save_output is not None:
+            save_output.parent.mkdir(parents=True, exist_ok=True)
+            summary = decoder.summary_lines() if done else []
+            save_output.write_text("\n".join([header_line(COMMAND), *lines, *summary]) + "\n", encoding="utf-8")
+    if stop is not None:
         raise TimeLimitReached(f"fairseq-generate stopped after {meter.done} of {meter.total or '?'} sentences: "
-                               f"{stop['reason']} ({format_rate(final)})", final)
-    if returncode != 0:
-        # stderr (fairseq's traceback) was already shown above: name only its last line here.
-        last = next((line.strip() for line in reversed(err_lines) if line.strip()), "no error output")
-        raise EvaluationError(f"fairseq-generate failed (exit {returncode}): {last}")
-    return out_lines, err_lines, wall
+                               f"{stop} ({format_rate(final)})", final)
+    return out, wall
 
 
-def source_sizes(data: Path, subset: str) -> Optional[List[int]]:
-    """Source-side token counts of a binarized subset (``SUBSET.SRC-TGT.SRC.idx``, mmap format)."""
-    from array import array
-
-    for idx in sorted(Path(data).glob(f"{subset}.*-*.*.idx")):
-        pair, lang = idx.name.split(".")[1:3]
-        if pair.split("-")[0] != lang:
-            continue
-        try:
-            raw = idx.read_bytes()
-        except OSError:
-            return None
-        if len(raw) < 34 or raw[:9] != b"MMIDIDX\x00\x00":
-            return None
-        n = struct.unpack("<Q", raw[18:26])[0]
-        sizes = array("i")
-        sizes.frombytes(raw[34:34 + 4 * n])
-        if sys.byteorder != "little":
-            sizes.byteswap()
-        return list(sizes) if len(sizes) == n else None
+def decode(decoder, meter: DecodeMeter, out: GenerateOutput, lines: Optional[List[str]], *,
+           time_limit: Optional[float], progress_json: Optional[Path], report_every_s: float) -> Optional[str]:
+    """Decode ``decoder``'s batches into ``out`` (and their output lines into ``lines``), timing them by ``meter``;
+    returns why the decode stopped early (``time_limit``), or None once it is complete."""
+    next_report, reported = None, 0
+    for batch in decoder.batches():
+        now = time.time()
+        for sentence in batch:
+            out.add(sentence)
+            meter.hypothesis(sentence.id, now)
+            if lines is not None:
+                lines += sentence.output_lines()
+        if meter.measured and meter.done != reported and (next_report is None or now >= next_report):
+            reported, report = meter.done, meter.report(now)
+            if meter.first_report is None:
+                meter.first_report = report
+            next_report = now + report_every_s
+            print("evaluate_bleu: " + format_rate(report), file=sys.stderr, flush=True)
+            if progress_json is not None:
+                write_json_atomic(progress_json, report)
+            projected = report["projected_total_s"]
+            if time_limit is not None and projected is not None and projected > time_limit:
+                return f"the measured rate projects {projected:.0f} s, beyond --time-limit {time_limit:g} s"
+        if time_limit is not None and now - meter.t0 >= time_limit and meter.done != meter.total:
+            return f"--time-limit {time_limit:g} s reached"
     return None
 
 
+def configure_logging() -> None:
+    """fairseq's log lines on stderr in fairseq-generate's format, unless this process configured logging (called
+    before fairseq is first imported, whose import configures it otherwise)."""
+    from .host_generate import configure_logging as fairseq_generate_logging
+
+    fairseq_generate_logging()
+
+
 def subset_size(data: Path, subset: str) -> Optional[int]:
-    """Number of sentences in a binarized subset, read from the header of its mmap .idx file.
+    """Number of sentences in a binarized subset, from its index files (fairseq's ``MMapIndexedDataset``).
 
     Returns None when it cannot be determined (no data dir, other dataset format, several
     language pairs with different sizes).
     """
+    from fairseq.data.indexed_dataset import MMapIndexedDataset, infer_dataset_impl
+
     sizes = set()
     for idx in sorted(Path(data).glob(f"{subset}.*-*.*.idx")):
+        prefix = str(idx)[: -len(".idx")]
         try:
-            with open(idx, "rb") as f:
-                header = f.read(26)
-        except OSError:
+            if infer_dataset_impl(prefix) == "mmap":
+                sizes.add(len(MMapIndexedDataset.Index(str(idx))))
+        except (OSError, AssertionError, ValueError, KeyError):  # another version of the format, or cut short
             continue
-        if len(header) == 26 and header[:9] == b"MMIDIDX\x00\x00":
-            sizes.add(struct.unpack("<Q", header[18:26])[0])
     return sizes.pop() if len(sizes) == 1 else None
 
 
@@ -741,8 +748,8 @@ def default_json_path(checkpoint: Path, subset: str) -> Path:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        description="Run fairseq-generate on a binarized split and score it with sacreBLEU. "
-                    "Arguments after `--` are passed to fairseq-generate.",
+        description="Translate a binarized split as fairseq-generate does (in this process) and score it with "
+                    "sacreBLEU. Arguments after `--` are passed to fairseq-generate's options.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("data", type=Path, help="fairseq data-bin directory (e.g. OUT/bin of prepare_corpus.py)")
@@ -762,7 +769,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fp16", action="store_true",
                    help="decode in fp16 on a CUDA GPU (for a model trained in fp16); ignored with a note on the CPU")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
-                   help="stop fairseq-generate once its measured decode rate projects a longer run, or at "
+                   help="stop the decode once its measured decode rate projects a longer run, or at "
                         "SECONDS (no score then; the result file records the rate)")
     p.add_argument("--rate-chunk", type=int, default=100,
                    help="sentences decoded before the rate is first logged and projected")
@@ -778,11 +785,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where to write the result (default: next to the checkpoint, "
                         "bleu.<checkpoint>.<subset>.json)")
     p.add_argument("--save-output", type=Path, default=None,
-                   help="also save the raw fairseq-generate stdout to this file")
-    # benchmarks/bench_bleu_decode.py compares fairseq's own module (fairseq_cli.generate) with GENERATE_MODULE
+                   help="also save the decode's output, the lines fairseq-generate prints, to this file")
+    # generate_command's module; benchmarks/subprocess_bleu.py (the former subprocess decode) runs it as the command
     p.add_argument("--generate-module", default=None, help=argparse.SUPPRESS)
     p.add_argument("--from-output", type=Path, default=None,
-                   help="do not run fairseq-generate; score this saved generate output instead")
+                   help="do not decode; score this saved generate output instead")
     return p
 
 
@@ -798,6 +805,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     own, extra = split_passthrough(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     args = parser.parse_args(own)
+    configure_logging()
     try:
         check_paths(args)
         return evaluate(args, extra)
@@ -831,29 +839,21 @@ def evaluate(args, extra: Sequence[str]) -> int:
         if args.from_output is None and args.path is None:
             raise EvaluationError("--path CHECKPOINT is required (unless --from-output is given)")
         if args.from_output is not None:
-            cmd = None
-            lines = text_lines(args.from_output)
-            err_lines, wall = [], None
+            cmd, wall = None, None
+            parsed = parse_generate_output(text_lines(args.from_output))
         else:
             check_inputs(args)
             cuda, fp16, device_note = decode_device(args)
             if device_note:
                 print(f"note: {device_note}", file=sys.stderr)
             cmd = build_generate_command(args, extra, cuda=cuda, fp16=fp16)
-            meter = DecodeMeter(subset_size(args.data, args.gen_subset), source_sizes(args.data, args.gen_subset),
-                                chunk=args.rate_chunk)
+            meter = DecodeMeter(subset_size(args.data, args.gen_subset), chunk=args.rate_chunk)
             try:
-                lines, err_lines, wall = run_generate(cmd, args.save_output, meter=meter, time_limit=args.time_limit,
-                                                      progress_json=args.progress_json)
+                parsed, wall = run_generate(cmd, args.save_output, meter=meter, time_limit=args.time_limit,
+                                            progress_json=args.progress_json)
             except TimeLimitReached as stopped:
                 write_stopped(args, cmd, stopped, fp16, device_note, meter)
                 raise
-
-        parsed = parse_generate_output(lines)
-        if parsed.translate_seconds is None and err_lines:  # fairseq logged to stderr
-            logged = parse_generate_output(line for line in err_lines if _TRANSLATED_RE.search(line))
-            parsed.translate_seconds = logged.translate_seconds
-            parsed.n_translated = logged.n_translated
         expected = subset_size(args.data, result_subset(args, parsed))
         ref_lines = read_reference_file(args.ref) if args.ref is not None else None
         if ref_lines is not None:

@@ -45,12 +45,14 @@ def test_meter_projects_from_the_source_token_rate():
 
 
 def test_source_sizes_read_from_the_mmap_index(tmp_path):
+    import subprocess_bleu  # the former BLEU step's reader (benchmarks/ is on pytest's pythonpath)
+
     sizes = [3, 7, 5]
     header = b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + b"\x04" + struct.pack("<Q", 3) + struct.pack("<Q", 4)
     (tmp_path / "test.de-en.de.idx").write_bytes(header + struct.pack("<3i", *sizes) + b"\x00" * 24)
     (tmp_path / "test.de-en.en.idx").write_bytes(header + struct.pack("<3i", 9, 9, 9) + b"\x00" * 24)
-    assert evaluate_bleu.source_sizes(tmp_path, "test") == sizes
-    assert evaluate_bleu.source_sizes(tmp_path, "valid") is None
+    assert subprocess_bleu.source_sizes(tmp_path, "test") == sizes
+    assert subprocess_bleu.source_sizes(tmp_path, "valid") is None
 
 
 def test_fp16_and_gpu_batches_only_on_cuda(monkeypatch):
@@ -125,22 +127,24 @@ def batches_of_hypotheses(batches, pause_s):
 def test_rate_is_taken_over_whole_batches():
     """fairseq prints a batch's hypotheses together once the batch is decoded: the first rate counts the
     whole first batch, not the --rate-chunk sentences read first, and a stop comes only on such a rate."""
+    from subprocess_bleu import read_output  # the former BLEU step's reader of fairseq-generate's stdout
+
     meter = evaluate_bleu.DecodeMeter(60, [10] * 60, chunk=5)
     stops = []
-    lines = evaluate_bleu.read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=None,
-                                      progress_json=None, report_every_s=0.0, quiet_s=0.2)
+    lines = read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=None,
+                        progress_json=None, report_every_s=0.0, quiet_s=0.2)
     assert len(lines) == 120 and meter.done == 60 and not stops
     first = meter.first_report
     assert first["sentences_done"] == 20  # the first batch, all of it
     assert 0.25 < first["decode_s"] < 1.5
     # a time limit that the whole-batch rate keeps is not broken by a chunk of the first batch
     meter = evaluate_bleu.DecodeMeter(60, [10] * 60, chunk=5)
-    evaluate_bleu.read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=30.0,
-                              progress_json=None, report_every_s=0.0, quiet_s=0.2)
+    read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=30.0,
+                progress_json=None, report_every_s=0.0, quiet_s=0.2)
     assert not stops and meter.first_report["sentences_done"] == 20
     meter = evaluate_bleu.DecodeMeter(60, [10] * 60, chunk=5)
-    evaluate_bleu.read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=0.5,
-                              progress_json=None, report_every_s=0.0, quiet_s=0.2)
+    read_output(batches_of_hypotheses([20, 30, 10], 0.4), meter, stops.append, time_limit=0.5,
+                progress_json=None, report_every_s=0.0, quiet_s=0.2)
     assert stops and "beyond --time-limit 0.5 s" in stops[0]
 
 

@@ -147,11 +147,13 @@ def test_build_generate_command_and_passthrough(tmp_path):
 def test_subset_size_reads_mmap_index_header(tmp_path):
     import struct
 
+    import subprocess_bleu  # the former BLEU step's reader (benchmarks/ is on pytest's pythonpath)
+
     header = b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + b"\x04" + struct.pack("<Q", 1500)
     for lang in ("de", "en"):
         (tmp_path / f"test.de-en.{lang}.idx").write_bytes(header + b"\x00" * 16)
-    assert evaluate_bleu.subset_size(tmp_path, "test") == 1500
-    assert evaluate_bleu.subset_size(tmp_path, "valid") is None
+    assert subprocess_bleu.subset_size(tmp_path, "test") == 1500
+    assert subprocess_bleu.subset_size(tmp_path, "valid") is None
 
 
 # --------------------------------------------------------------------------------------------
