@@ -1,6 +1,7 @@
 """Pure-PyTorch GradInit engine (no fairseq import)."""
 from .batching import BatchPair, authors_pairs, concat_batches, overlapping_pairs, slice_batch
 from .config import GradInitConfig, ScaleBound
+from .errors import ConfigError
 from .engine import GradInit, GradInitResult, IterationRecord, gradinit
 from .metainit import MetaInit, MetaInitConfig, MetaInitRecord, MetaInitResult, gradient_quotient, metainit
 from .modes import gradinit_mode, math_attention, unwrap_model
@@ -11,7 +12,7 @@ from .scales import (
 )
 
 __all__ = [
-    "BatchPair", "DevicePrefetcher", "GradInit", "GradInitConfig", "GradInitResult", "IterationRecord", "ScaleAdam",
+    "BatchPair", "ConfigError", "DevicePrefetcher", "GradInit", "GradInitConfig", "GradInitResult", "IterationRecord", "ScaleAdam",
     "ScaleAdamState", "ScaleBound", "scale_adam_step",
     "ScaledParameters", "resolve_scale_bounds",
     "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode", "scales_error",
