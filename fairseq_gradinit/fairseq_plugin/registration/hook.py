@@ -66,6 +66,9 @@ class GradInitTaskMixin:
         self._gradinit_features = None  # (monitor, progress), made from the plan when first needed
         # A freshly built training model and its arguments as given, until its criterion exists.
         self._gradinit_pending = None
+        # What build_criterion hands its run (the model's arguments, the criterion's config, the plan it
+        # checked and whose save dir it holds), taken by run().
+        self._gradinit_context = None
         self.gradinit_sdpa_guard = None  # the cuDNN attention guard's decision, made when the model is built
         self.gradinit_result = None
 
@@ -196,8 +199,8 @@ class GradInitTaskMixin:
                     logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)",
                                 source)
                 else:
-                    run = self.gradinit_run(plan, model, criterion, criterion_cfg=cfg, model_args=model_args)
-                    self.gradinit_result = run_locked(run, model)
+                    self._gradinit_context = (model_args, cfg, plan)
+                    self.run(plan, model, criterion)
                 if rank_world()[0] == 0:  # the scales' file: the init file applied as it is, else the run's own
                     own = os.path.join(plan.save_dir, GRADINIT_JSON)
                     summarize_at_exit(plan.init_file if plan.init_file and not plan.init_clamp else own, plan.save_dir)
@@ -221,8 +224,12 @@ class GradInitTaskMixin:
         (:func:`~..phase.compute.run_locked`) and keeps its result in ``gradinit_result``: the
         :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
         with one_line_exit():  # a GradInitError ends fairseq-train in one line
-            self._gradinit_hold(plan)
-            self.gradinit_result = run_locked(self.gradinit_run(plan, model, criterion), model)
+            model_args, criterion_cfg, held = self._gradinit_context or (None, None, None)
+            self._gradinit_context = None
+            if held is not plan:  # build_criterion checked this plan and holds its save dir already
+                self._gradinit_hold(plan)
+            run = self.gradinit_run(plan, model, criterion, criterion_cfg=criterion_cfg, model_args=model_args)
+            self.gradinit_result = run_locked(run, model)
             return self.gradinit_result
 
     def gradinit_run(self, plan: GradInitPlan, model, criterion, *, criterion_cfg=None,
