@@ -4,6 +4,7 @@ from .config import GradInitConfig, ScaleBound
 from .engine import (
     GradInit, GradInitResult, GradInitState, IterationRecord, ScaledModel, StepResult, gradinit, gradinit_step,
 )
+from .errors import ConfigError
 from .metainit import MetaInit, MetaInitConfig, MetaInitRecord, MetaInitResult, gradient_quotient, metainit
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam, ScaleAdamState, scale_adam_step
@@ -13,8 +14,8 @@ from .scales import (
 )
 
 __all__ = [
-    "BatchPair", "DevicePrefetcher", "GradInit", "GradInitConfig", "GradInitResult", "GradInitState", "IterationRecord",
-    "ScaleAdam", "ScaledModel", "StepResult", "gradinit_step",
+    "BatchPair", "ConfigError", "DevicePrefetcher", "GradInit", "GradInitConfig", "GradInitResult", "GradInitState",
+    "IterationRecord", "ScaleAdam", "ScaledModel", "StepResult", "gradinit_step",
     "ScaleAdamState", "ScaleBound", "scale_adam_step",
     "ScaledParameters", "resolve_scale_bounds",
     "apply_scales", "concat_batches", "default_param_filter", "gradinit", "gradinit_mode", "scales_error",

@@ -9,6 +9,8 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .errors import ConfigError
+
 #: The paper's rule of thumb (Sec. 3.3): eta * gamma = 0.1 for Adam, eta * gamma**2 = 0.1 for SGD.
 RULE_OF_THUMB = 0.1
 #: Bounds on the first step's first-order loss decrease (eta*gamma for Adam, eta*gamma^2 for SGD)
@@ -152,8 +154,8 @@ def is_positive(x) -> bool:
 
 
 def invalid(cfg, name: str, allowed: str):
-    """Raise the ``ValueError`` for field ``name`` of the config dataclass ``cfg``."""
-    raise ValueError(f"{type(cfg).__name__}.{name}={getattr(cfg, name)!r} is invalid: expected {allowed}")
+    """Raise the :class:`~.errors.ConfigError` (a ``ValueError``) for field ``name`` of the config dataclass ``cfg``."""
+    raise ConfigError(name, getattr(cfg, name), allowed, owner=type(cfg).__name__)
 
 
 

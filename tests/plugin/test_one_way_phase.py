@@ -37,7 +37,7 @@ def test_no_function_of_the_phase_takes_or_touches_a_task():
 
 def test_no_module_of_the_phase_room_takes_or_names_a_task():
     """The whole room (the phase, its run, state, lock, fingerprint, signals and run log), not only the
-    phase's own module: a task enters the run only through the batch factory the task binds."""
+    phase's own module: a task enters the run only as the data it hands over (its batches)."""
     from pathlib import Path
 
     found = []
@@ -68,11 +68,11 @@ def _plan(save_dir):
 
 def test_the_phase_runs_from_a_run_object_and_returns_its_result(tiny_data, tmp_path):
     task, model, criterion = _model_and_criterion(tiny_data)
-    run = task.gradinit_run(_plan(tmp_path / "a"), criterion)
+    run = task.gradinit_run(_plan(tmp_path / "a"), model, criterion)
     with pytest.raises(dataclasses.FrozenInstanceError):
         run.plan = None
     assert run.result_path == str(tmp_path / "a" / "gradinit.json") and run.fingerprint["gradinit"]
-    drawn = run.pairs(model, run.plan.max_tokens, run.plan.config.overlap, torch.device("cpu"))
+    drawn = run.batches.pairs(run.plan.config.overlap, torch.device("cpu"))
     recorded = [next(drawn) for _ in range(2)]
     drawn.close()
     result = phase.run_locked(run, model)
@@ -83,11 +83,15 @@ def test_the_phase_runs_from_a_run_object_and_returns_its_result(tiny_data, tmp_
     # The same phase from a run that no task built: its batches a plain list of the same pairs.
     _, fresh, criterion = _model_and_criterion(tiny_data)
 
-    def listed(model, max_tokens, overlap, device, rank=0, world=1, skip=0):
-        yield from recorded[skip:]
+    @dataclasses.dataclass(frozen=True)
+    class Listed:
+        pairs_drawn: tuple
 
-    plain = GradInitRun(plan=_plan(tmp_path / "b"), fingerprint={"made": "by hand"}, pairs=listed,
-                        loss_fn=mean_loss_fn(criterion), criterion=criterion, valid_split_error=lambda model: None)
+        def pairs(self, overlap, device, rank=0, world=1, skip=0):
+            yield from self.pairs_drawn[skip:]
+
+    plain = GradInitRun(plan=_plan(tmp_path / "b"), fingerprint={"made": "by hand"}, batches=Listed(tuple(recorded)),
+                        loss_fn=mean_loss_fn(criterion), criterion=criterion, valid_split_error=None)
     other = phase.run_locked(plain, fresh)
     assert other.scales == pytest.approx(result.scales, rel=1e-6)
     assert json.loads((tmp_path / "b" / "gradinit.json").read_text())["fingerprint"] == {"made": "by hand"}

@@ -23,7 +23,7 @@ def training_precision(plan) -> str:
         return "bf16"
     if _on(plan, "gradinit_amp"):
         return "amp"
-    if plan.setting("gradinit_iters", 0) and plan.setting("gradinit_precision", "fp32") == "bf16":
+    if plan.computes and plan.setting("gradinit_precision", "fp32") == "bf16":
         return "bf16"
     return "fp32"
 

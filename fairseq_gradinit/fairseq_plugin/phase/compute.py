@@ -2,7 +2,8 @@
 (the run's plan, fingerprint, batches and loss, built by :class:`~.hook.GradInitTaskMixin`) and a
 freshly built fp32 model. The phase never sees the task: it reads the run and returns its result.
 
-Batches come from the run's batch factory (the task's own training iterator) and the loss from the
+Batches come from the run's batch source (:class:`~..data.batches.BatchSource`: the task's own
+training iterator, as data) and the loss from the
 user's criterion, so the same code serves translation, language modeling and the other tasks. An
 existing ``gradinit.json`` is never overwritten, the phase's state is checkpointed into the save dir
 and resumed, and a stop (SIGINT/SIGTERM) says what was kept.
@@ -13,7 +14,7 @@ import logging
 import os
 import signal
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
 import numpy as np
 import torch
@@ -55,27 +56,32 @@ __all__ = ["GRADINIT_JSON", "apply_saved", "compute", "log_summary", "run_locked
 
 def saved_result_decision(path: str, current: dict) -> tuple:
     """('run', None), ('reuse', None) or ('stop', message) for an existing ``gradinit.json``."""
+    return _saved_result(path, current)[:2]
+
+
+def _saved_result(path: str, current: dict) -> tuple:
+    """:func:`saved_result_decision` and the ``gradinit.json`` it read (None unless it is reused)."""
     if not os.path.exists(path):
-        return ("run", None)
+        return ("run", None, None)
     advice = (f"GradInit never overwrites it: use another --save-dir, delete {path} to compute it again, or "
               f"pass --gradinit-init-file {path} to apply its scales")
     try:
         saved = read_init_file(path)
     except ValueError as e:  # the check every file of scales gets: it cannot be applied either
         return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). GradInit "
-                f"never overwrites it: use another --save-dir, or delete {path} to compute it again")
+                f"never overwrites it: use another --save-dir, or delete {path} to compute it again", None)
     clamped = saved.get("clamped_from")
     if clamped:  # computed by no GradInit run, whatever fingerprint it carries
         return ("stop", f"{path} exists and holds scales clamped by --gradinit-init-clamp from "
                         f"{clamped.get('path') if isinstance(clamped, dict) else clamped}, which no GradInit run of "
-                        f"this command computed. {advice}")
+                        f"this command computed. {advice}", None)
     diff = fingerprint_diff(saved.get("fingerprint"), current, keys=COMPARED_KEYS)
     if diff:
-        return ("stop", f"{path} exists and was written by a different run ({'; '.join(diff)}). {advice}")
+        return ("stop", f"{path} exists and was written by a different run ({'; '.join(diff)}). {advice}", None)
     if saved["fingerprint"].get("version") != current.get("version"):
         logger.info("gradinit: %s was written by fairseq_gradinit %s (this is %s)", path,
                     saved["fingerprint"].get("version"), current.get("version"))
-    return ("reuse", None)
+    return ("reuse", None, saved)
 
 
 def run_locked(run: GradInitRun, model):
@@ -84,12 +90,14 @@ def run_locked(run: GradInitRun, model):
     :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
     rank, world = rank_world()
     plan, path, current = run.plan, run.result_path, run.fingerprint
-    if plan.init_file:
-        return apply_saved(run, model, plan.init_file, current, INIT_FILE_KEYS, "--gradinit-init-file", measure=True)
+    if plan.init_file:  # read when the plan was resolved
+        return apply_saved(run, model, plan.init_file, current, INIT_FILE_KEYS, "--gradinit-init-file", measure=True,
+                           saved=plan.init_record)
 
     # An existing gradinit.json is never overwritten: the same run reuses it, another stops.
     # Rank 0 decides for all ranks, so they cannot split between computing and reusing.
-    decision = saved_result_decision(path, current) if rank == 0 else None
+    decision, message, saved = _saved_result(path, current) if rank == 0 else (None, None, None)
+    decision = (decision, message)
     if world > 1:
         box = [decision]
         dist.broadcast_object_list(box, src=0)
@@ -99,7 +107,7 @@ def run_locked(run: GradInitRun, model):
     if decision[0] == "reuse":
         logger.info("gradinit: %s exists and its fingerprint matches this run (model, criterion, seed, data, "
                     "world size, GradInit settings); applying its scales instead of running GradInit", path)
-        return apply_saved(run, model, path, None, (), "reused")
+        return apply_saved(run, model, path, None, (), "reused", saved=saved)
     return compute(run, model)
 
 
@@ -200,12 +208,16 @@ def compute(run: GradInitRun, model):
     resume, resume_path = _phase_state(run.state_path, current, rank, world)
     done_before = 0 if resume is None else len(resume["history"])
     drawn[0] = done_before
-    try:
-        source = run.pairs(model, max_tokens, gcfg.overlap, device, rank, world, skip=done_before)
-        pairs = counted(source)
-    except ValueError as e:
+    error = run.batches_error
+    if error is None:
+        try:
+            source = run.batches.pairs(gcfg.overlap, device, rank=rank, world=world, skip=done_before)
+        except ValueError as e:
+            error = str(e)
+    if error is not None:
         model.to(orig_device)
-        raise GradInitError(f"GradInit's batches: {e}") from None
+        raise GradInitError(f"GradInit's batches: {error}")
+    pairs = counted(source)
     # fairseq would refuse them after the phase
     error = first_error("phase", run, model)
     if error is not None:
@@ -284,14 +296,16 @@ def _phase_state(path: str, current: Optional[dict], rank: int, world: int):
     return value, path
 
 def apply_saved(run: GradInitRun, model, path: str, current: Optional[dict], keys, source: str, *,
-                measure: bool = False):
-    """Apply the scales saved at ``path`` after checking they name this model's tensors; with
-    ``measure``, rank 0 measures their health on one GradInit batch of the run."""
+                measure: bool = False, saved: Optional[Mapping] = None):
+    """Apply the scales saved at ``path`` (``saved``: the file as read already, else read here) after
+    checking they name this model's tensors; with ``measure``, rank 0 measures their health on one
+    GradInit batch of the run."""
     plan = run.plan
-    try:
-        saved = read_init_file(path, flag=source)
-    except ValueError as e:
-        raise GradInitError(str(e)) from None
+    if saved is None:
+        try:
+            saved = read_init_file(path, flag=source)
+        except ValueError as e:
+            raise GradInitError(str(e)) from None
     scales = saved["scales"]
     multipliers = [n for n in scales if is_multiplier(n)]
     if multipliers and not multiplier_names(model):
@@ -348,12 +362,14 @@ def _health_batch(run: GradInitRun, model):
     """The S batch of GradInit's first iteration for this run, on the model's device, or None (logged)
     where it cannot be drawn: the health check then judges the scales alone."""
     plan = run.plan
-    if not plan.max_tokens:
+    if run.batches is None:
+        if run.batches_error is not None:
+            logger.info("gradinit: no batch for the health check (%s); judging the scales alone", run.batches_error)
         return None
     device = next(model.parameters()).device
     overlap = plan.config.overlap if plan.config is not None else 0.5
     try:
-        pairs = run.pairs(model, plan.max_tokens, overlap, device)
+        pairs = run.batches.pairs(overlap, device)
         try:
             return next(iter(pairs)).s
         finally:

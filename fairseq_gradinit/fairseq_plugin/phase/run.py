@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 import torch.distributed as dist
 
-from ...core import DevicePrefetcher
+from ..data.batches import BatchSource
+from ..data.loss import MeanLoss
 from ..settings.plan import GradInitPlan
 from .state import state_path
 
@@ -31,21 +32,23 @@ def rank_world():
 
 @dataclasses.dataclass(frozen=True)
 class GradInitRun:
-    """Everything the phase needs, and nothing of the task: built once per run.
+    """Everything the phase needs, and nothing of the task: data, built once per run.
 
-    ``pairs(model, max_tokens, overlap, device, rank=0, world=1, skip=0)`` gives the endless (S, S~)
-    pairs of this rank (:func:`~..registration.batches.gradinit_pairs` of the task, bound to it); ``loss_fn(model, sample)``
-    the mean loss GradInit differentiates and ``criterion(model, sample)`` fairseq's criterion (the
-    health check runs both); ``valid_split_error(model)`` fairseq's refusal of the validation split,
-    found before the phase (None: none). ``fingerprint`` is rank 0's (None on the other ranks).
+    ``batches`` gives the endless (S, S~) pairs of each rank (:class:`~..data.batches.BatchSource`, the
+    task's training batches as data: ``batches.pairs(overlap, device, rank=, world=, skip=)``), None where
+    they could not be made (``batches_error`` says why); ``loss_fn(model, sample)`` the mean loss GradInit
+    differentiates and ``criterion(model, sample)`` fairseq's criterion (the health check runs both);
+    ``valid_split_error`` fairseq's refusal of the validation split, found before the handover (None:
+    none). ``fingerprint`` is rank 0's (None on the other ranks).
     """
 
     plan: GradInitPlan
     fingerprint: Optional[Mapping[str, Any]]
-    pairs: Callable[..., DevicePrefetcher]
-    loss_fn: Callable
-    criterion: Callable
-    valid_split_error: Callable[[Any], Optional[str]]
+    batches: Optional[BatchSource]
+    loss_fn: MeanLoss
+    criterion: Any
+    batches_error: Optional[str] = None
+    valid_split_error: Optional[str] = None
     #: The cuDNN attention guard's decision (recorded in gradinit.json), None where the task made none.
     sdpa_guard: Optional[Mapping[str, Any]] = None
 

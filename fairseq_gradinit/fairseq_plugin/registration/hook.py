@@ -5,18 +5,22 @@ GradInit runs in ``build_criterion``: ``fairseq-train`` calls ``task.build_model
 copies fp32 master weights, so training starts from exactly the GradInit weights. Inference
 entry points build the model with ``from_checkpoint=True`` (and never build the training
 criterion with a fresh model), so they never run it; nor does a run that resumes from a
-checkpoint. The task resolves the run's settings once, when it first needs them (building the
-model), into its plan (:class:`~.plan.GradInitPlan`, :attr:`GradInitTaskMixin.gradinit_plan`):
-the cuDNN attention guard, the model checks, the per-use scales, the monitor, the run log, the batches
-and the phase read it, none reads the config. The task builds the run (:class:`~.run.GradInitRun`) and
-hands it to the phase (:mod:`..phase.compute`), which never sees the task.
+checkpoint. The task takes the run's plan (:class:`~.plan.GradInitPlan`, resolved once per run and
+cached: the parse-time check made it) when it first needs it (building the model,
+:attr:`GradInitTaskMixin.gradinit_plan`): the cuDNN attention guard, the model checks, the per-use
+scales, the monitor, the run log, the batches and the phase read it, none reads the config. The task
+builds the run (:class:`~.run.GradInitRun`: data, its training batches a
+:class:`~..data.batches.BatchSource` and the validation split checked) and hands it to the phase
+(:mod:`..phase.compute`), which never sees the task.
 The checks are :mod:`.validation`'s; a refusal ends fairseq-train in one line at the task's entry
 points (:func:`~.errors.one_line_exit`).
 """
 import logging
 import os
+from typing import Optional
 
 from ...core import DevicePrefetcher
+from ..data.batches import BatchSource, batch_source
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
 from ..data.loss import mean_loss_fn
 from ..errors import GradInitError, one_line_exit
@@ -32,7 +36,6 @@ from ..phase.run_log import progress_from_plan, summarize_at_exit
 from ..settings.plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
 from ..settings.restore import restore_source
 from ..settings.validation import require, valid_split_error
-from .batches import batch_factory, gradinit_pairs
 from .compat import takes_keyword
 
 logger = logging.getLogger(__name__)
@@ -59,13 +62,15 @@ class GradInitTaskMixin:
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self._gradinit_model = None
-        self._gradinit_model_args = None
-        self._gradinit_criterion_cfg = None
-        self.gradinit_result = None
         self._gradinit_plan = None
         self._gradinit_features = None  # (monitor, progress), made from the plan when first needed
+        # A freshly built training model and its arguments as given, until its criterion exists.
+        self._gradinit_pending = None
+        # What build_criterion hands its run (the model's arguments, the criterion's config, the plan it
+        # checked and whose save dir it holds), taken by run().
+        self._gradinit_context = None
         self.gradinit_sdpa_guard = None  # the cuDNN attention guard's decision, made when the model is built
+        self.gradinit_result = None
 
     @property
     def gradinit_plan(self) -> GradInitPlan:
@@ -142,10 +147,9 @@ class GradInitTaskMixin:
                 kwargs["from_checkpoint"] = from_checkpoint
             from_checkpoint = bool(from_checkpoint)
             plan = self.gradinit_plan
-            if not from_checkpoint and plan.enabled:
-                # The model's arguments as given: building fills in derived ones (e.g. the shared
-                # output embedding), and the fingerprint must equal the one of the command line.
-                self._gradinit_model_args = model_arguments(cfg)
+            # The model's arguments as given: building fills in derived ones (e.g. the shared output
+            # embedding), and the fingerprint must equal the one of the command line.
+            model_args = model_arguments(cfg) if not from_checkpoint and plan.enabled else None
             if not from_checkpoint and self.gradinit_sdpa_guard is None:
                 # Before anything runs the model (Admin's profiling, GradInit, training).
                 decision = guard_from_plan(plan)
@@ -164,17 +168,17 @@ class GradInitTaskMixin:
                     logger.info("gradinit: per-use scales of tied embeddings: multipliers %s",
                                 ", ".join(installed) or "none (the model ties no embedding matrix)")
             # Remember a freshly built training model; GradInit runs once the criterion exists.
-            self._gradinit_model = None if from_checkpoint else model
+            self._gradinit_pending = None if from_checkpoint else (model, model_args)
             return model
 
     def build_criterion(self, cfg, *args, **kwargs):
         with one_line_exit():  # a GradInitError ends fairseq-train in one line
             from_checkpoint = bool(kwargs.get("from_checkpoint", args[0] if args else False))
             criterion = super().build_criterion(cfg, *args, **kwargs)
-            model, self._gradinit_model = self._gradinit_model, None
-            if model is None or from_checkpoint:
+            pending, self._gradinit_pending = self._gradinit_pending, None
+            if pending is None or from_checkpoint:
                 return criterion
-            self._gradinit_criterion_cfg = cfg
+            model, model_args = pending
             # The run's settings, resolved when the model was built. The command line was checked when
             # parsed; this also covers configs built otherwise (fairseq-hydra-train, Python). Checked
             # before Admin's profiling and GradInit, so that stopping here costs nothing.
@@ -182,11 +186,7 @@ class GradInitTaskMixin:
             # Which checkpoint fairseq will restore: the save dir as the run starts (fairseq's own refusals
             # of --finetune-from-model combinations raise here, before the save dir is locked).
             source = restore_source(plan)
-            if plan.error is not None:
-                raise GradInitError(plan.error)
-            if plan.enabled:  # one run per --save-dir, from here until the process ends (.lock)
-                rank, world = rank_world()
-                hold_save_dir(plan.save_dir, rank=rank, world=world)
+            self._gradinit_hold(plan)
             if source is not None:
                 require("resume", model, source, self)
             else:
@@ -199,6 +199,7 @@ class GradInitTaskMixin:
                     logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)",
                                 source)
                 else:
+                    self._gradinit_context = (model_args, cfg, plan)
                     self.run(plan, model, criterion)
                 if rank_world()[0] == 0:  # the scales' file: the init file applied as it is, else the run's own
                     own = os.path.join(plan.save_dir, GRADINIT_JSON)
@@ -206,37 +207,67 @@ class GradInitTaskMixin:
             return criterion
 
     # ------------------------------------------------------------------------------------
+    @staticmethod
+    def _gradinit_hold(plan: GradInitPlan) -> None:
+        """Refuse a plan with an error; where GradInit is on, hold the save dir's lock (:mod:`.lock`) from
+        here until the process ends: a second run into the folder stops."""
+        if plan.error is not None:
+            raise GradInitError(plan.error)
+        if plan.enabled:
+            rank, world = rank_world()
+            hold_save_dir(plan.save_dir, rank=rank, world=world)
+
     def run(self, plan: GradInitPlan, model, criterion):
         """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
         with batches from this task's training data and the loss of ``criterion``, holding the save
-        dir's lock (:mod:`.lock`) until the process ends: a second run into the folder stops. Builds
-        the run (:meth:`gradinit_run`), hands it to the phase (:func:`~..phase.compute.run_locked`) and keeps
-        its result in ``gradinit_result``: the :class:`~fairseq_gradinit.core.GradInitResult` (None
-        when saved scales were applied)."""
+        dir's lock until the process ends. Builds the run (:meth:`gradinit_run`), hands it to the phase
+        (:func:`~..phase.compute.run_locked`) and keeps its result in ``gradinit_result``: the
+        :class:`~fairseq_gradinit.core.GradInitResult` (None when saved scales were applied)."""
         with one_line_exit():  # a GradInitError ends fairseq-train in one line
-            if plan.error is not None:
-                raise GradInitError(plan.error)
-            rank, world = rank_world()
-            hold_save_dir(plan.save_dir, rank=rank, world=world)
-            self.gradinit_result = run_locked(self.gradinit_run(plan, criterion), model)
+            model_args, criterion_cfg, held = self._gradinit_context or (None, None, None)
+            self._gradinit_context = None
+            if held is not plan:  # build_criterion checked this plan and holds its save dir already
+                self._gradinit_hold(plan)
+            run = self.gradinit_run(plan, model, criterion, criterion_cfg=criterion_cfg, model_args=model_args)
+            self.gradinit_result = run_locked(run, model)
             return self.gradinit_result
 
-    def gradinit_run(self, plan: GradInitPlan, criterion) -> GradInitRun:
-        """The :class:`~.run.GradInitRun` of this task under ``plan`` with the loss of ``criterion``:
-        everything the phase needs from the task, so that the phase never sees it."""
+    def gradinit_run(self, plan: GradInitPlan, model, criterion, *, criterion_cfg=None,
+                     model_args=None) -> GradInitRun:
+        """The :class:`~.run.GradInitRun` of this task under ``plan`` for ``model`` with the loss of
+        ``criterion``: everything the phase needs from the task, as data, so that the phase never sees
+        it: the training batches (:class:`~..data.batches.BatchSource`) and fairseq's refusal of the
+        validation split, found here, before the handover. ``criterion_cfg`` and ``model_args`` (the
+        model's arguments as given) enter the fingerprint."""
         rank, world = rank_world()
         current = None
         if rank == 0:  # the fingerprint: model arguments as given on the command line
-            current = fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None,
-                                  criterion_cfg=self._gradinit_criterion_cfg, seed=plan.gradinit_seed,
-                                  world_size=world, model_args=self._gradinit_model_args, plan=plan)
-        return GradInitRun(plan=plan, fingerprint=current, pairs=batch_factory(self, plan),
-                           loss_fn=mean_loss_fn(criterion), criterion=criterion,
-                           valid_split_error=lambda model: valid_split_error(self, model, plan),
+            current = fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None, criterion_cfg=criterion_cfg,
+                                  seed=plan.gradinit_seed, world_size=world, model_args=model_args, plan=plan)
+        batches, batches_error = None, None
+        # Batches where the phase draws them: to compute, and for the health check of an init file (rank 0).
+        if plan.max_tokens and (plan.computes or (plan.init_file and rank == 0)):
+            try:
+                batches = self.gradinit_batches(model, plan.max_tokens, plan=plan)
+            except Exception as e:  # noqa: BLE001 - the phase reports it where it needs the batches
+                if plan.computes and not isinstance(e, ValueError):
+                    raise
+                batches_error = str(e) if plan.computes else f"{type(e).__name__}: {e}"
+        valid_error = valid_split_error(self, model, plan) if plan.computes else None
+        return GradInitRun(plan=plan, fingerprint=current, batches=batches, batches_error=batches_error,
+                           loss_fn=mean_loss_fn(criterion), criterion=criterion, valid_split_error=valid_error,
                            sdpa_guard=self.gradinit_sdpa_guard)
+
+    def gradinit_batches(self, model, max_tokens: int, *, plan: Optional[GradInitPlan] = None) -> BatchSource:
+        """This task's training batches of ``max_tokens`` tokens for ``model`` under ``plan`` (default:
+        :attr:`gradinit_plan`; its seed, ``--batch-size``, training split and ``--gradinit-pairs``), as data."""
+        plan = plan or self.gradinit_plan
+        authors = plan.config is not None and plan.config.pairs == "authors"
+        return batch_source(self, model, max_tokens=max_tokens, subset=plan.train_subset,
+                            batch_size=plan.train_batch_size, seed=plan.seed, authors=authors)
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
                        world: int = 1, skip: int = 0) -> DevicePrefetcher:
-        """:func:`~.batches.gradinit_pairs` of this task under its plan (:attr:`gradinit_plan`): endless
-        (S, S~) pairs on ``device``."""
-        return gradinit_pairs(self, model, max_tokens, overlap, device, rank, world, skip, plan=self.gradinit_plan)
+        """Endless (S, S~) pairs on ``device`` of this task's training batches under its plan
+        (:meth:`gradinit_batches`, :meth:`~..data.batches.BatchSource.pairs`)."""
+        return self.gradinit_batches(model, max_tokens).pairs(overlap, device, rank=rank, world=world, skip=skip)

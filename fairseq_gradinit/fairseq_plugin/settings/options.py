@@ -209,7 +209,7 @@ def plugin_result_options() -> tuple:
 #: fairseq's own settings, read by the plan, that change GradInit's batches or arithmetic beyond what the
 #: fingerprint records elsewhere (the model, criterion, seed, data, world size, and the tokens per
 #: iteration, which ``--max-tokens`` sets): ``--batch-size`` caps the sentences of each GradInit batch
-#: (:func:`~..registration.batches.gradinit_pairs`). The fingerprint records them beside the options.
+#: (:class:`~..data.batches.BatchSource`). The fingerprint records them beside the options.
 RESULT_GLOBAL_SETTINGS = ("gradinit_train_batch_size",)
 
 

@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
+import os
 import types
+from collections import OrderedDict
 from typing import Any, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -27,8 +30,9 @@ from .option_values import (
     gradinit_enabled,
     training_optimizer,
 )
+from .init_file import read_init_file
 from .options import GLOBAL_SETTINGS, GradInitOptions
-from .validation import check_when_parsed, first_error
+from .validation import as_argument_error, check_when_parsed, first_error
 
 #: Every field the plugin reads from a task config: the options and the global settings.
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(GradInitOptions) if f.name.startswith("gradinit_"))
@@ -53,6 +57,17 @@ class GradInitPlan:
     #: The options derived from the training command because they were not given.
     derived: Tuple[str, ...]
     error: Optional[str]
+    #: Whether GradInit runs or applies saved scales (``--gradinit-iters`` > 0 or an init file).
+    enabled: bool = False
+    #: Whether GradInit computes scales (``--gradinit-iters`` > 0 and no init file).
+    computes: bool = False
+    #: The ``--gradinit-init-file`` as read (its ``gradinit.json``), None without one or where it cannot be
+    #: read (``error`` says why): the phase applies these scales, read once.
+    init_record: Optional[Mapping[str, Any]] = None
+    #: The first refusal of the engine's options (:func:`~.option_values.gradinit_config_from_task`, ``--lr``
+    #: only where GradInit computes) and of the init file, as argparse words its errors: what the
+    #: ``settings`` checks report, found while the plan is resolved.
+    option_errors: Tuple[str, ...] = ()
 
     def __getattr__(self, name: str):
         if name.startswith("gradinit_") and name in SETTING_NAMES:
@@ -63,11 +78,6 @@ class GradInitPlan:
         """The setting ``name`` (a ``gradinit_*`` field), or ``default`` where it is unset (None)."""
         value = self.__dict__["settings"][name]
         return default if value is None else value
-
-    @property
-    def enabled(self) -> bool:
-        """Whether GradInit runs or applies saved scales (``--gradinit-iters`` > 0 or an init file)."""
-        return gradinit_enabled(self)
 
     @property
     def init_file(self) -> Optional[str]:
@@ -143,15 +153,69 @@ def build_plan(source) -> GradInitPlan:
     """The plan of the run a task config or a parsed namespace describes (never raises for bad
     settings: ``plan.error`` says what is wrong). Which checkpoint ``fairseq-train`` will restore is
     not a setting but a fact of the save dir when the run starts: :func:`~.restore.restore_source`
-    of the plan."""
-    view = types.SimpleNamespace(**plugin_settings(source))
+    of the plan.
+
+    Resolved once per run: the plan is cached by the settings it came from (and the init file they
+    name, as it is on disk), so that the check when the command line is parsed, the task and the
+    fingerprint of one run get the same object."""
+    settings = plugin_settings(source)
+    key = _plan_key(settings)
+    plan = _PLANS.pop(key, None)
+    if plan is None:
+        plan = _resolve(settings)
+    _PLANS[key] = plan  # the most recent last
+    while len(_PLANS) > _CACHED_PLANS:
+        del _PLANS[next(iter(_PLANS))]
+    return plan
+
+
+#: Plans resolved in this process, by :func:`_plan_key` (a few: one per run, the latest kept).
+_PLANS: "OrderedDict[str, GradInitPlan]" = OrderedDict()
+_CACHED_PLANS = 8
+
+
+def _plan_key(settings: Mapping[str, Any]) -> str:
+    """What a plan depends on: the settings, and the init file's identity on disk (a file written
+    again between two runs of one process is read again)."""
+    path = settings["gradinit_init_file"]
+    try:
+        stat = os.stat(path) if path else None
+        disk = None if stat is None else (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    except (OSError, TypeError, ValueError):
+        disk = "unreadable"
+    return json.dumps([dict(settings), disk], default=str, sort_keys=True)
+
+
+def _resolve(settings: Mapping[str, Any]) -> GradInitPlan:
+    """The plan of ``settings``: the engine's config derived and the init file read, once each; the
+    ``settings`` checks (:mod:`.validation`) then read the plan."""
+    view = types.SimpleNamespace(**settings)
+    iters = view.gradinit_iters
+    computes = isinstance(iters, int) and not isinstance(iters, bool) and iters > 0 and not view.gradinit_init_file
+    option_errors = []
     try:
         config, config_error = gradinit_config_from_task(view), None
     except ValueError as e:
-        config, config_error = None, str(e)
-    error = first_error("settings", view)
-    return GradInitPlan(settings=types.MappingProxyType(vars(view)), config=config, config_error=config_error,
-                        max_tokens=gradinit_batch_tokens(view), derived=tuple(derived_options(view)), error=error)
+        config, config_error, refusal = None, str(e), e
+        if not (isinstance(iters, int) and iters > 0):  # --lr matters only when GradInit computes
+            try:
+                gradinit_config_from_task(view, lr_matters=False)
+                refusal = None
+            except ValueError as other:
+                refusal = other
+        if refusal is not None:
+            option_errors.append(as_argument_error(refusal, eta_from_lr=view.gradinit_eta is None))
+    init_record = None
+    if view.gradinit_init_file:
+        try:
+            init_record = types.MappingProxyType(read_init_file(view.gradinit_init_file))
+        except ValueError as e:
+            option_errors.append(as_argument_error(e, eta_from_lr=False))
+    plan = GradInitPlan(settings=types.MappingProxyType(dict(settings)), config=config, config_error=config_error,
+                        max_tokens=gradinit_batch_tokens(view), derived=tuple(derived_options(view)), error=None,
+                        enabled=gradinit_enabled(view), computes=computes, init_record=init_record,
+                        option_errors=tuple(option_errors))
+    return dataclasses.replace(plan, error=first_error("settings", plan))
 
 
 def namespace_error(ns) -> Optional[str]:

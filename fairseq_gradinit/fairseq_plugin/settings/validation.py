@@ -29,12 +29,12 @@ import enum
 import functools
 import glob
 import os
-import re
 from typing import Callable, List, Mapping, Optional, Tuple
 
 import torch
 
 from ...argtypes import parse_betas
+from ...core.errors import ConfigError
 from ...core.options import parse_scale_bounds
 from ...core.uses import unstepped_uses_error
 from ..data.cfg import cfg_value
@@ -42,8 +42,8 @@ from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary
 from ..data.files import unwritable_folder_reason
 from ..errors import GradInitError
 from ..features.tied import multiplier_names, uncovered_ties
-from .init_file import compute_only_defaults, read_init_file
-from .option_values import gradinit_config_from_task, gradinit_enabled
+from .init_file import compute_only_defaults
+from .option_values import gradinit_enabled
 from .options import GradInitOptions
 
 #: The points of a run where checks run, in order.
@@ -121,18 +121,16 @@ def parse_check(*whens: str) -> Callable[..., Optional[str]]:
 
 
 # -- settings: the --gradinit-* values, as argparse words its errors ---------------------------------
-_CONFIG_ERROR = re.compile(r"^GradInitConfig\.(\w+)=(.*?) is invalid: (.*)$", re.S)
-
-
-def _as_argument_error(message: str, eta_from_lr: bool) -> str:
-    """A GradInitConfig/option ValueError as argparse words it: 'argument --flag: ...'."""
-    m = _CONFIG_ERROR.match(message)
-    if m:
-        name, value, rest = m.groups()
-        flag = "--gradinit-" + name.replace("_", "-")
-        if name == "eta" and eta_from_lr:
+def as_argument_error(error: ValueError, *, eta_from_lr: bool) -> str:
+    """A refusal of a ``--gradinit-*`` value as argparse words it: 'argument --flag: ...'. A field of
+    :class:`GradInitConfig` (:class:`~fairseq_gradinit.core.errors.ConfigError`) is named by its flag
+    (``eta`` by ``--lr`` where eta comes from it); the options' own refusals already start with theirs."""
+    if isinstance(error, ConfigError) and error.owner == "GradInitConfig":
+        flag = "--gradinit-" + error.field.replace("_", "-")
+        if error.field == "eta" and eta_from_lr:
             flag = "--lr (the default of --gradinit-eta)"
-        return f"argument {flag}: invalid value {value}: {rest}"
+        return f"argument {flag}: invalid value {error.value!r}: expected {error.expected}"
+    message = str(error)
     if message.startswith("--gradinit-"):
         flag, _, rest = message.partition(" ")
         return f"argument {flag}: {rest}"
@@ -149,41 +147,39 @@ def monitor_option_error(cfg) -> Optional[str]:
 
 
 @register_check("settings", "options")
-def gradinit_option_error(cfg) -> Optional[str]:
-    """The first invalid ``--gradinit-*`` value of ``cfg`` as 'argument --flag: ...', or None.
+def gradinit_option_error(plan) -> Optional[str]:
+    """The first invalid ``--gradinit-*`` value of the run's ``plan`` (:class:`~.plan.GradInitPlan`) as
+    'argument --flag: ...', or None.
 
-    ``cfg`` is the task config (or a :class:`~.plan.GradInitPlan`). The ranges are those of
-    :class:`GradInitConfig`; ``--lr`` is checked as GradInit's eta only when GradInit computes
-    (``--gradinit-iters`` > 0).
+    The ranges are those of :class:`GradInitConfig`; ``--lr`` is checked as GradInit's eta only when
+    GradInit computes (``--gradinit-iters`` > 0). The engine's refusal and the init file's were found
+    when the plan was resolved (``plan.option_errors``).
     """
-    monitor_error = monitor_option_error(cfg)
+    monitor_error = monitor_option_error(plan)
     if monitor_error:
         return monitor_error
-    iters = cfg.gradinit_iters
+    iters = plan.gradinit_iters
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
         return f"argument --gradinit-iters: invalid value {iters!r}: expected an integer >= 0 (0 = GradInit off)"
-    max_tokens = cfg.gradinit_max_tokens
+    max_tokens = plan.gradinit_max_tokens
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
         return f"argument --gradinit-max-tokens: invalid value {max_tokens!r}: expected an integer >= 1"
-    interval = getattr(cfg, "gradinit_checkpoint_interval", 0)
+    interval = getattr(plan, "gradinit_checkpoint_interval", 0)
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
         return (f"argument --gradinit-checkpoint-interval: invalid value {interval!r}: expected an integer >= 0 "
                 "(0 = never)")
-    eta_from_lr = cfg.gradinit_eta is None
-    clamp = getattr(cfg, "gradinit_init_clamp", None)
-    if clamp and not cfg.gradinit_init_file:
+    clamp = getattr(plan, "gradinit_init_clamp", None)
+    if clamp and not plan.gradinit_init_file:
         return ("argument --gradinit-init-clamp: clamps the scales of --gradinit-init-file, and none is given: add "
                 "--gradinit-init-file PATH, or bound scales that GradInit computes with --gradinit-scale-bounds")
-    try:
-        # --lr matters only when GradInit computes (an init file or GradInit off never uses eta).
-        gradinit_config_from_task(cfg, lr_matters=iters > 0)
-        if cfg.gradinit_init_file:
-            read_init_file(cfg.gradinit_init_file)
-        if clamp:
+    if plan.option_errors:
+        return plan.option_errors[0]
+    if clamp:
+        try:
             parse_scale_bounds(clamp, flag="--gradinit-init-clamp")
-    except ValueError as e:
-        return _as_argument_error(str(e), eta_from_lr)
-    return combination_error(cfg, defaults=compute_only_defaults(GradInitOptions))
+        except ValueError as e:
+            return as_argument_error(e, eta_from_lr=False)
+    return combination_error(plan, defaults=compute_only_defaults(GradInitOptions))
 
 
 def unsupported_setup_error(cfg) -> Optional[str]:
@@ -220,15 +216,15 @@ def batch_setting_error(cfg) -> Optional[str]:
 
 
 @register_check("settings", "distributed setup")
-def distributed_setup_check(view) -> Optional[str]:
+def distributed_setup_check(plan) -> Optional[str]:
     """:func:`unsupported_setup_error` where GradInit runs or applies scales."""
-    return unsupported_setup_error(view) if gradinit_enabled(view) else None
+    return unsupported_setup_error(plan) if plan.enabled else None
 
 
 @register_check("settings", "batch tokens")
-def batch_tokens_check(view) -> Optional[str]:
+def batch_tokens_check(plan) -> Optional[str]:
     """:func:`batch_setting_error` where GradInit runs or applies scales."""
-    return batch_setting_error(view) if gradinit_enabled(view) else None
+    return batch_setting_error(plan) if plan.enabled else None
 
 
 def combination_error(cfg, *, defaults: Mapping[str, object]) -> Optional[str]:
@@ -346,12 +342,6 @@ def train_split_check(ns) -> Optional[str]:
     return _train_split_error(ns) if computes(ns) else None
 
 
-def training_setup_error(ns) -> Optional[str]:
-    """The first setting of a parsed ``fairseq-train`` namespace that would fail only after the
-    GradInit phase, as 'argument --flag: ...', or None (also when GradInit does not compute)."""
-    return first_error("training setup", ns)
-
-
 # -- phase: on the machine that runs it, when the phase starts ----------------------------------------
 def valid_split_error(task, model, plan) -> Optional[str]:
     """fairseq's refusal of a validation sample longer than the model and task allow (e.g. a long
@@ -380,8 +370,8 @@ def valid_split_error(task, model, plan) -> Optional[str]:
 
 
 def valid_split_check(run, model) -> Optional[str]:
-    """:func:`valid_split_error` through the run (which knows the task's splits)."""
-    return run.valid_split_error(model)
+    """:func:`valid_split_error` as the task found it before handing the run over (the run carries it)."""
+    return run.valid_split_error
 
 
 def precision_error(plan) -> Optional[str]:
@@ -411,7 +401,7 @@ register_check("phase", "validation split")(valid_split_check)  # after the prec
 def unstepped_uses_check(model, plan) -> Optional[str]:
     """``--gradinit-unstepped-uses`` checked against the model's uses once the model exists, before any
     work (when GradInit computes), as the run's ``plan`` says."""
-    if int(plan.setting("gradinit_iters", 0) or 0) <= 0:
+    if not plan.computes:
         return None
     return unstepped_uses_error(model, plan.setting("gradinit_unstepped_uses"), label="--gradinit-unstepped-uses ")
 

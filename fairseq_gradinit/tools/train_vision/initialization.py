@@ -2,14 +2,13 @@
 the training data, and the checks of their options before anything is built."""
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List
 
 import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from ...core import GradInitConfig, MetaInitConfig
+from ...core import ConfigError, GradInitConfig, MetaInitConfig
 from ...core.config import first_step
 from ...core.options import options_of, values_from
 from ...core.uses import unstepped_uses_error
@@ -104,7 +103,8 @@ OWN_INIT_DEFAULTS = {"gradinit_batch_size": None, "metainit_lr": None, "metainit
                      "metainit_batch_size": None}
 #: MetaInit reads these GradInit flags (its scale bounds and gradient clip, and tau as its default lr).
 METAINIT_SHARED = ("gradinit_lr", "gradinit_min_scale", "gradinit_max_scale", "gradinit_scale_grad_clip")
-_CONFIG_ERROR = re.compile(r"^(GradInit|MetaInit)Config\.(\w+)=(.*?) is invalid: (.*)$", re.S)
+#: The prefix of the flags of each engine config's fields.
+_FLAG_PREFIX = {"GradInitConfig": "gradinit", "MetaInitConfig": "metainit"}
 
 
 def _flag(dest: str) -> str:
@@ -127,15 +127,15 @@ def check_init_options(args) -> List[str]:
         MetaInitConfig(lr=args.metainit_lr if args.metainit_lr is not None else gi_lr, iters=args.metainit_iters,
                        eps=args.metainit_eps, min_scale=options["min_scale"], max_scale=options["max_scale"],
                        scale_grad_clip=options["scale_grad_clip"])
-    except ValueError as e:
-        m = _CONFIG_ERROR.match(str(e))
-        if not m:
+    except ConfigError as e:
+        if e.owner not in _FLAG_PREFIX:
             raise UsageError(str(e)) from None
-        kind, name, value, rest = m.groups()
-        flag = f"--{kind.lower()}-{name.replace('_', '-')}"
-        if kind == "GradInit" and name == "eta" and eta_from_lr:
+        flag = f"--{_FLAG_PREFIX[e.owner]}-{e.field.replace('_', '-')}"
+        if e.owner == "GradInitConfig" and e.field == "eta" and eta_from_lr:
             flag = "--lr (the default of --gradinit-eta)"
-        raise UsageError(f"argument {flag}: invalid value {value}: {rest}") from None
+        raise UsageError(f"argument {flag}: invalid value {e.value!r}: expected {e.expected}") from None
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     defaults = {f"gradinit_{spec.name}": spec.default for spec in GRADINIT_CLI_OPTIONS if not spec.python_only}
     defaults.update(OWN_INIT_DEFAULTS)
     used = {"gradinit": {d for d in defaults if d.startswith("gradinit_")},
