@@ -336,7 +336,8 @@ class Probe:
 
         from fairseq_gradinit.core import engine, prefetch
         from fairseq_gradinit.fairseq_plugin.phase import compute
-        from fairseq_gradinit.fairseq_plugin.registration import batches, hook
+        from fairseq_gradinit.fairseq_plugin.data import batches
+        from fairseq_gradinit.fairseq_plugin.registration import hook
 
         self.patch(hook.GradInitTaskMixin, "run", self._run)
         self.patch(engine.GradInit, "step", self._step)

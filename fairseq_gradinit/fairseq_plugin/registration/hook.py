@@ -24,6 +24,7 @@ from ..data.batches import BatchSource, batch_source
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
 from ..data.loss import mean_loss_fn
 from ..errors import GradInitError, one_line_exit
+from ..features.cpu_threads import choose_cpu_threads
 from ..features.monitor import monitor_from_plan
 from ..features.sdpa import guard_from_plan
 from ..features.tied import install_multipliers, install_multipliers_on_load
@@ -199,6 +200,8 @@ class GradInitTaskMixin:
                     logger.info("gradinit: a checkpoint will be restored; not running GradInit (fairseq loads %s)",
                                 source)
                 else:
+                    # Before the phase: its passes and the training after it take the threads chosen here.
+                    choose_cpu_threads(on_cpu=plan.device().type == "cpu")
                     self._gradinit_context = (model_args, cfg, plan)
                     self.run(plan, model, criterion)
                 if rank_world()[0] == 0:  # the scales' file: the init file applied as it is, else the run's own
