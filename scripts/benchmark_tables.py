@@ -261,6 +261,7 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "gpu_phase_cuda_4310047": lambda: gpu_phase_table("gpu_phase_cuda_4310047"),
     "gpu_phase_cuda": lambda: gpu_phase_table("gpu_phase_cuda"),
     "phase_e2e_cpu": lambda: phase_e2e_table("phase_e2e_cpu"),
+    "phase_e2e_cpu_fd": lambda: phase_e2e_table("phase_e2e_cpu_fd"),
     "bleu_decode_cpu": lambda: bleu_decode_table("bleu_decode_cpu"),
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
                                                                  "after": "flat buffers (this version)"}),

@@ -196,5 +196,15 @@ def test_the_other_cpu_page_quotes_its_measurement():
     assert f"(‖g‖₂ {first} at iteration 1)" in doc
     g = stored["runs"]["gradinit"]["gradinit_iterations"]
     assert f"({g['constraint']} constraint and {g['objective']} objective iterations in the stored run)" in doc
+    epyc = json.loads((REPO / "docs" / "compare-vision-epyc.json").read_text(encoding="utf-8"))
+    e, ge = epyc["runs"], epyc["runs"]["gradinit"]["gradinit_iterations"]
+    assert (f"Kaiming {e['kaiming']['test_acc']:.1f} % (the same to the last digit), GradInit "
+            f"{e['gradinit']['test_acc']:.1f} % ({ge['objective']} objective and {ge['constraint']} constraint "
+            f"iterations, as in the stored run), both runs in {int(epyc['wall_time'] // 60)}m"
+            f"{epyc['wall_time'] % 60:.0f}s") in doc
+    assert ge == g
+    gain = e["gradinit"]["test_acc"] - e["kaiming"]["test_acc"]
+    stored_gain = stored["runs"]["gradinit"]["test_acc"] - stored["runs"]["kaiming"]["test_acc"]
+    assert f"GradInit is {gain:.1f} points ahead after 120 steps, against {stored_gain:.1f} in the stored run" in doc
     probe = load_probe_script()
     assert probe.RTOL == 1e-3 and "relative tolerance of 1e-3" in doc and "`tests/data/compare-vision-probe.json`" in doc
