@@ -1,11 +1,11 @@
 """What the plugin refuses, and the one place a refusal ends ``fairseq-train``.
 
-Every check of the plugin (:mod:`.validation`) and every stop of the phase raises :class:`GradInitError`
+Every check of the plugin (:mod:`.settings.validation`) and every stop of the phase raises :class:`GradInitError`
 with a message that says what to do. The task's entry points that fairseq calls
-(:class:`~.hook.GradInitTaskMixin`: building the model and the criterion, loading a checkpoint's task
+(:class:`~.registration.hook.GradInitTaskMixin`: building the model and the criterion, loading a checkpoint's task
 state) run inside :func:`one_line_exit`, which turns the error into :class:`GradInitStop`: one
 ``gradinit: error: ...`` line on stderr and exit status 1, never a traceback. At parse time the same
-messages go through the parser's own ``error:`` line instead (:func:`~.validation.check_when_parsed`).
+messages go through the parser's own ``error:`` line instead (:func:`~.settings.validation.check_when_parsed`).
 """
 from __future__ import annotations
 

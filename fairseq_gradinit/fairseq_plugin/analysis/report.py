@@ -5,7 +5,7 @@ as fairseq-train builds it before training (same seeding, same Xavier weights); 
 supplies the scales. :func:`fairseq_gradinit.core.report.init_report` then measures, per tensor, the
 scale, the weight norm and the cross-minibatch gradient standard deviation before and after the
 scales (see its module docstring for the definitions and for why gradients are taken in train mode
-by default). Tensors are placed by :func:`~.groups.transformer_place` (encoder/decoder x layer x kind).
+by default). Tensors are placed by :func:`~..features.groups.transformer_place` (encoder/decoder x layer x kind).
 
 A consistency check recomputes GradInit's first iteration (L(S) and ||g|| on its first S batch, at the
 unscaled weights, without dropout) and compares them with ``history[0]`` of the ``gradinit.json``:
@@ -169,7 +169,7 @@ def saved_gradinit_batch(fm, saved: Mapping[str, Any]):
 
 def health_of_saved(fm, saved: Mapping[str, Any]) -> dict:
     """The ``health`` block of a saved ``gradinit.json`` (``saved``) for the freshly built model of
-    ``fm`` (:class:`~.training.FairseqModel`, holding the initial weights W), measured on the S batch
+    ``fm`` (:class:`~..data.training.FairseqModel`, holding the initial weights W), measured on the S batch
     of the last recorded GradInit iteration; logged. The model is left holding W."""
     sample, note = saved_gradinit_batch(fm, saved)
     initial = snapshot_weights(fm.model)
@@ -303,7 +303,7 @@ def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: in
                health: bool = True, health_only: bool = False) -> dict:
     """Build the model of ``train_argv``, draw ``num_batches`` training minibatches and measure the
     report (see :func:`~fairseq_gradinit.core.report.init_report`). With ``health``, also the
-    ``health`` block of the ``gradinit.json`` (:func:`~.health_report.health_of_saved`); with
+    ``health`` block of the ``gradinit.json`` (:func:`~..features.health_report.health_of_saved`); with
     ``health_only``, only that. Returns a JSON-ready dict."""
     with open(gradinit_json) as f:
         saved = json.load(f)

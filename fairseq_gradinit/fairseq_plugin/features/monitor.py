@@ -288,7 +288,7 @@ def gap_warning(gap: Optional[float], baseline: Optional[float], warned: Optiona
 # --------------------------------------------------------------------------------------------
 class TrainingMonitor:
     """Writes ``monitor.jsonl`` (see the module docstring); driven by the task's ``train_step`` and
-    ``optimizer_step`` (:class:`~.hook.GradInitTaskMixin`)."""
+    ``optimizer_step`` (:class:`~..registration.hook.GradInitTaskMixin`)."""
 
     def __init__(self, *, interval: int, path: str, seed: int = 1):
         self.interval = int(interval)

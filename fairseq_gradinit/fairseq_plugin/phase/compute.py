@@ -1,5 +1,5 @@
 """The GradInit phase of a fairseq run: what the task does with a :class:`~.run.GradInitRun`
-(the run's plan, fingerprint, batches and loss, built by :class:`~.hook.GradInitTaskMixin`) and a
+(the run's plan, fingerprint, batches and loss, built by :class:`~..registration.hook.GradInitTaskMixin`) and a
 freshly built fp32 model. The phase never sees the task: it reads the run and returns its result.
 
 Batches come from the run's batch source (:class:`~..data.batches.BatchSource`: the task's own

@@ -84,7 +84,7 @@ def hold_save_dir(directory: str, *, rank: int = 0, world: int = 1) -> None:
     process ends: the whole run, its GradInit phase and its training. Taking it again is a no-op. A
     process runs one ``fairseq-train`` at a time, so a lock it holds on another folder belongs to a run
     that has ended, and is given back. When another run holds it, every rank stops with
-    :class:`~.errors.GradInitError` (one line, exit status 1, :mod:`.errors`) before any work."""
+    :class:`~..errors.GradInitError` (one line, exit status 1, :mod:`..errors`) before any work."""
     error = None
     key = os.path.realpath(directory)
     if rank == 0 and key not in _HELD:

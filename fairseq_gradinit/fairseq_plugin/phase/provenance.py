@@ -202,7 +202,7 @@ def gradinit_settings(plan: GradInitPlan) -> Dict[str, Any]:
     ``--max-tokens``), so that a default and the same value given explicitly agree. Which options
     change the result is declared with them (``result`` of :func:`~fairseq_gradinit.core.config.option`);
     fairseq's settings that change GradInit's batches are :data:`~..settings.options.RESULT_GLOBAL_SETTINGS`.
-    ``plan``: the run's :class:`~.plan.GradInitPlan`."""
+    ``plan``: the run's :class:`~..settings.plan.GradInitPlan`."""
     if plan.config is not None:
         config = plan.config.to_dict()
         resolved = {k: config[k] for k in result_options()}

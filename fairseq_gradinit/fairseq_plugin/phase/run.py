@@ -1,6 +1,6 @@
 """One GradInit run, resolved before the phase starts: :class:`GradInitRun`.
 
-The task (:class:`~.hook.GradInitTaskMixin`) builds it once, when its criterion exists, from what
+The task (:class:`~..registration.hook.GradInitTaskMixin`) builds it once, when its criterion exists, from what
 only the task knows (its training data, its config, the model's arguments as given, the cuDNN
 attention guard's decision), and hands it to the phase (:mod:`.compute`). The phase reads the run and
 the model and returns its result; it never sees the task, so data flows one way: fairseq to the task

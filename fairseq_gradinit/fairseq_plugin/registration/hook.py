@@ -5,15 +5,15 @@ GradInit runs in ``build_criterion``: ``fairseq-train`` calls ``task.build_model
 copies fp32 master weights, so training starts from exactly the GradInit weights. Inference
 entry points build the model with ``from_checkpoint=True`` (and never build the training
 criterion with a fresh model), so they never run it; nor does a run that resumes from a
-checkpoint. The task takes the run's plan (:class:`~.plan.GradInitPlan`, resolved once per run and
+checkpoint. The task takes the run's plan (:class:`~..settings.plan.GradInitPlan`, resolved once per run and
 cached: the parse-time check made it) when it first needs it (building the model,
 :attr:`GradInitTaskMixin.gradinit_plan`): the cuDNN attention guard, the model checks, the per-use
 scales, the monitor, the run log, the batches and the phase read it, none reads the config. The task
 builds the run (:class:`~.run.GradInitRun`: data, its training batches a
 :class:`~..data.batches.BatchSource` and the validation split checked) and hands it to the phase
 (:mod:`..phase.compute`), which never sees the task.
-The checks are :mod:`.validation`'s; a refusal ends fairseq-train in one line at the task's entry
-points (:func:`~.errors.one_line_exit`).
+The checks are :mod:`..settings.validation`'s; a refusal ends fairseq-train in one line at the task's entry
+points (:func:`~..errors.one_line_exit`).
 """
 import logging
 import os
@@ -75,7 +75,7 @@ class GradInitTaskMixin:
 
     @property
     def gradinit_plan(self) -> GradInitPlan:
-        """The run's settings, resolved once from the task config (:func:`~.plan.build_plan`) when first
+        """The run's settings, resolved once from the task config (:func:`~..settings.plan.build_plan`) when first
         needed: when the model is built, before anything reads a setting."""
         if self._gradinit_plan is None:
             self._gradinit_plan = build_plan(self.gradinit_cfg)
@@ -212,7 +212,7 @@ class GradInitTaskMixin:
     # ------------------------------------------------------------------------------------
     @staticmethod
     def _gradinit_hold(plan: GradInitPlan) -> None:
-        """Refuse a plan with an error; where GradInit is on, hold the save dir's lock (:mod:`.lock`) from
+        """Refuse a plan with an error; where GradInit is on, hold the save dir's lock (:mod:`..phase.lock`) from
         here until the process ends: a second run into the folder stops."""
         if plan.error is not None:
             raise GradInitError(plan.error)

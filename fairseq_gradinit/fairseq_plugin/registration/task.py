@@ -1,9 +1,9 @@
 """The ``translation_gradinit`` task, and GradInit for every fairseq task at plugin load.
 
 The pieces live in their own modules: the option fields (:mod:`.options`), their translation
-into a ``GradInitConfig`` (:mod:`.option_values`), every check (:mod:`.validation`) and its error
-(:mod:`.errors`), a run's settings resolved once (:mod:`.plan`), the checkpoint-restore rule
-(:mod:`.restore`), the run handed to the phase (:mod:`.run`), the task hook (:mod:`.hook`) and the
+into a ``GradInitConfig`` (:mod:`..settings.option_values`), every check (:mod:`..settings.validation`) and its error
+(:mod:`..errors`), a run's settings resolved once (:mod:`..settings.plan`), the checkpoint-restore rule
+(:mod:`..settings.restore`), the run handed to the phase (:mod:`.run`), the task hook (:mod:`.hook`) and the
 registry replacement (:mod:`.registry`).
 The names below stay importable from here.
 """

@@ -17,7 +17,7 @@ A check is a named function that returns what it refuses (a message that says wh
 
 At parse time the parser refuses the first message the way it refuses its own arguments
 (:func:`check_when_parsed`: ``error: ...``, exit status 2); at run time :func:`require` raises it as
-:class:`~.errors.GradInitError`, which the task's entry points end in one line (:mod:`.errors`).
+:class:`~..errors.GradInitError`, which the task's entry points end in one line (:mod:`..errors`).
 
 The parse-time and settings checks read a parsed namespace or a view of the settings as they come
 (:func:`~..data.cfg.cfg_value`); the checks from ``model`` on read the run's plan.
@@ -99,7 +99,7 @@ def first_error(when: str, *args) -> Optional[str]:
 
 
 def require(when: str, *args) -> None:
-    """Raise :class:`~.errors.GradInitError` with the first refusal under ``when``, if any."""
+    """Raise :class:`~..errors.GradInitError` with the first refusal under ``when``, if any."""
     error = first_error(when, *args)
     if error is not None:
         raise GradInitError(error)
