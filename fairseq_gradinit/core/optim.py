@@ -80,7 +80,7 @@ def scale_adam_step(
     v = state.v * b2 + grad * grad * (1 - b2)
     m_hat = m / (1 - b1**t)
     v_hat = v / (1 - b2**t)
-    new = clamp_scales(alpha - lr * m_hat / (v_hat.sqrt() + eps), min_scale, max_scale)
+    new = clamp_to_bounds(alpha - lr * m_hat / (v_hat.sqrt() + eps), min_scale, max_scale)
     ok = ok & torch.isfinite(new).all()
     kept = ScaleAdamState(
         torch.where(ok, m, state.m), torch.where(ok, v, state.v), torch.where(ok, t, state.step_count)
@@ -142,7 +142,7 @@ class ScaleAdam:
         return new, ok
 
 
-def clamp_scales(alpha: torch.Tensor, lo: Bound, hi: Bound) -> torch.Tensor:
+def clamp_to_bounds(alpha: torch.Tensor, lo: Bound, hi: Bound) -> torch.Tensor:
     """``alpha`` clamped to numbers or per-scale tensors (``None``: that side unbounded)."""
     if isinstance(lo, torch.Tensor) or isinstance(hi, torch.Tensor):
         if lo is not None:

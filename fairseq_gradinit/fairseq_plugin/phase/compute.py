@@ -146,8 +146,38 @@ def _stopped(e: KeyboardInterrupt, done: str, path: str, resume_path: str, saved
     return SystemExit(128 + signum)
 
 
-def _scales(model, pairs, run: GradInitRun, gcfg, *, resume, resume_path: str, checkpoint, interval: int, last: list,
-            initial, measure: bool) -> tuple:
+class _DrawnPairs:
+    """The phase's pairs as it draws them: ``drawn`` counts them (resumed iterations included), ``last``
+    is the latest, on which the health check measures."""
+
+    def __init__(self, source, drawn: int):
+        self.source, self.drawn, self.last = source, drawn, None
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        pair = next(self.source)
+        self.drawn += 1
+        self.last = pair
+        return pair
+
+
+class _StateSaves:
+    """Saves the phase's state (rank 0) when the engine hands it over, and knows the iteration of the
+    last save: an interrupted phase says where it will resume."""
+
+    def __init__(self, path: str, current: Optional[dict], rank: int, saved_at: int):
+        self.path, self.current, self.rank, self.saved_at, self.failed = path, current, rank, saved_at, []
+
+    def __call__(self, state) -> None:
+        if self.rank == 0 and not _saved_phase_state(self.path, state, self.current, self.failed):
+            return
+        self.saved_at = len(state["history"])
+
+
+def _scales(model, pairs: _DrawnPairs, run: GradInitRun, gcfg, *, resume, resume_path: str, checkpoint,
+            interval: int, initial, measure: bool) -> tuple:
     """(GradInit's result, the health of its scales or None unless ``measure``), with per-use
     multipliers of tied embeddings scaled as parameters that training does not update."""
     multipliers = multiplier_names(model)
@@ -161,10 +191,10 @@ def _scales(model, pairs, run: GradInitRun, gcfg, *, resume, resume_path: str, c
             if resume is None:
                 raise
             raise GradInitError(f"{resume_path}: {e}; delete it to start GradInit anew") from None
-        health = measure_health(model, result.scales, run.criterion, getattr(last[0], "s", None), initial=initial,
-                                config=gcfg, loss_fn=run.loss_fn, history=result.history,
+        health = measure_health(model, result.scales, run.criterion, getattr(pairs.last, "s", None),
+                                initial=initial, config=gcfg, loss_fn=run.loss_fn, history=result.history,
                                 gamma=result.gamma) if measure else None
-        last[0] = None
+        pairs.last = None
     return result, health
 
 
@@ -197,17 +227,8 @@ def compute(run: GradInitRun, model):
     # The health check compares the weights before the scales with those after, on the last pair.
     initial = snapshot_weights(model) if rank == 0 else None
     model.to(device)
-    drawn, last = [0], [None]
-
-    def counted(it):
-        for pair in it:
-            drawn[0] += 1
-            last[0] = pair
-            yield pair
-
     resume, resume_path = _phase_state(run.state_path, current, rank, world)
     done_before = 0 if resume is None else len(resume["history"])
-    drawn[0] = done_before
     error = run.batches_error
     if error is None:
         try:
@@ -217,7 +238,7 @@ def compute(run: GradInitRun, model):
     if error is not None:
         model.to(orig_device)
         raise GradInitError(f"GradInit's batches: {error}")
-    pairs = counted(source)
+    pairs = _DrawnPairs(source, done_before)
     # fairseq would refuse them after the phase
     error = first_error("phase", run, model)
     if error is not None:
@@ -225,20 +246,14 @@ def compute(run: GradInitRun, model):
         model.to(orig_device)
         raise GradInitError(error)
     interval = plan.checkpoint_interval
-    saved_at, failed = [done_before], []
-
-    def checkpoint(state):
-        if rank == 0 and not _saved_phase_state(resume_path, state, current, failed):
-            return
-        saved_at[0] = len(state["history"])
-
+    saves = _StateSaves(resume_path, current, rank, done_before)
     start, result = time.time(), None
     with sigterm_raises_interrupt():
         try:
             try:
                 result, health = _scales(model, pairs, run, gcfg, resume=resume, resume_path=resume_path,
-                                         checkpoint=checkpoint if interval else None, interval=interval,
-                                         last=last, initial=initial, measure=rank == 0)
+                                         checkpoint=saves if interval else None, interval=interval,
+                                         initial=initial, measure=rank == 0)
                 initial = None  # free the copy before training
             except FloatingPointError as e:  # non-finite losses: the model is left as built
                 raise GradInitError(f"{e} {path} was not written and training did not start.") from None
@@ -257,8 +272,8 @@ def compute(run: GradInitRun, model):
                 _write(path, out, resume_path)
         except KeyboardInterrupt as e:
             done = "the GradInit result" if result is not None else \
-                f"iteration {drawn[0]} of {gcfg.iters}"
-            raise _stopped(e, done, path, resume_path, saved_at[0]) from None
+                f"iteration {pairs.drawn} of {gcfg.iters}"
+            raise _stopped(e, done, path, resume_path, saves.saved_at) from None
     return result
 
 
