@@ -37,7 +37,6 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-
 #: The former BLEU step, fairseq-generate as a subprocess (the baseline of the in-process decode).
 SUBPROCESS_BLEU = Path(__file__).resolve().parent / "subprocess_bleu.py"
 PATHS = ("subprocess", "stock")

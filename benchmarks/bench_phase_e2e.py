@@ -335,8 +335,8 @@ class Probe:
         from fairseq import trainer as fairseq_trainer
 
         from fairseq_gradinit.core import engine, prefetch
-        from fairseq_gradinit.fairseq_plugin.phase import compute
         from fairseq_gradinit.fairseq_plugin.data import batches
+        from fairseq_gradinit.fairseq_plugin.phase import compute
         from fairseq_gradinit.fairseq_plugin.registration import hook
 
         self.patch(hook.GradInitTaskMixin, "run", self._run)

@@ -25,8 +25,15 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 from fairseq_gradinit.checkpoints import trusted_loading_env
 from fairseq_gradinit.paths import header_line
 from fairseq_gradinit.tools import evaluate_bleu
-from fairseq_gradinit.tools.evaluate_bleu import (COMMAND, DecodeMeter, EvaluationError, TimeLimitReached, batch_settings,
-                                                  format_rate, write_json_atomic)
+from fairseq_gradinit.tools.evaluate_bleu import (
+    COMMAND,
+    DecodeMeter,
+    EvaluationError,
+    TimeLimitReached,
+    batch_settings,
+    format_rate,
+    write_json_atomic,
+)
 
 _HYP_RE = re.compile(r"^H-(\d+)\t")
 _TRANSLATED_RE = re.compile(r"Translated ([\d,]+) sentences \(([\d,]+) tokens\) in ([\d.]+)s")

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 from fairseq_gradinit.paths import check_output, header_line, json_result, text_output, write_json
+
 from .study.tables import build_table, markdown, to_json
 
 COMMAND = "python -m lab.study_table"

@@ -2,7 +2,14 @@
 from .batching import BatchPair, authors_pairs, concat_batches, overlapping_pairs, slice_batch
 from .config import GradInitConfig, ScaleBound
 from .engine import (
-    GradInit, GradInitResult, GradInitState, IterationRecord, ScaledModel, StepResult, gradinit, gradinit_step,
+    GradInit,
+    GradInitResult,
+    GradInitState,
+    IterationRecord,
+    ScaledModel,
+    StepResult,
+    gradinit,
+    gradinit_step,
 )
 from .errors import ConfigError
 from .metainit import MetaInit, MetaInitConfig, MetaInitRecord, MetaInitResult, gradient_quotient, metainit
@@ -10,7 +17,12 @@ from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam, ScaleAdamState, scale_adam_step
 from .prefetch import DevicePrefetcher
 from .scales import (
-    ScaledParameters, apply_scales, default_param_filter, resolve_scale_bounds, scales_error, summarize_scales,
+    ScaledParameters,
+    apply_scales,
+    default_param_filter,
+    resolve_scale_bounds,
+    scales_error,
+    summarize_scales,
 )
 
 __all__ = [

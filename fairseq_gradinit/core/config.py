@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
 import re
+from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch

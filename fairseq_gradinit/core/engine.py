@@ -25,8 +25,8 @@ from torch import nn
 
 from .batching import BatchPair, authors_pairs, cycle_iterable, overlapping_pairs
 from .config import GradInitConfig
-from .modes import gradinit_mode, math_attention, unwrap_model
 from .distributed import DataParallelGroup
+from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam
 from .precision import loss_in_precision, phase_precision
 from .progress import format_duration, no_objective_advice

@@ -32,9 +32,9 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .batching import cycle_iterable
 from .config import config_to_dict, invalid, is_positive, validate_scale_fields
 from .distributed import DataParallelGroup
-from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
-from .optim import ScaleAdam
 from .modes import gradinit_mode, math_attention, unwrap_model
+from .optim import ScaleAdam
+from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import ScaledParameters
 
 logger = logging.getLogger(__name__)

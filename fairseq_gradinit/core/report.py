@@ -41,7 +41,6 @@ from .modes import gradinit_mode
 from .runtime import LossFn
 from .scales import apply_scales, shared_parameter_groups
 
-
 MODES = ("train", "eval")
 
 

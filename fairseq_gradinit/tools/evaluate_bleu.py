@@ -66,7 +66,16 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ..argtypes import positive_int
 from ..checkpoints import load_trusted_checkpoint
-from ..paths import OutputError, check_output, header_line, json_result, text_lines, text_output, utf8_problem, write_json
+from ..paths import (
+    OutputError,
+    check_output,
+    header_line,
+    json_result,
+    text_lines,
+    text_output,
+    utf8_problem,
+    write_json,
+)
 from ..quiet import quiet_command
 
 #: The installed package, fairseq's ``--user-dir`` for this plugin.

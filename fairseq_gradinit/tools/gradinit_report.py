@@ -23,6 +23,7 @@ import logging
 import os
 import sys
 from typing import List, Optional, Sequence, Tuple
+
 from ..argtypes import int_at_least
 from ..paths import OutputError, check_output, json_result, png_output, write_json
 from ..quiet import quiet_command

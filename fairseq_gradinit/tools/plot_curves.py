@@ -48,9 +48,8 @@ from ..curves import (  # noqa: F401  (re-exported: this module's API)
     plot_panels,
     plot_png,
 )
-
-from ..quiet import quiet_command
 from ..paths import OutputError, check_output, header_line, json_result, png_output, text_output, write_json
+from ..quiet import quiet_command
 
 COMMAND = "gradinit-plot-curves"
 

@@ -48,6 +48,7 @@ import sys
 import time
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence
+
 from ..argtypes import float_in, int_at_least
 from ..locks import FolderBusy, folder_lock
 from ..paths import FOLDER, OutputError, check_output, utf8_problem, write_json

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+
 from ..argtypes import positive_int
-from ..quiet import quiet_command
 from ..paths import OutputError, check_output, json_result, json_text, write_json
+from ..quiet import quiet_command
 
 COMMAND = "gradinit-valid-loss-modes"
 

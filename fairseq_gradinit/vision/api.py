@@ -15,12 +15,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..core import GradInitConfig, GradInitResult, MetaInitConfig, MetaInitResult, unwrap_model
-from ..core.options import options_of
-from ..core.recipes import recipe
-from ..core.runtime import LossFn
 from ..core import gradinit as core_gradinit
 from ..core import metainit as core_metainit
 from ..core.health import scale_health, snapshot_weights
+from ..core.options import options_of
+from ..core.recipes import recipe
+from ..core.runtime import LossFn
 
 logger = logging.getLogger(__name__)
 

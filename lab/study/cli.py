@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from fairseq_gradinit.locks import FolderBusy, folder_lock
-from fairseq_gradinit.quiet import quiet_command
 from fairseq_gradinit.paths import FOLDER, check_output, tar_gz_output
+from fairseq_gradinit.quiet import quiet_command
+
 from .archive import COMMAND, SUMMARY_FILES, check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
 from .estimate import GPU_THROUGHPUT, THROUGHPUT, CallEstimate, estimate_call, plan_jobs
@@ -268,6 +269,7 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
         args.bleu_script = bleu_script
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     from fairseq_gradinit.fairseq_plugin.registration import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
+
     from .presets import describe_presets, get_preset, list_presets
 
     if args.list_presets is not None:

@@ -9,6 +9,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from fairseq_gradinit import curves as curve_logs
 from fairseq_gradinit.paths import marked_tar_gz
+
 from .archive import ARM_FILES
 from .archive import COMMAND as ARCHIVE_COMMAND
 from .scheduler import Job

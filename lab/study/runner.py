@@ -11,9 +11,20 @@ from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from fairseq_gradinit.paths import write_json
+
 from .arms import merge_args
 from .merge import earlier_arms, earlier_study, merge_results
-from .plan import BLEU_LENGTH_LIMITS, PACKAGE_DIR, ArmPlan, GradInitGroup, StudyConfig, arm_command, bleu_command, phase_command, plan_study
+from .plan import (
+    BLEU_LENGTH_LIMITS,
+    PACKAGE_DIR,
+    ArmPlan,
+    GradInitGroup,
+    StudyConfig,
+    arm_command,
+    bleu_command,
+    phase_command,
+    plan_study,
+)
 from .results import arm_curves, arm_outcome, checkpoint_updates, common_update, write_curves
 from .scheduler import Job, run_jobs, subprocess_env
 

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import signal
 import subprocess
-import shlex
 import time
 from dataclasses import dataclass, field
 from pathlib import Path

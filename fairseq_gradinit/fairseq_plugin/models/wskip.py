@@ -39,18 +39,22 @@ from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
-from torch import nn
-
 from fairseq import utils
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
-from fairseq.models.transformer import TransformerConfig, TransformerModel
+from fairseq.models.transformer import (
+    TransformerConfig,
+    TransformerModel,
+    transformer_iwslt_de_en,
+    transformer_wmt_en_de,
+    transformer_wmt_en_de_big,
+)
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
-from fairseq.models.transformer import transformer_iwslt_de_en, transformer_wmt_en_de, transformer_wmt_en_de_big
 from fairseq.models.transformer.transformer_decoder import TransformerDecoderBase
 from fairseq.models.transformer.transformer_encoder import TransformerEncoderBase
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerDecoderLayerBase, TransformerEncoderLayerBase
+from torch import nn
 
 from ...core.admin import AdminProfile, closed_form_omega
 from ..data.files import atomic_write_json

@@ -23,6 +23,7 @@ from typing import Any, Mapping, Optional, Tuple
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ...core import GradInitConfig
+from .init_file import read_init_file
 from .option_values import (
     derived_options,
     gradinit_batch_tokens,
@@ -30,7 +31,6 @@ from .option_values import (
     gradinit_enabled,
     training_optimizer,
 )
-from .init_file import read_init_file
 from .options import GLOBAL_SETTINGS, GradInitOptions
 from .validation import as_argument_error, check_when_parsed, first_error
 

@@ -27,18 +27,26 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ...option_forms import add_arguments
+from ...argtypes import float_in, int_at_least, positive_int
 from ...core.progress import format_duration
+from ...locks import FolderBusy, folder_lock, lock_path
+from ...option_forms import add_arguments
+from ...paths import FOLDER, MARKER, OutputError, check_output
 from ...quiet import quiet_command
 from ...vision import list_models
 from .data import DATASETS, Limited, build_datasets
 from .errors import Interrupted, RunFailure, UsageError
-from .initialization import (GRADINIT_CLI_OPTIONS, INITS, build_model, check_batches, check_init_options,
-                             check_model_options, has_batchnorm, run_initialization)
+from .initialization import (
+    GRADINIT_CLI_OPTIONS,
+    INITS,
+    build_model,
+    check_batches,
+    check_init_options,
+    check_model_options,
+    has_batchnorm,
+    run_initialization,
+)
 from .loop import RUN_FILES, check_output_dir, default_output_dir, load_checkpoint, set_rng_state, train_epochs
-from ...argtypes import float_in, int_at_least, positive_int
-from ...locks import FolderBusy, folder_lock, lock_path
-from ...paths import FOLDER, MARKER, OutputError, check_output
 
 logger = logging.getLogger("train_vision")
 COMMAND = "gradinit-train-vision"

@@ -7,7 +7,6 @@ layer follows the subsampling as in the GradInit authors' networks).
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
