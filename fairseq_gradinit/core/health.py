@@ -109,9 +109,9 @@ class HealthThresholds:
     ``floor_fraction`` = 0.05 and ``floor_allowance`` = 1: degenerate when more weight tensors sit at
     their lower bound than max(``floor_allowance``, ``floor_fraction`` x the number of weight
     tensors). The paper reports that only the final FC layer ever reached the bound: one tensor.
-    A weight at the floor 0.01 starts switched off: at d=512 its elements (mean absolute value
-    3e-4 to 4e-4) are no larger than one Adam step at lr 5e-4, so the first updates rewrite it,
-    without warmup. A few such tensors in a large model are tolerated, a whole family of them is not.
+    A weight at the floor 0.01 starts switched off: its elements are then about as small as one
+    Adam step at a usual learning rate, so the first updates rewrite it, without warmup (the sizes:
+    docs/health.md). A few such tensors in a large model are tolerated, a whole family of them is not.
 
     ``min_layer_norm_scale`` = 0.1: in a Post-LN block the LayerNorm's output is the whole residual
     stream of the next sublayer, so scaling its weight by s shrinks the next LayerNorm's input by
@@ -120,8 +120,8 @@ class HealthThresholds:
     measured.
 
     ``max_gain`` = 4 and ``max_gain_ratio`` = 4: a LayerNorm amplifies changes of its input by its
-    gain |gamma| / sigma (``core.norm_stats``). Xavier gives about 0.8 in the Post-LN Transformer,
-    so 4 is 5 times that. Degenerate when a LayerNorm's gain after the scales exceeds ``max_gain``
+    gain |gamma| / sigma (``core.norm_stats``). At Xavier's initialization the Post-LN
+    Transformer's LayerNorms have gains near 1 (docs/health.md), so 4 is several times theirs. Degenerate when a LayerNorm's gain after the scales exceeds ``max_gain``
     AND ``max_gain_ratio`` times its gain before them (the ratio keeps a model that starts with high
     gains from being flagged for what GradInit did not cause; without a "before" measurement only
     ``max_gain`` applies).
