@@ -121,8 +121,8 @@ class HealthThresholds:
 
     ``max_gain`` = 4 and ``max_gain_ratio`` = 4: a LayerNorm amplifies changes of its input by its
     gain |gamma| / sigma (``core.norm_stats``). At Xavier's initialization the Post-LN
-    Transformer's LayerNorms have gains near 1 (docs/health.md), so 4 is several times theirs. Degenerate when a LayerNorm's gain after the scales exceeds ``max_gain``
-    AND ``max_gain_ratio`` times its gain before them (the ratio keeps a model that starts with high
+    Transformer's LayerNorms have gains near 1 (docs/health.md), so 4 is several times theirs.
+    Degenerate when a LayerNorm's gain after the scales exceeds ``max_gain`` AND ``max_gain_ratio`` times its gain before them (the ratio keeps a model that starts with high
     gains from being flagged for what GradInit did not cause; without a "before" measurement only
     ``max_gain`` applies).
 
