@@ -122,9 +122,10 @@ class HealthThresholds:
     ``max_gain`` = 4 and ``max_gain_ratio`` = 4: a LayerNorm amplifies changes of its input by its
     gain |gamma| / sigma (``core.norm_stats``). At Xavier's initialization the Post-LN
     Transformer's LayerNorms have gains near 1 (docs/health.md), so 4 is several times theirs.
-    Degenerate when a LayerNorm's gain after the scales exceeds ``max_gain`` AND ``max_gain_ratio`` times its gain before them (the ratio keeps a model that starts with high
-    gains from being flagged for what GradInit did not cause; without a "before" measurement only
-    ``max_gain`` applies).
+    Degenerate when a LayerNorm's gain after the scales exceeds ``max_gain`` AND ``max_gain_ratio``
+    times its gain before them (the ratio keeps a model that starts with high gains from being
+    flagged for what GradInit did not cause; without a "before" measurement only ``max_gain``
+    applies).
 
     ``max_block_quieting`` = 100: per block (a Transformer layer...), the RMS of dL/dtheta on the
     same batch before the scales over after them. Degenerate when one block's gradient is that many
