@@ -207,33 +207,11 @@ def gradinit_step(model: ScaledModel, state: GradInitState, pair: BatchPair, con
     """
     group = DataParallelGroup() if group is None else group
     scaled, alpha = model.scaled, state.alpha
-    params = scaled.params
     s, s_tilde = pair
     with phase_precision(config.precision):
         scaled.write(alpha)
-        # Constraint iterations come in runs (the norm comes down over many steps): after one,
-        # build the second-order graph of S in this first pass already, so that a constraint
-        # iteration costs one pass over S instead of two. A wrong guess costs only the graph's
-        # memory, released before the objective pass over S~.
         fd = config.constraint_grad == "finite_difference"
-        speculate = config.reuse_graph and state.last_branch == "constraint" and not fd
-        g_local = None
-        with math_attention() if speculate else contextlib.nullcontext():
-            loss = check_loss(model.loss_fn(model.model, s))
-            if speculate:
-                g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-                grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, g_local)]
-            else:
-                grads = gradients(loss, params)
-        # From here on g is one zero-padded buffer (a copy, also of the graph's gradients): the
-        # norm, A[g], the step and the all-reduce are a few kernels each, not one per tensor.
-        grads = scaled.gather(grads)
-        loss_s = loss.detach().to(alpha.dtype).reshape(1)
-        del loss
-        group.mean_([grads.flat] if isinstance(grads, FlatViews) else grads)
-        group.mean_([loss_s])
-        g_all, grads = grads, scaled.without_fixed(grads)
-        gnorm = _grad_norm(grads, config.norm_p)
+        grads, g_all, g_local, loss_s, gnorm = _first_pass(model, state, s, config, group, fd)
         finite = torch.isfinite(loss_s[0]) & torch.isfinite(gnorm)
         # The only host sync of the iteration: the branch depends on it. It also collects the
         # previous iteration's deferred S~ statistics.
@@ -278,6 +256,35 @@ def gradinit_step(model: ScaledModel, state: GradInitState, pair: BatchPair, con
         group.broadcast_([new_alpha])
         alpha.copy_(new_alpha)
     return StepResult(branch, loss_v, gnorm_v, previous)
+
+
+def _first_pass(model: ScaledModel, state: GradInitState, s, config: GradInitConfig, group: DataParallelGroup,
+                fd: bool):
+    """The gradient on S, rank-averaged: (g of every tensor, g without the fixed ones, this rank's
+    gradients with their second-order graph or None, L(S), ||g||_p)."""
+    scaled, alpha, params = model.scaled, state.alpha, model.scaled.params
+    # Constraint iterations come in runs (the norm comes down over many steps): after one,
+    # build the second-order graph of S in this first pass already, so that a constraint
+    # iteration costs one pass over S instead of two. A wrong guess costs only the graph's
+    # memory, released before the objective pass over S~.
+    speculate = config.reuse_graph and state.last_branch == "constraint" and not fd
+    g_local = None
+    with math_attention() if speculate else contextlib.nullcontext():
+        loss = check_loss(model.loss_fn(model.model, s))
+        if speculate:
+            g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
+            grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, g_local)]
+        else:
+            grads = gradients(loss, params)
+    # From here on g is one zero-padded buffer (a copy, also of the graph's gradients): the
+    # norm, A[g], the step and the all-reduce are a few kernels each, not one per tensor.
+    grads = scaled.gather(grads)
+    loss_s = loss.detach().to(alpha.dtype).reshape(1)
+    del loss
+    group.mean_([grads.flat] if isinstance(grads, FlatViews) else grads)
+    group.mean_([loss_s])
+    g_all, grads = grads, scaled.without_fixed(grads)
+    return grads, g_all, g_local, loss_s, _grad_norm(grads, config.norm_p)
 
 
 # -- the two branches (the math of gradinit_step) --------------------------------------------

@@ -269,7 +269,6 @@ def main(argv: Optional[Sequence[str]] = None, *, bleu_script: Optional[Path] = 
         args.bleu_script = bleu_script
     logging.basicConfig(level=logging.INFO, format="%(asctime)s | %(levelname)s | %(name)s | %(message)s")
     from fairseq_gradinit.fairseq_plugin.registration import task as _task  # noqa: F401  (the task's options must be known to fairseq's parser)
-
     from .presets import describe_presets, get_preset, list_presets
 
     if args.list_presets is not None:

@@ -319,8 +319,11 @@ def test_what_would_fail_after_the_study_is_refused_before_anything_runs(tmp_pat
     (tmp_path / "notes.tgz").write_text("my notes\n")
     (tmp_path / "latin1.en").write_bytes(b"fine\nd\xe9j\xe0 vu\n")
     (tmp_path / "short.en").write_text("one\ntwo\n")
-    # the test split's index header: fairseq's mmap format, 3 sentences
-    (tmp_path / "bin" / "test.de-en.de.idx").write_bytes(b"MMIDIDX\x00\x00" + bytes(9) + (3).to_bytes(8, "little"))
+    # the test split's index: fairseq's mmap format (version 1, int32 tokens), 3 sentences of 2 tokens
+    (tmp_path / "bin" / "test.de-en.de.idx").write_bytes(
+        b"MMIDIDX\x00\x00" + (1).to_bytes(8, "little") + bytes([4]) + (3).to_bytes(8, "little")
+        + b"".join((2).to_bytes(4, "little") for _ in range(3)) + b"".join((8 * i).to_bytes(8, "little") for i in range(3)))
+    (tmp_path / "bin" / "test.de-en.de.bin").write_bytes(bytes(24))
     fill = {"tmp": tmp_path, "blocker": blocker}
     code = study_cli.main([str(tmp_path / "bin"), "--out", str(tmp_path / "out"), "--cpu", "--base-args", TINY,
                            "--arm", "x=--seed 2", *[e.format(**fill) for e in extra]])

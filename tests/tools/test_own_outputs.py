@@ -109,7 +109,9 @@ def test_no_json_is_written_outside_the_one_writer():
                ("fairseq_gradinit/fairseq_plugin/phase/compute.py", "json.dumps(settings, default=str)"),
                ("fairseq_gradinit/fairseq_plugin/phase/provenance.py", "json.dumps(value, default=str, sort_keys=True)"),
                ("fairseq_gradinit/fairseq_plugin/phase/provenance.py", "json.dumps(value, sort_keys=True, default=str)"),
-               ("lab/study/plan.py", "json.dumps(compared, sort_keys=True, default=str)")}
+               ("lab/study/plan.py", "json.dumps(compared, sort_keys=True, default=str)"),
+               # the key of the plan's cache: the settings and the init file's identity on disk
+               ("fairseq_gradinit/fairseq_plugin/settings/plan.py", "json.dumps([dict(settings))")}
     found = set()
     for folder in ("fairseq_gradinit", "lab"):
         for path in (ROOT / folder).rglob("*.py"):
