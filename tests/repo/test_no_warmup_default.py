@@ -156,3 +156,21 @@ def test_the_quick_start_timing_sentence_is_the_stored_run():
     assert f"step 2's log runs {span:.0f} s from its first line to its last" in page
     assert f"{info['wall_time']:.0f} s of them the {info['iterations']} GradInit iterations, all objective" in page
     assert info["num_objective"] == info["iterations"] == 20
+
+
+def test_the_idle_quick_start_timing_is_the_stored_run():
+    import json
+    import re
+    from datetime import datetime
+
+    record = REPO / "lab" / "record" / "quickstart-translation-idle"
+    stamps = [datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
+              for line in (record / "train.log").read_text(encoding="utf-8").splitlines() if line[:2] == "20"]
+    info = json.loads((record / "gradinit.json").read_text(encoding="utf-8"))
+    steps = [float(x) for x in re.findall(r"step\d ([\d.]+) s", (record / "times.txt").read_text(encoding="utf-8"))]
+    page = _flat(REPO / "docs" / "fairseq.md")
+    assert f"the three steps as written took {steps[0]:.0f} s, {steps[1]:.0f} s and {steps[2]:.0f} s" in page
+    span = (stamps[-1] - stamps[0]).total_seconds()
+    assert f"step 2's log runs {span:.0f} s from its first line to its last, {info['wall_time']:.0f} s of them the " \
+           f"{info['iterations']} GradInit iterations" in page
+    assert "PyTorch uses" not in (record / "train.log").read_text(encoding="utf-8")  # idle: PyTorch's threads
