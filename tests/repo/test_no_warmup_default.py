@@ -174,3 +174,18 @@ def test_the_idle_quick_start_timing_is_the_stored_run():
     assert f"step 2's log runs {span:.0f} s from its first line to its last, {info['wall_time']:.0f} s of them the " \
            f"{info['iterations']} GradInit iterations" in page
     assert "PyTorch uses" not in (record / "train.log").read_text(encoding="utf-8")  # idle: PyTorch's threads
+
+
+def test_the_readme_states_the_quick_start_times_of_the_stored_runs():
+    import re
+    from datetime import datetime
+
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    idle = REPO / "lab" / "record" / "quickstart-translation-idle" / "times.txt"
+    steps = [float(x) for x in re.findall(r"step\d ([\d.]+) s", idle.read_text(encoding="utf-8"))]
+    log = REPO / "lab" / "record" / "quickstart-translation" / "train.log"
+    stamps = [datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
+              for line in log.read_text(encoding="utf-8").splitlines() if line[:2] == "20"]
+    shared = (stamps[-1] - stamps[0]).total_seconds()
+    assert (f"On an otherwise idle 2-core CPU the three steps took {steps[0]:.0f} s, {steps[1]:.0f} s and "
+            f"{steps[2]:.0f} s; with other jobs on both cores, step 2 took {shared:.0f} s") in readme
