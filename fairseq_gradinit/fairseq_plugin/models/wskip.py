@@ -343,7 +343,7 @@ def admin_profile(model: nn.Module, sample: dict, *, device: Optional[torch.devi
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             for p in omegas.values():
                 dist.broadcast(p.data, src=0)
-        values = {name: float(p[0]) for name, p in omegas.items()}
+        values = {name: float(p[0].detach()) for name, p in omegas.items()}
     except BaseException:
         model.admin_pending = was_pending
         raise
