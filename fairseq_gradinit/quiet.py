@@ -17,7 +17,7 @@ FAIRSEQ_WORKER_FILTER = "ignore:semaphore_tracker:UserWarning"
 SHOW_ALL_ENV = "FAIRSEQ_GRADINIT_WARNINGS"
 
 #: Start (a regular expression, matched as :func:`warnings.filterwarnings` does) of each hidden message:
-#: deprecations inside hydra, torch and fairseq that a user of this package can do nothing about.
+#: deprecations inside hydra, torch, numpy and fairseq that a user of this package can do nothing about.
 KNOWN_NOISE = (
     # hydra, when fairseq builds its configuration
     r"hydra\.experimental\.(initialize|compose)\(\) is no longer experimental",
@@ -30,6 +30,8 @@ KNOWN_NOISE = (
     r"`torch\.cuda\.amp\.(autocast|GradScaler)\(args\.\.\.\)` is deprecated",
     r"Support for mismatched key_padding_mask and attn_mask is deprecated",
     r"'pin_memory' argument is set as true but no accelerator is found",
+    # numpy 2, when fairseq's datasets hand np.array objects whose __array__ predates its copy keyword
+    r"__array__ implementation doesn't accept a copy keyword",
 )
 
 
