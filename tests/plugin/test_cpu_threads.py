@@ -114,3 +114,12 @@ def test_the_docs_table_is_the_stored_measurement_and_the_choice_is_the_faster()
         # what the plugin picks on a 2-core machine: 2 threads idle, 1 with a core busy
         picked = threads_for(env={}, cores=2, current=2, busy=1.0 if busy else 0.0) or 2
         assert (default, one)[picked == 1] == min(default, one)
+
+
+def test_the_docs_state_the_sample_and_the_log_line():
+    from pathlib import Path
+
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "fairseq.md").read_text().split())
+    assert f"(over {cpu_threads.SAMPLE_SECONDS:g} s, from `/proc/stat`)" in page
+    assert "`gradinit: PyTorch uses 1 CPU thread instead of 2: other programs kept 1.0 of the 2 cores busy as the run " \
+           "started ...`" in page

@@ -156,3 +156,19 @@ def test_the_cpu_testbed_table_is_the_stored_curves():
             assert sum("monitor: eval - train loss" in line for line in f) == int(warnings), arm
     look, warm = curves["gi-look4"], curves["warmup"]  # "below the warmup run at every validation from 100 on"
     assert all(look[u][0] < warm[u][0] for u in warm) and "below the warmup run at every validation" in section
+
+
+def test_the_branch_ratio_sentence_is_the_stored_monitor():
+    import csv
+
+    at100 = {}
+    with open(REPO / "lab" / "record" / "testbed-d128" / "curves.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            if r["num_updates"] == "100" and r["monitor_max_branch_ratio_eval"]:
+                at100[r["arm"]] = float(r["monitor_max_branch_ratio_eval"])
+    broken = [at100[a] for a in ("gi", "gi-screen", "gi-pairs", "gi-warm50")]
+    learning = [at100[a] for a in ("gi-unstepped", "gi-eta-lr")]
+    assert (round(min(broken)), round(max(broken)), round(min(learning)), round(max(learning))) == (23, 28, 5, 7)
+    assert round(at100["gi-look4"], 1) == 3.2 and all(1 <= at100[a] < 2 for a in ("xavier", "xavier-warm50"))
+    page = " ".join((REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8").split())
+    assert "23–28× the stream for the arms that break down, 5–7 for these two, 3.2 for our variant, 1–2 for Xavier" in page
