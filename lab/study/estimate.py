@@ -267,6 +267,22 @@ def _last_int(argv: Sequence[str], option: str, default: int) -> int:
     return value
 
 
+def _simulated_steps(argv: Sequence[str]) -> int:
+    """The phase's simulated steps: the flag, else the plugin's default for the command (several with Adam
+    unless --gradinit-unstepped-uses pins the paper's single step; one with SGD)."""
+    from fairseq_gradinit.fairseq_plugin.settings.options import NO_WARMUP_LOOKAHEAD_STEPS
+
+    if "--gradinit-lookahead-steps" in argv[:-1]:
+        return _last_int(argv, "--gradinit-lookahead-steps", 1)
+    optimizer = "adam"
+    for flag in ("--optimizer", "--gradinit-optimizer"):  # GradInit's own optimizer overrides the training's
+        for i, token in enumerate(argv[:-1]):
+            if token == flag:
+                optimizer = argv[i + 1]
+    sgd = optimizer in ("sgd", "nag")
+    return 1 if sgd or "--gradinit-unstepped-uses" in argv else NO_WARMUP_LOOKAHEAD_STEPS
+
+
 def _is_fp32(argv: Sequence[str]) -> bool:
     return "--fp16" not in argv and "--bf16" not in argv and "--amp" not in argv
 
@@ -274,7 +290,7 @@ def _is_fp32(argv: Sequence[str]) -> bool:
 def plan_jobs(plans, groups, *, max_update: int) -> List[EstJob]:
     """The jobs of a planned study (:func:`~.plan.plan_study`): uncached GradInit groups first, then arms."""
     jobs = [EstJob(f"gi-{key}", "phase", iters=_last_int(g.phase_argv, "--gradinit-iters", 780),
-                   lookahead=_last_int(g.phase_argv, "--gradinit-lookahead-steps", 1))
+                   lookahead=_simulated_steps(g.phase_argv))
             for key, g in groups.items() if not g.cached]
     phases = {j.name for j in jobs}
     for p in plans:
@@ -302,7 +318,7 @@ def call_jobs(arms: Sequence, train: Sequence[str], prepare: Sequence[str], base
                     and name not in cached)
         if computes:
             jobs.append(EstJob(f"gi-{name}", "phase", iters=_last_int(argv, "--gradinit-iters", 780),
-                               lookahead=_last_int(argv, "--gradinit-lookahead-steps", 1)))
+                               lookahead=_simulated_steps(argv)))
         if name in train:
             arm_jobs.append(EstJob(name, "arm", updates=_last_int(argv, "--max-update", max_update),
                                    fp32=_is_fp32(argv), deps=(f"gi-{name}",) if computes else ()))

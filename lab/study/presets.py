@@ -742,6 +742,7 @@ TESTBED = Preset(
         _tb("gi-eta-lr", _with(TB_PAPER_SCREEN, "--gradinit-eta", "1e-3", "--gradinit-gamma", "1000"), "the screening phase with eta = lr, not 2 x lr"),
         _tb("gi-warm50", ("--gradinit-iters", "780") + TB_PAPER + ("--warmup-updates", "50"), "GradInit (plain usage line), then 50 warmup updates"),
         _tb("xavier-warm50", ("--warmup-updates", "50"), "Xavier with the same 50 warmup updates"),
+        _tb("xavier-warm50-s2", ("--warmup-updates", "50", "--seed", "2"), "xavier-warm50 at seed 2"),
         _tb("admin", WSKIP_ARCH + ADMIN_INIT, "Admin's w_skip Transformer with Admin's initialization, Adam, no "
                                              "warmup"),
         _tb("admin-s2", WSKIP_ARCH + ADMIN_INIT + ("--seed", "2"), "admin at seed 2"),

@@ -80,6 +80,21 @@ def test_dry_run_prices_the_simulated_steps_of_a_lookahead_phase(tiny_bin, tmp_p
     assert abs((look - CPU2.startup_s) / (plain - CPU2.startup_s) - lookahead_factor(4)) < 0.01
 
 
+def test_dry_run_prices_the_plugins_default_simulated_steps(tiny_bin, tmp_path):
+    """An arm with the plain usage line (no --gradinit-lookahead-steps) gets the plugin's default steps with
+    Adam: its phase is priced as gi-look4's, not as a one-step phase."""
+    import re
+
+    rc, out, err = study_main([str(tiny_bin), "--preset", "testbed", "--cpu", "--no-bleu", "--out",
+                               str(tmp_path / "s"), "--arms", "gi-default,gi-K2", "--parallel", "1",
+                               "--dry-run"])
+    assert rc == 0, err
+    steps = re.findall(r"phase gi-\w+: starts \d+ s, ends \d+ s \(\d+ s, 200 GradInit iterations(, 4 simulated "
+                       r"steps)?\)", out)
+    # gi-K2 pins one step; gi-default gives none and gets four
+    assert sorted(bool(s) for s in steps) == [False, True], out
+
+
 def test_tiny_testbed_records_both_losses_and_reuses_cached_phases(tiny_bin, tmp_path):
     common = [str(tiny_bin), "--preset", "testbed", "--cpu", "--no-bleu", "--base-args", TINY,
               "--max-update", "4", "--valid-every", "2", "--save-every", "4", "--gradinit-cache", str(tmp_path / "cache")]
