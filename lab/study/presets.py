@@ -753,6 +753,7 @@ TESTBED = Preset(
         _tb("gi-floors", TB_PAPER_SCREEN + ("--gradinit-scale-bounds", HIGHER_FLOOR),
             "variant: the screening phase with floors (weights >= 0.1, LayerNorm weights >= 0.3)"),
         _tb("gi-K2", TB_SCREEN + GAMMA_INIT_FACTOR + PAPER_STEP, "variant: the screening phase with gamma = 2 x the init's norm"),
+        _tb("gi-K2-s2", TB_SCREEN + GAMMA_INIT_FACTOR + PAPER_STEP + ("--seed", "2"), "gi-K2 at seed 2"),
         _tb("gi-look4", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4,
             "variant: the screening phase, gamma = 2 x the init's norm, the loss after 4 simulated Adam steps"),
         _tb("gi-look4-s2", TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4 + ("--seed", "2"), "gi-look4 at seed 2"),
