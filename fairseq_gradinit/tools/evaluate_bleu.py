@@ -268,6 +268,21 @@ def score_bleu(
     }
 
 
+def scoring_problem(tokenize: Optional[str], lowercase: bool) -> Optional[str]:
+    """Why sacreBLEU cannot score with ``--tokenize``/``--lowercase`` (a tokenizer it does not have, or one whose
+    extra dependencies are missing), found by scoring one sentence before any decoding; None when it scores."""
+    from sacrebleu.metrics import BLEU
+
+    try:
+        score_bleu(["a b c d"], ["a b c d"], tokenize=tokenize, lowercase=lowercase)
+    except KeyError:
+        return (f"argument --tokenize: sacreBLEU has no tokenizer {tokenize!r}; choose one of "
+                f"{', '.join(getattr(BLEU, 'TOKENIZERS', ()))}")
+    except Exception as e:  # noqa: BLE001 - sacreBLEU's own reasons (RuntimeError, ImportError), on one line
+        return f"argument --tokenize: sacreBLEU cannot tokenize with {tokenize!r}: {' '.join(str(e).split())}"
+    return None
+
+
 def format_summary(result: dict) -> str:
     wall = result.get("generation_wall_time_s")
     wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "n/a"
@@ -388,9 +403,12 @@ def reference_problem(ref: Path, data: Optional[Path], subset: str) -> Optional[
 
 
 def check_paths(args) -> None:
-    """Before any work: the files read are readable text, ``--ref`` has one line per sentence of the split
-    (when the split is translated here), and no file written is an input or a file of another kind
-    (``ArgumentProblem``)."""
+    """Before any work: sacreBLEU scores with ``--tokenize``/``--lowercase``, the files read are readable text,
+    ``--ref`` has one line per sentence of the split (when the split is translated here), and no file written is
+    an input or a file of another kind (``ArgumentProblem``)."""
+    problem = scoring_problem(args.tokenize, args.lowercase)
+    if problem:
+        raise ArgumentProblem(problem)
     if args.ref is not None:
         problem = reference_problem(args.ref, None if args.from_output is not None else args.data, args.gen_subset)
         if problem:
