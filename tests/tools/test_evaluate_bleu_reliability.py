@@ -172,3 +172,34 @@ def test_a_fairseq_scorer_that_cannot_be_built_stops_before_the_model_loads(tiny
                       "--scoring", "sacrebleu", "--sacrebleu-tokenizer", "ja-mecab"])
     assert str(exc.value).startswith("--scoring sacrebleu: RuntimeError: Japanese tokenization requires extra")
     assert "\n" not in str(exc.value) and exc.value.code == 1 and loaded == []
+
+
+def test_a_ref_with_a_line_lost_and_one_added_is_refused_before_the_decode(tiny_data, tmp_path, monkeypatch, capsys):
+    """--ref with the right count but a sentence lost and another added: compared line for line with the split's
+    binarized target side before the decode, and refused naming the first shifted line (before: accepted and
+    scored against shifted references, as fewer than half of the lines differed). The split's own target file
+    passes the check."""
+    import torch
+
+    class Decoded(Exception):
+        pass
+
+    def decode(*args, **kwargs):
+        started.append(args)
+        raise Decoded
+
+    started = []
+    monkeypatch.setattr(evaluate_bleu, "run_generate", decode)
+    ckpt = tmp_path / "checkpoint.pt"
+    torch.save({"model": {}}, ckpt)
+    lines = (tiny_data.parent / "test.en").read_text(encoding="utf-8").splitlines()
+    ref = tmp_path / "ref.en"
+    ref.write_text("\n".join(lines[:3] + lines[4:] + ["A sentence of another file."]) + "\n", encoding="utf-8")
+    argv = [str(tiny_data), "--path", str(ckpt), "--cpu", "--output-json", str(tmp_path / "b.json")]
+    err = _refusal([*argv, "--ref", str(ref)], capsys)
+    assert (f"error: argument --ref: line 4 of {ref} is not sentence 3 of the split 'test' of {tiny_data} (the file "
+            f"has {lines[4][:60]!r}, the split ") in err, err
+    assert "line i of the references must be sentence i of the split" in err and started == []
+    with pytest.raises(Decoded):  # the split's own target file goes on to the decode
+        evaluate_bleu.main([*argv, "--ref", str(tiny_data.parent / "test.en")])
+    assert len(started) == 1
