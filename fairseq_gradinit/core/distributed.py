@@ -1,7 +1,7 @@
 """Data-parallel helpers of the scale-learning engines (GradInit, MetaInit)."""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,14 @@ class DataParallelGroup:
             n = t.numel()
             t.copy_(flat[offset:offset + n].view_as(t))
             offset += n
+
+    def all_gather_object(self, obj: Any) -> List[Any]:
+        """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process."""
+        if not self.active:
+            return [obj]
+        out: List[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
 
     def broadcast_(self, tensors: Sequence[torch.Tensor]) -> None:
         if not self.active:

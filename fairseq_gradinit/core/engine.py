@@ -30,6 +30,7 @@ from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam
 from .precision import loss_in_precision, phase_precision
 from .progress import format_duration, no_objective_advice
+from .random_state import capture_random_state, random_state_problem, restore_random_state
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import FlatViews, ScaledParameters
 from .uses import UnsteppedUses
@@ -594,11 +595,14 @@ class GradInit:
     # -- interrupting and resuming ---------------------------------------------------------
     def state_dict(self) -> dict:
         """Everything the loop needs to continue after the last completed iteration (CPU tensors):
-        the scales, the scales' Adam moments, the history and the branch state, with the names and
-        squared norms of the W_i and the config, against which :meth:`load_state_dict` checks."""
+        the scales, the scales' Adam moments, the history and the branch state, torch's random state
+        of every rank (``"rng"``: the dropout masks of the next iterations), with the names and
+        squared norms of the W_i and the config, against which :meth:`load_state_dict` checks. With
+        more than one rank, every rank calls it at the same iteration (the random states are gathered)."""
         self._flush_pending()
         separate = self.adam_constraint is not self.adam
         return {
+            "rng": capture_random_state(self.scaled.params, self.dist),
             "format": 1, "names": list(self.scaled.names), "w_sq_norms": self._w_sq_norms(),
             "config": _result_settings(self.cfg), "alpha": self.alpha.detach().cpu().clone(),
             "adam": self.adam.state_dict(), "adam_constraint": self.adam_constraint.state_dict() if separate else None,
@@ -608,9 +612,14 @@ class GradInit:
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from :meth:`state_dict` of an interrupted run of the same model, initial weights
-        and settings (``ValueError`` naming what differs otherwise)."""
+        and settings (``ValueError`` naming what differs otherwise). Its random state, where it has
+        one, is set again, so that the next iteration draws what it would have drawn in that run; a
+        state without one (saved before the field existed) continues from the present random state."""
         if not isinstance(state, dict) or state.get("format") != 1:
             raise ValueError("not a GradInit state (expected the dict of GradInit.state_dict())")
+        rng_problem = random_state_problem(state["rng"]) if state.get("rng") is not None else None
+        if rng_problem:
+            raise ValueError(f"the GradInit state is damaged: {rng_problem}")
         if state["names"] != list(self.scaled.names):
             raise ValueError("the GradInit state was saved for other tensors: e.g. "
                              f"{sorted(set(state['names']) ^ set(self.scaled.names))[:3]}")
@@ -634,6 +643,13 @@ class GradInit:
         self.state.last_branch = str(state["last_branch"])
         if self.cfg.gamma_init_factor is not None and state.get("gamma") is not None:
             self.gamma = float(state["gamma"])
+        if state.get("rng") is not None:
+            restore_random_state(state["rng"], self.scaled.params, self.dist)
+        elif self.cfg.dropout:
+            logger.warning("gradinit: the GradInit state holds no random state (it was saved by an older "
+                           "fairseq_gradinit): with dropout on, the resumed run draws other dropout masks than an "
+                           "uninterrupted one, so its scales can differ; only a state saved with the random state "
+                           "resumes exactly")
 
     def _w_sq_norms(self) -> List[float]:
         return [float(w.detach().double().pow(2).sum()) for w in self.scaled.W]

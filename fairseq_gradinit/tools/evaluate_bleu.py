@@ -268,6 +268,21 @@ def score_bleu(
     }
 
 
+def scoring_problem(tokenize: Optional[str], lowercase: bool) -> Optional[str]:
+    """Why sacreBLEU cannot score with ``--tokenize``/``--lowercase`` (a tokenizer it does not have, or one whose
+    extra dependencies are missing), found by scoring one sentence before any decoding; None when it scores."""
+    from sacrebleu.metrics import BLEU
+
+    try:
+        score_bleu(["a b c d"], ["a b c d"], tokenize=tokenize, lowercase=lowercase)
+    except KeyError:
+        return (f"argument --tokenize: sacreBLEU has no tokenizer {tokenize!r}; choose one of "
+                f"{', '.join(getattr(BLEU, 'TOKENIZERS', ()))}")
+    except Exception as e:  # noqa: BLE001 - sacreBLEU's own reasons (RuntimeError, ImportError), on one line
+        return f"argument --tokenize: sacreBLEU cannot tokenize with {tokenize!r}: {' '.join(str(e).split())}"
+    return None
+
+
 def format_summary(result: dict) -> str:
     wall = result.get("generation_wall_time_s")
     wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "n/a"
@@ -387,10 +402,73 @@ def reference_problem(ref: Path, data: Optional[Path], subset: str) -> Optional[
     return None
 
 
+def option_value(argv: Sequence[str], *names: str) -> Optional[str]:
+    """The last value of one of the options ``names`` in ``argv`` (as argparse takes it), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        for name in names:
+            if arg == name:  # fairseq's --remove-bpe alone means subword_nmt
+                value = argv[i + 1] if i + 1 < len(argv) and not argv[i + 1].startswith("-") else "subword_nmt"
+            elif arg.startswith(name + "="):
+                value = arg[len(name) + 1:]
+    return value
+
+
+def binarized_references(data: Path, subset: str, cmd: Sequence[str]) -> Optional[List[str]]:
+    """The target side of the split ``subset`` of ``data`` as the decode's ``T-`` lines read (the target
+    dictionary's strings, unknown words as ``<<unk>>``, the command's ``--remove-bpe``/``--post-process``), for
+    the language pair the command names or fairseq infers from the folder; None where that cannot be read here
+    (no such pair, another format, a ``--bpe``/``--tokenizer`` decoder given to fairseq-generate)."""
+    from fairseq.data import Dictionary, data_utils
+    from fairseq.data.indexed_dataset import MMapIndexedDataset, infer_dataset_impl
+
+    if option_value(cmd, "--bpe") or option_value(cmd, "--tokenizer"):
+        return None
+    src, tgt = option_value(cmd, "--source-lang", "-s"), option_value(cmd, "--target-lang", "-t")
+    if src is None or tgt is None:
+        src, tgt = data_utils.infer_language_pair(str(data))
+    if src is None or tgt is None:
+        return None
+    post_process = option_value(cmd, "--post-process", "--remove-bpe")
+    for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
+        prefix = str(Path(data) / f"{subset}.{pair}.{tgt}")
+        dictionary = Path(data) / f"dict.{tgt}.txt"
+        if not Path(prefix + ".idx").is_file() or not dictionary.is_file():
+            continue
+        try:
+            if infer_dataset_impl(prefix) != "mmap":
+                return None
+            tokens = MMapIndexedDataset(prefix)
+            target = Dictionary.load(str(dictionary))
+            return [target.string(tokens[i].tolist(), post_process, escape_unk=True) for i in range(len(tokens))]
+        except (OSError, AssertionError, ValueError, KeyError, IndexError, NotImplementedError):
+            return None  # a damaged split: fairseq-generate says what is wrong with it
+    return None
+
+
+def binarized_reference_problem(ref: Path, data: Path, subset: str, cmd: Sequence[str]) -> Optional[str]:
+    """Which line of ``ref`` is not the sentence of the split ``subset`` of ``data`` at its place (a line lost and
+    another added keep the count but shift every line between them), or None; each ``<<unk>>`` of the binarized
+    side stands for any text (:func:`same_reference`)."""
+    binarized = binarized_references(data, subset, cmd)
+    if binarized is None:
+        return None
+    lines = read_reference_file(ref)
+    for i, (line, t_line) in enumerate(zip(lines, binarized)):
+        if not same_reference(line, t_line):
+            return (f"line {i + 1} of {ref} is not sentence {i} of the split {subset!r} of {data} (the file has "
+                    f"{line[:60]!r}, the split {t_line[:60]!r}): line i of the references must be sentence i of the "
+                    "split; pass the plain-text target file of that split")
+    return None
+
+
 def check_paths(args) -> None:
-    """Before any work: the files read are readable text, ``--ref`` has one line per sentence of the split
-    (when the split is translated here), and no file written is an input or a file of another kind
-    (``ArgumentProblem``)."""
+    """Before any work: sacreBLEU scores with ``--tokenize``/``--lowercase``, the files read are readable text,
+    ``--ref`` has one line per sentence of the split (when the split is translated here), and no file written is
+    an input or a file of another kind (``ArgumentProblem``)."""
+    problem = scoring_problem(args.tokenize, args.lowercase)
+    if problem:
+        raise ArgumentProblem(problem)
     if args.ref is not None:
         problem = reference_problem(args.ref, None if args.from_output is not None else args.data, args.gen_subset)
         if problem:
@@ -856,6 +934,10 @@ def evaluate(args, extra: Sequence[str]) -> int:
             if device_note:
                 print(f"note: {device_note}", file=sys.stderr)
             cmd = build_generate_command(args, extra, cuda=cuda, fp16=fp16)
+            if args.ref is not None:
+                problem = binarized_reference_problem(args.ref, args.data, args.gen_subset, cmd)
+                if problem:
+                    raise ArgumentProblem(f"argument --ref: {problem}")
             meter = DecodeMeter(subset_size(args.data, args.gen_subset), chunk=args.rate_chunk)
             try:
                 parsed, wall = run_generate(cmd, args.save_output, meter=meter, time_limit=args.time_limit,

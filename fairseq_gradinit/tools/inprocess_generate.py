@@ -70,8 +70,8 @@ def import_fairseq() -> None:
 
 
 class ArgumentsRefused(ValueError):
-    """fairseq's parser refused the arguments (it printed its usage and message on stderr): ``str(self)`` is its
-    last line, ``code`` the exit status fairseq-generate would have ended with."""
+    """fairseq's parser refused the arguments (it printed its usage and message on stderr), or the scorer they name
+    cannot be built: ``str(self)`` is the reason's one line, ``code`` the exit status."""
 
     def __init__(self, message: str, code: int):
         super().__init__(message)
@@ -141,6 +141,13 @@ class SplitDecoder:
         except NotImplementedError:
             self.src_dict = None
         self.tgt_dict = task.target_dictionary
+        # before the ensemble and the split load: a scorer the options cannot build (a sacreBLEU tokenizer whose
+        # dependencies are missing, a metric's missing package) stops the start-up, not the end of the decode
+        try:
+            self.scorer = scoring.build_scorer(cfg.scoring, self.tgt_dict)
+        except Exception as e:  # noqa: BLE001 - the scorer's own reason, on one line
+            name = getattr(cfg.scoring, "_name", None) or "bleu"
+            raise ArgumentsRefused(f"--scoring {name}: {type(e).__name__}: {' '.join(str(e).split())}", 1) from None
         overrides = ast.literal_eval(cfg.common_eval.model_overrides)
         self.models, saved_cfg = checkpoint_utils.load_model_ensemble(
             utils.split_paths(cfg.common_eval.path), arg_overrides=overrides, task=task,
@@ -165,7 +172,6 @@ class SplitDecoder:
                                               extra_gen_cls_kwargs={"lm_model": lm, "lm_weight": cfg.generation.lm_weight})
         self.tokenizer = task.build_tokenizer(cfg.tokenizer)
         self.bpe = task.build_bpe(cfg.bpe)
-        self.scorer = scoring.build_scorer(cfg.scoring, self.tgt_dict)
         self.strip = symbols_to_strip(self.generator)
         self.translate_seconds, self.generated_tokens, self.n_translated = 0.0, 0, 0
         self.has_target = True

@@ -76,3 +76,54 @@ def test_a_state_is_refused_for_other_weights_settings_or_tensors():
     assert len(longer.history) == 6
     with pytest.raises(ValueError, match="go together"):
         gradinit(copy.deepcopy(base), pairs(4), loss_fn, CFG, checkpoint_interval=2)
+
+
+class DropoutNet(Net):
+    def __init__(self):
+        super().__init__()
+        self.drop = nn.Dropout(0.3)
+
+    def forward(self, x):
+        return self.fc2(self.drop(self.norm(torch.tanh(self.fc1(x)))))
+
+
+def test_a_resumed_run_with_dropout_draws_the_masks_of_the_uninterrupted_one(caplog):
+    cfg = GradInitConfig(eta=0.05, gamma=3.0, lr=0.05, iters=12, adam_state="per_branch", dropout=True)
+    torch.manual_seed(0)
+    base = DropoutNet().double()
+    data = pairs(12)
+
+    def run(**kwargs):  # each run as a fresh process with the same seed
+        torch.manual_seed(1)
+        return gradinit(copy.deepcopy(base), kwargs.pop("batches", data), loss_fn, cfg, **kwargs)
+
+    whole = run()
+    saved = []
+
+    def stop_at_7(rec):
+        if rec.iteration == 7:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run(callback=stop_at_7, checkpoint=saved.append, checkpoint_interval=5)
+    assert [len(s["history"]) for s in saved] == [5] and saved[0]["rng"]["cpu"][0].dtype == torch.uint8
+    resumed = run(batches=data[5:], state=saved[0])
+    assert resumed.scales == whole.scales
+    assert [r.branch for r in resumed.history] == [r.branch for r in whole.history]
+    # the masks matter: a state without its random state resumes with other masks, and says so
+    old = {k: v for k, v in saved[0].items() if k != "rng"}
+    caplog.set_level("WARNING", logger="fairseq_gradinit.core.engine")
+    other = run(batches=data[5:], state=old)
+    assert other.scales != whole.scales
+    assert "holds no random state" in caplog.text and "dropout masks" in caplog.text
+
+
+def test_a_damaged_random_state_is_refused():
+    torch.manual_seed(0)
+    base = DropoutNet().double()
+    saved = []
+    gradinit(copy.deepcopy(base), pairs(4), loss_fn, CFG, iters=4, dropout=True, checkpoint=saved.append,
+             checkpoint_interval=2)
+    with pytest.raises(ValueError, match="random state"):
+        gradinit(copy.deepcopy(base), pairs(4), loss_fn, CFG, dropout=True, state=dict(saved[0], rng={"cpu": 3}))
+

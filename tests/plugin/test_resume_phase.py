@@ -12,10 +12,15 @@ from fairseq_helpers import make_tiny_bin  # noqa: E402
 from fairseq_train import TINY_MODEL, train_inprocess  # noqa: E402
 
 
-def test_stopped_phase_resumes_where_it_stopped_and_matches_an_uninterrupted_one(tmp_path, monkeypatch, caplog):
+# With dropout the saved state holds every rank's random state: the resumed phase draws the same masks.
+@pytest.mark.parametrize("dropout", [False, True], ids=["eval", "dropout"])
+def test_stopped_phase_resumes_where_it_stopped_and_matches_an_uninterrupted_one(tmp_path, monkeypatch, caplog,
+                                                                                dropout):
     data = make_tiny_bin(tmp_path, {"train": 120, "valid": 10, "test": 10}, 300)
     common = [str(data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--max-update", "1",
               "--gradinit-iters", "7", "--gradinit-checkpoint-interval", "2", "--gradinit-lr", "0.05"]
+    if dropout:
+        common += ["--gradinit-dropout", "true"]  # TINY_MODEL has --dropout 0.1
     train_inprocess(common + ["--save-dir", str(tmp_path / "whole")])
     whole = json.loads((tmp_path / "whole" / "gradinit.json").read_text())
     assert not (tmp_path / "whole" / "gradinit.state.pt").exists()

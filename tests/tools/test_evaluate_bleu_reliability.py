@@ -129,3 +129,77 @@ def test_a_lone_cr_inside_a_reference_stays_in_its_sentence(tiny_data, tmp_path)
     crlf = tmp_path / "crlf.en"
     crlf.write_bytes(("\r\n".join(lines) + "\r\n").encode("utf-8"))
     assert evaluate_bleu.read_reference_file(crlf) == lines
+
+
+def test_a_scoring_option_sacrebleu_refuses_stops_before_the_decode(tiny_data, tmp_path, monkeypatch, capsys):
+    """--tokenize with a tokenizer sacreBLEU does not have, or cannot run here: one argument error before the
+    decode starts (before: a KeyError traceback once the whole split was decoded)."""
+    import torch
+
+    started = []
+    monkeypatch.setattr(evaluate_bleu, "run_generate", lambda *a, **k: started.append(a) or pytest.fail("decoded"))
+    ckpt = tmp_path / "checkpoint.pt"
+    torch.save({"model": {}}, ckpt)  # passes the checks of the inputs: only the option can stop it
+    argv = [str(tiny_data), "--path", str(ckpt), "--cpu", "--output-json", str(tmp_path / "b.json")]
+    err = _refusal([*argv, "--tokenize", "nosuch"], capsys)
+    assert "error: argument --tokenize: sacreBLEU has no tokenizer 'nosuch'; choose one of " in err and "13a" in err
+    try:
+        import MeCab  # noqa: F401
+    except ImportError:  # sacreBLEU's ja-mecab needs it: its own reason, on one line
+        err = _refusal([*argv, "--tokenize", "ja-mecab"], capsys)
+        assert "error: argument --tokenize: sacreBLEU cannot tokenize with 'ja-mecab': " in err
+        assert "pip install sacrebleu[ja]" in err.splitlines()[-1]
+    assert started == [] and not (tmp_path / "b.json").exists()
+
+
+def test_a_fairseq_scorer_that_cannot_be_built_stops_before_the_model_loads(tiny_data, tmp_path, monkeypatch):
+    """fairseq's own scorer (--scoring, after --) is built before the ensemble and the split load, and its
+    failure is one line (before: fairseq's traceback after the start-up)."""
+    pytest.importorskip("sacrebleu")
+    try:
+        import MeCab  # noqa: F401
+        pytest.skip("MeCab is installed: sacreBLEU's ja-mecab tokenizer can be built here")
+    except ImportError:
+        pass
+    from fairseq import checkpoint_utils
+
+    from fairseq_gradinit.tools.inprocess_generate import ArgumentsRefused, SplitDecoder
+
+    loaded = []
+    monkeypatch.setattr(checkpoint_utils, "load_model_ensemble", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
+    with pytest.raises(ArgumentsRefused) as exc:
+        SplitDecoder([str(tiny_data), "--path", str(tmp_path / "model.pt"), "--gen-subset", "test", "--cpu",
+                      "--scoring", "sacrebleu", "--sacrebleu-tokenizer", "ja-mecab"])
+    assert str(exc.value).startswith("--scoring sacrebleu: RuntimeError: Japanese tokenization requires extra")
+    assert "\n" not in str(exc.value) and exc.value.code == 1 and loaded == []
+
+
+def test_a_ref_with_a_line_lost_and_one_added_is_refused_before_the_decode(tiny_data, tmp_path, monkeypatch, capsys):
+    """--ref with the right count but a sentence lost and another added: compared line for line with the split's
+    binarized target side before the decode, and refused naming the first shifted line (before: accepted and
+    scored against shifted references, as fewer than half of the lines differed). The split's own target file
+    passes the check."""
+    import torch
+
+    class Decoded(Exception):
+        pass
+
+    def decode(*args, **kwargs):
+        started.append(args)
+        raise Decoded
+
+    started = []
+    monkeypatch.setattr(evaluate_bleu, "run_generate", decode)
+    ckpt = tmp_path / "checkpoint.pt"
+    torch.save({"model": {}}, ckpt)
+    lines = (tiny_data.parent / "test.en").read_text(encoding="utf-8").splitlines()
+    ref = tmp_path / "ref.en"
+    ref.write_text("\n".join(lines[:3] + lines[4:] + ["A sentence of another file."]) + "\n", encoding="utf-8")
+    argv = [str(tiny_data), "--path", str(ckpt), "--cpu", "--output-json", str(tmp_path / "b.json")]
+    err = _refusal([*argv, "--ref", str(ref)], capsys)
+    assert (f"error: argument --ref: line 4 of {ref} is not sentence 3 of the split 'test' of {tiny_data} (the file "
+            f"has {lines[4][:60]!r}, the split ") in err, err
+    assert "line i of the references must be sentence i of the split" in err and started == []
+    with pytest.raises(Decoded):  # the split's own target file goes on to the decode
+        evaluate_bleu.main([*argv, "--ref", str(tiny_data.parent / "test.en")])
+    assert len(started) == 1

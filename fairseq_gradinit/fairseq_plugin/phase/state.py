@@ -1,9 +1,10 @@
 """The GradInit phase's state in ``--save-dir``, so that a stopped or killed phase resumes.
 
 Every ``--gradinit-checkpoint-interval`` iterations rank 0 writes ``gradinit.state.pt`` (the scales,
-their Adam moments and the history: a few kilobytes) with this run's fingerprint. The same command
-started again finds it and continues after its last iteration, drawing the same batches from there;
-the file is removed once ``gradinit.json`` is written.
+their Adam moments, the history and every rank's torch random state: a few kilobytes) with this run's
+fingerprint. The same command started again finds it and continues after its last iteration, drawing
+the same batches (and, with ``--gradinit-dropout true``, the same dropout masks) from there; the file
+is removed once ``gradinit.json`` is written.
 """
 import logging
 import os
@@ -11,6 +12,8 @@ import tempfile
 from typing import Optional
 
 import torch
+
+from ...core.random_state import random_state_problem
 
 logger = logging.getLogger(__name__)
 
@@ -36,10 +39,11 @@ def save_phase_state(path: str, state: dict, fingerprint: Optional[dict]) -> Non
         raise
 
 
-#: The fields of a saved phase state (``GradInit.state_dict()``) and their types; None allowed for the last two.
+#: The fields of a saved phase state (``GradInit.state_dict()``) and their types; None allowed for the optional
+#: ones (``rng`` is missing in states saved before it existed: they resume, exactly only without dropout).
 STATE_FIELDS = {"format": int, "names": list, "w_sq_norms": list, "config": dict, "alpha": torch.Tensor,
                 "adam": dict, "history": list, "consecutive_skips": int, "last_branch": str}
-OPTIONAL_STATE_FIELDS = {"adam_constraint": dict, "gamma": (int, float)}
+OPTIONAL_STATE_FIELDS = {"adam_constraint": dict, "gamma": (int, float), "rng": dict}
 
 
 def state_problem(state, fingerprint) -> Optional[str]:
@@ -56,6 +60,8 @@ def state_problem(state, fingerprint) -> Optional[str]:
             return f"its field {key!r} is {type(state[key]).__name__}"
     if not all(isinstance(r, dict) for r in state["history"]):
         return "its history holds entries that are not dicts"
+    if state.get("rng") is not None:
+        return random_state_problem(state["rng"])
     return None
 
 
