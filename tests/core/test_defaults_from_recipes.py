@@ -1,8 +1,11 @@
 """Each front end's defaults are a recipe plus a listed set of differences, ``field -> (value, reason)``:
 the fairseq plugin's the authors' IWSLT'14 recipe, the vision API's and scripts/train_vision.py's the paper's
 CIFAR-10 recipe. Checked field by field against the recipe's values (written out here) and the engine's."""
+import ast
 import dataclasses
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -134,6 +137,11 @@ def test_the_engines_defaults_are_the_authors_recipe_plus_the_listed_differences
         else:
             assert ours == theirs and type(ours) is type(theirs), name
     assert engine == authors.config(**{name: ENGINE[name] for name in AUTHORS_DIFFERENCES})
+    # docs/options.md names the same differences
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "options.md").read_text(encoding="utf-8").split())
+    said = re.search(r"The engine's own defaults, those of `GradInitConfig\(\)`, are the `authors-iwslt14` recipe's "
+                     r"values \(written once, in `fairseq_gradinit/core/recipe_values.py`\) except (.*?), which", page)
+    assert said and set(re.findall(r"`(\w+)`", said.group(1))) == set(AUTHORS_DIFFERENCES)
     # the published numbers, written out here as the independent reference
     assert (engine.optimizer, engine.eta, engine.lr, engine.betas, engine.iters, engine.min_scale, engine.overlap,
             engine.step_params) == ("adam", 1e-3, 2.5e-3, (0.9, 0.98), 780, 0.01, 0.5, "all")
@@ -142,9 +150,6 @@ def test_the_engines_defaults_are_the_authors_recipe_plus_the_listed_differences
 def test_the_engines_recipe_defaults_are_written_once():
     """The defaults of the recipe's fields are read from the recipe's values in ``core/config.py``, not
     restated there as literals (a changed recipe value cannot leave the engine's behind)."""
-    import ast
-    from pathlib import Path
-
     from fairseq_gradinit.core import config
     from fairseq_gradinit.core.config import AUTHORS_DIFFERENCES
 
