@@ -8,6 +8,8 @@ import ast
 import math
 from typing import Any, Callable, Optional
 
+from .core.errors import OptionValueError
+
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
     """An integer >= ``minimum``."""
@@ -49,16 +51,19 @@ positive_int = int_at_least(1)
 
 
 def parse_betas(value: Any) -> tuple:
-    """``"(0.9, 0.98)"`` or a sequence -> a pair of floats; a ValueError says what is expected."""
+    """``"(0.9, 0.98)"`` or a sequence -> a pair of floats; an
+    :class:`~fairseq_gradinit.core.errors.OptionValueError` says what is expected."""
+    pair = "expected a pair like '(0.9, 0.98)'"
     if isinstance(value, str):
         try:
             value = ast.literal_eval(value)  # fairseq's own format for --adam-betas
         except (ValueError, SyntaxError) as e:
-            raise ValueError(f"--adam-betas {value!r}: expected a pair like '(0.9, 0.98)'") from e
+            raise OptionValueError("--adam-betas", f"{value!r}: {pair}", reason=pair) from e
     try:
         betas = tuple(float(b) for b in value)
     except (TypeError, ValueError):
-        raise ValueError(f"--adam-betas {value!r}: expected a pair like '(0.9, 0.98)'") from None
+        raise OptionValueError("--adam-betas", f"{value!r}: {pair}", reason=pair) from None
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
-        raise ValueError(f"--adam-betas {value!r}: expected two numbers in [0, 1), like '(0.9, 0.98)'")
+        expected = "expected two numbers in [0, 1), like '(0.9, 0.98)'"
+        raise OptionValueError("--adam-betas", f"{value!r}: {expected}", reason=expected)
     return betas

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Iterable, List
 
+from .core.errors import OptionValueError
 from .core.options import OptionSpec
 
 
@@ -19,7 +20,7 @@ def add_arguments(parser, specs: Iterable[OptionSpec], *, prefix: str = "--gradi
         metavar = {"choice": "{" + ",".join(spec.choices or ()) + "}", "bool": "{true,false}",
                    "pair": "'(B1, B2)'", "bounds": "'[(SELECT, MIN, MAX), ...]'"}.get(spec.kind)
         shown = spec.to_text(spec.default) if spec.kind in ("pair", "bounds", "bool") else spec.default
-        help_text = spec.help if "(default:" in spec.help else f"{spec.help} (default: {shown})"
+        help_text = spec.help if spec.default_text else f"{spec.help} (default: {shown})"
         # '%(default).0s' prints nothing, and keeps ArgumentDefaultsHelpFormatter from adding the raw
         # default after the one described here.
         help_text = help_text.replace("%", "%%") + "%(default).0s"
@@ -31,8 +32,10 @@ def _argparse_type(spec: OptionSpec):
     def convert(text):
         try:
             return spec.parse(text)
+        except OptionValueError as e:  # argparse names the flag itself
+            raise argparse.ArgumentTypeError(e.detail) from None
         except ValueError as e:
-            raise argparse.ArgumentTypeError(str(e).replace(f"{spec.flag()} ", "", 1)) from None
+            raise argparse.ArgumentTypeError(str(e)) from None
 
     convert.__name__ = spec.kind  # argparse names the type in its "invalid <type> value" message
     return convert
@@ -63,8 +66,6 @@ def _table(specs: List[OptionSpec], *, prefix: str, keyword: bool) -> str:
         name = spec.name if keyword else spec.flag(prefix)
         if spec.choices and not keyword:
             name += " {" + ",".join(spec.choices) + "}"
-        help_text, _, default_text = spec.help.partition(" (default: ")
-        default = default_text[:-1] if default_text else (
-            repr(spec.default) if keyword else (spec.to_text(spec.default) or "none"))
-        rows.append(f"| `{name}` | {default} | {help_text.replace('|', chr(92) + '|')} |")
+        default = spec.default_text or (repr(spec.default) if keyword else (spec.to_text(spec.default) or "none"))
+        rows.append(f"| `{name}` | {default} | {spec.about.replace('|', chr(92) + '|')} |")
     return "\n".join(rows) + "\n"

@@ -10,6 +10,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 import torch
 
 from .errors import ConfigError
+from .recipe_values import AUTHORS_IWSLT14 as AUTHORS
 
 #: The paper's rule of thumb (Sec. 3.3): eta * gamma = 0.1 for Adam, eta * gamma**2 = 0.1 for SGD.
 RULE_OF_THUMB = 0.1
@@ -244,35 +245,50 @@ def option(default=dataclasses.MISSING, *, help: str, default_text: str = "", re
     return field(default=default, metadata=metadata, **kwargs)
 
 
+#: The fields whose default is not the authors' IWSLT'14 value (:data:`.recipe_values.AUTHORS_IWSLT14`),
+#: and why: the recipe's value fits that Transformer, the engine's fits any model.
+AUTHORS_DIFFERENCES = {
+    "gamma": "derived from eta by the paper's rule of thumb, which fits any eta; the recipe's 1e3 goes with its "
+             "eta of 1e-3",
+    "adam_state": "one Adam over all iterations, as Algorithm 1 reads; separate moments are the authors' fairseq "
+                  "code",
+    "scale_bounds": "per-group bounds name the biases and LayerNorms of the authors' Transformer; without them "
+                    "every scale has the global bounds",
+    "unstepped_uses": "the recipe's pattern names fairseq's tied output projection, a module of that Transformer "
+                      "only",
+}
+
+
 @dataclass
 class GradInitConfig:
     """Options of :func:`fairseq_gradinit.core.gradinit`; each field's ``help`` describes it.
 
-    Defaults: Adam with the eta, tau, betas and iterations of the authors' IWSLT14 launch. The
+    Defaults: the authors' IWSLT'14 values (:data:`.recipe_values.AUTHORS_IWSLT14`: Adam, eta, tau,
+    betas, iterations), except the fields listed in :data:`AUTHORS_DIFFERENCES`. The
     complete published settings are named recipes (:mod:`fairseq_gradinit.core.recipes`), e.g.
     ``recipe("paper-cifar10").config()`` for SGD on CIFAR-10. Command-line tools and the vision API
     derive their options from these fields (:mod:`fairseq_gradinit.core.options`).
     """
 
-    optimizer: str = option("adam", choices=OPTIMIZERS, help=(
+    optimizer: str = option(AUTHORS["optimizer"], choices=OPTIMIZERS, help=(
         "optimizer the model will be trained with, whose first step GradInit prepares: adam (A[g] = sign g, "
         "l1 norm) or sgd (A[g] = g, l2 norm)"))
-    eta: float = option(1e-3, help="eta, the learning rate of the first training step that GradInit optimizes for")
+    eta: float = option(AUTHORS["eta"], help="eta, the learning rate of the first training step that GradInit optimizes for")
     gamma: Optional[float] = option(None, help="gamma, the bound on ||g||_p", default_text=(
         "derived from eta by the paper's rule of thumb eta*gamma = 0.1 (Adam) or eta*gamma^2 = 0.1 (SGD)"))
-    lr: float = option(2.5e-3, help="tau, the learning rate of the Adam optimizer that updates the scales")
-    betas: Tuple[float, float] = option((0.9, 0.98), help="Adam betas of the scale optimizer, e.g. '(0.9, 0.98)'")
+    lr: float = option(AUTHORS["lr"], help="tau, the learning rate of the Adam optimizer that updates the scales")
+    betas: Tuple[float, float] = option(AUTHORS["betas"], help="Adam betas of the scale optimizer, e.g. '(0.9, 0.98)'")
     eps: float = option(1e-8, help="Adam epsilon of the scale optimizer")
-    iters: Optional[int] = option(780, help="number of GradInit iterations",
-                                  default_text="780; None: one pass over the batches")
-    min_scale: float = option(0.01, help="lower bound of every scale (the paper's alpha_min)")
+    iters: Optional[int] = option(AUTHORS["iters"], help="number of GradInit iterations",
+                                  default_text=f"{AUTHORS['iters']}; None: one pass over the batches")
+    min_scale: float = option(AUTHORS["min_scale"], help="lower bound of every scale (the paper's alpha_min)")
     max_scale: Optional[float] = option(None, help="upper bound of every scale (None: unbounded)")
     gamma_init_factor: Optional[float] = option(None, experimental=True, since="0.5.0", help=(
         "K: gamma = K * ||g||_p of the first iteration's S at the initial weights (before any scale step; the "
         "first iteration whose gradient is finite), so that the constraint rarely binds for K > 1; the gamma "
         "used is recorded in the result (its 'gamma' and config 'resolved_gamma'); excludes gamma; None: gamma "
         "or the rule of thumb"))
-    overlap: float = option(0.5, help="fraction of S~ drawn from S (the paper uses 0.5)")
+    overlap: float = option(AUTHORS["overlap"], help="fraction of S~ drawn from S (the paper uses 0.5)")
     pairs: str = option("overlap", experimental=True, since="0.5.0", choices=PAIRS, help=(
         "how (S, S~) are formed: overlap (S~ has the size of S and shares 'overlap' of it; from Python and the "
         "vision API S is one batch and S~ runs on into the next one; the fairseq plugin shuffles the samples of "
@@ -308,7 +324,7 @@ class GradInitConfig:
         "per-group bounds of the scales, first match wins: (select, min, max) with select 'bias', 'norm' "
         "(normalization weights), 're:<regex>' on the name (or, from Python, a callable), None keeping the "
         "global bound; e.g. the authors' Transformer setting [('bias', 0, None), ('norm', None, 100)]"))
-    step_params: str = option("all", choices=STEP_PARAMS, help=(
+    step_params: str = option(AUTHORS["step_params"], choices=STEP_PARAMS, help=(
         "which tensors enter g, ||g|| and the simulated step theta - eta*A[g]: all trainable tensors (as the "
         "real first step and the authors' code; tensors without a scale keep W_i) or only the scaled ones"))
     max_step_ratio: Optional[float] = option(None, experimental=True, since="0.4.0", help=(

@@ -1,7 +1,9 @@
-"""The error a config dataclass of the engine raises for an invalid field: :class:`ConfigError`."""
+"""The errors of invalid settings, with their parts as attributes: :class:`ConfigError` (a field of a config
+dataclass of the engine) and :class:`OptionValueError` (a value given for a command-line option). Front ends
+word them from the attributes, never by taking their text apart."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 
 class ConfigError(ValueError):
@@ -20,3 +22,22 @@ class ConfigError(ValueError):
 
 def _rebuild(field, value, expected, owner):
     return ConfigError(field, value, expected, owner=owner)
+
+
+class OptionValueError(ValueError):
+    """The value given for the command-line option ``flag`` is refused. Its text reads ``flag + sep + detail``
+    (``--gradinit-optimizer 'x': expected one of sgd, adam``: ``detail`` is what follows the flag);
+    ``reason`` is what is wrong without the value (``expected one of sgd, adam``; the ``detail`` where not
+    given), for a message that names the value otherwise."""
+
+    def __init__(self, flag: str, detail: str, *, reason: Optional[str] = None, sep: str = " "):
+        self.flag, self.detail, self.sep = flag, detail, sep
+        self.reason = detail if reason is None else reason
+        super().__init__(f"{flag}{sep}{detail}")
+
+    def __reduce__(self):
+        return _rebuild_option_error, (self.flag, self.detail, self.reason, self.sep)
+
+
+def _rebuild_option_error(flag, detail, reason, sep):
+    return OptionValueError(flag, detail, reason=reason, sep=sep)

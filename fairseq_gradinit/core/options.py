@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple
 
 from .config import GradInitConfig, ScaleBound
+from .errors import OptionValueError
 
 #: Values that an option's ``kind`` can take (how the command line spells its value).
 KINDS = ("float", "int", "str", "choice", "bool", "pair", "bounds", "python")
@@ -36,25 +37,30 @@ class Default:
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """One option: the config field ``name``, its default, help, allowed strings and type."""
+    """One option: the config field ``name``, its default, what it does (``about``; with the default
+    described in words, ``default_text``, it reads as :attr:`help`), allowed strings and type."""
 
     name: str
     default: Any
-    help: str
+    about: str
     kind: str
     optional: bool               # None is allowed (and means "not set" or "derived")
     choices: Optional[Tuple[str, ...]]
     result: bool                 # changes the learned scales (compared by fingerprints)
     python_only: bool
     experimental: bool = False   # a research setting, listed apart in the generated tables
+    default_text: str = ""       # a derived default in words ("the training --lr"); "" where the value says it
+
+    @property
+    def help(self) -> str:
+        return self.about + (f" (default: {self.default_text})" if self.default_text else "")
 
     def flag(self, prefix: str = "--gradinit-") -> str:
         return prefix + self.name.replace("_", "-")
 
     def with_default(self, default: Default) -> "OptionSpec":
-        text = f" (default: {default.text})" if default.text else ""
         experimental = self.experimental if default.experimental is None else default.experimental
-        return dataclasses.replace(self, default=default.value, help=self.help.split(" (default: ")[0] + text,
+        return dataclasses.replace(self, default=default.value, default_text=default.text,
                                    optional=self.optional or default.value is None, experimental=experimental)
 
     def parse(self, text: Any) -> Any:
@@ -77,10 +83,11 @@ class OptionSpec:
                 return True
             if low in ("false", "no", "0", "off"):
                 return False
-            raise ValueError(f"{self.flag()} {text!r}: expected true or false")
+            raise OptionValueError(self.flag(), f"{text!r}: expected true or false", reason="expected true or false")
         if self.kind == "choice":
             if text not in (self.choices or ()):
-                raise ValueError(f"{self.flag()} {text!r}: expected one of {', '.join(self.choices or ())}")
+                expected = f"expected one of {', '.join(self.choices or ())}"
+                raise OptionValueError(self.flag(), f"{text!r}: {expected}", reason=expected)
             return text
         if self.kind == "pair":
             try:
@@ -88,7 +95,8 @@ class OptionSpec:
             except (ValueError, SyntaxError, TypeError):
                 value = ()
             if len(value) != 2:
-                raise ValueError(f"{self.flag()} {text!r} is invalid: expected two numbers, e.g. '(0.9, 0.98)'")
+                expected = "expected two numbers, e.g. '(0.9, 0.98)'"
+                raise OptionValueError(self.flag(), f"{text!r} is invalid: {expected}", reason=expected)
             return value
         if self.kind == "bounds":
             return parse_scale_bounds(text, flag=self.flag())
@@ -118,12 +126,12 @@ def parse_scale_bounds(text: Optional[str], *, flag: str = "--gradinit-scale-bou
     if isinstance(value, tuple) and value and isinstance(value[0], str):
         value = [value]  # a single bound
     if not isinstance(value, (list, tuple)):
-        raise ValueError(f"{flag} {text!r} is invalid: expected a list of (select, min, max), "
-                         "e.g. \"[('bias', 0, None), ('norm', None, 100)]\"")
+        expected = "expected a list of (select, min, max), e.g. \"[('bias', 0, None), ('norm', None, 100)]\""
+        raise OptionValueError(flag, f"{text!r} is invalid: {expected}", reason=expected)
     try:
         return tuple(ScaleBound.coerce(b) for b in value)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"{flag} {text!r} is invalid: {e}") from None
+        raise OptionValueError(flag, f"{text!r} is invalid: {e}", reason=str(e)) from None
 
 
 def _kind(hint: Any, metadata: Mapping) -> Tuple[str, bool]:
@@ -163,14 +171,12 @@ def options_of(config_cls=GradInitConfig, *, defaults: Optional[Mapping[str, Def
         if "help" not in f.metadata:
             continue
         kind, optional = _kind(hints[f.name], f.metadata)
-        help_text = f.metadata["help"]
-        if f.metadata.get("default_text"):
-            help_text += f" (default: {f.metadata['default_text']})"
-        spec = OptionSpec(name=f.name, default=f.default, help=help_text, kind=kind, optional=optional,
+        spec = OptionSpec(name=f.name, default=f.default, about=f.metadata["help"], kind=kind, optional=optional,
                           choices=tuple(f.metadata["choices"]) if f.metadata.get("choices") else None,
                           result=bool(f.metadata.get("result", True)),
                           python_only=bool(f.metadata.get("python_only")),
-                          experimental=bool(f.metadata.get("experimental")))
+                          experimental=bool(f.metadata.get("experimental")),
+                          default_text=f.metadata.get("default_text") or "")
         if f.name in defaults:
             spec = spec.with_default(defaults.pop(f.name))
         if python_only or not spec.python_only:
@@ -187,13 +193,14 @@ def result_options(config_cls=GradInitConfig) -> Tuple[str, ...]:
 
 def values_from(source: Any, specs: Iterable[OptionSpec], *, prefix: str = "") -> Dict[str, Any]:
     """``{name: value}`` read from the attributes ``prefix + name`` of ``source`` (a namespace or
-    config; a missing attribute takes the option's default), command-line strings parsed;
-    ``ValueError`` names the flag of a bad value."""
+    config; a missing attribute takes the option's default), command-line strings parsed; a bad value
+    raises :class:`~.errors.OptionValueError` naming its flag."""
     out = {}
     for spec in specs:
         try:
             out[spec.name] = spec.parse(getattr(source, prefix + spec.name, spec.default))
-        except ValueError as e:
-            msg = str(e)
-            raise ValueError(msg if msg.startswith("--") else f"{spec.flag()}: {msg}") from None
+        except OptionValueError:
+            raise
+        except ValueError as e:  # float() and int() name no flag
+            raise OptionValueError(spec.flag(), str(e), sep=": ") from None
     return out

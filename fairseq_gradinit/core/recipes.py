@@ -24,6 +24,7 @@ from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .config import GradInitConfig
 from .options import Default, options_of
+from .recipe_values import AUTHORS_IWSLT14, AUTHORS_IWSLT14_SETTINGS, PAPER_CIFAR10, PAPER_CIFAR10_SETTINGS
 
 #: A front end's departure from its recipe: the value it uses instead (None: derived when the run
 #: starts) and why.
@@ -101,35 +102,17 @@ def _recipe(name: str, summary: str, source: str, values: Dict[str, Any], settin
     return Recipe(name, summary, source, types.MappingProxyType(values), types.MappingProxyType(settings))
 
 
-#: The recipes by name (read them with :func:`recipe` and :func:`list_recipes`).
+#: The recipes by name (read them with :func:`recipe` and :func:`list_recipes`); their values, with where
+#: each comes from, are in :mod:`.recipe_values`.
 RECIPES: Mapping[str, Recipe] = types.MappingProxyType({r.name: r for r in (
-    # The paper's Appendix A (SGD at the base learning rate 0.1, gamma 1, alpha_min 0.01, batch size 128,
-    # tau of VGG-19 without BN; other networks' best tau are listed there) and the authors' CIFAR launch
-    # script, zhuchen03/gradinit launch/run_gradinit.sh (--gradinit-normalize-grad, --gradinit-grad-clip 1,
-    # 390 iterations: one epoch of 128-image batches). The authors' code besides lets biases reach 0 and
-    # keeps separate moments for constraint steps; the recipe keeps the paper's global alpha_min and one
-    # Adam, as the vision API does.
     _recipe("paper-cifar10", "CIFAR-10 classifiers trained with SGD at learning rate 0.1 (the paper's vision setting)",
             "GradInit paper, Appendix A; zhuchen03/gradinit launch/run_gradinit.sh",
-            dict(optimizer="sgd", eta=0.1, gamma=1.0, sgd_step="normalized", lr=1e-2, betas=(0.9, 0.999),
-                 iters=390, min_scale=0.01, overlap=0.5, scale_grad_clip=1.0),
-            dict(batch_size=128)),
-    # The authors' IWSLT'14 launch script, zhuchen03/gradinit fairseq/gradinit/launch/
-    # run_iwslt_14_gradinit_no_clipping.sh (eta 1e-3, tau 2.5e-3, betas (0.9, 0.98), 780 iterations,
-    # alpha_min 0.01, LayerNorm scales at most 100, clipping at 1e8: none), gamma 1e3 (the paper's
-    # Appendix), and what their fairseq code (fairseq/gradinit/train.py) does: biases down to 0, separate
-    # moments for constraint steps, every trainable tensor in the simulated step except the tied output
-    # projection, 6000-token draws at --max-tokens 4096. Their code also cuts S and S~ out of one batch
-    # (pairs="authors", an experimental setting here); the recipe keeps the paper's overlapping pairs.
+            dict(PAPER_CIFAR10), dict(PAPER_CIFAR10_SETTINGS)),
     _recipe("authors-iwslt14", "Post-LN Transformer on IWSLT'14 De-En trained with Adam at lr 5e-4 (the authors' "
                                "fairseq launch)",
             "GradInit paper, Appendix; zhuchen03/gradinit fairseq/gradinit/launch/run_iwslt_14_gradinit_no_clipping.sh "
             "and fairseq/gradinit/train.py",
-            dict(optimizer="adam", eta=1e-3, gamma=1e3, lr=2.5e-3, betas=(0.9, 0.98), iters=780, min_scale=0.01,
-                 overlap=0.5, adam_state="per_branch", step_params="all",
-                 scale_bounds=(("bias", 0, None), ("norm", None, 100)),
-                 unstepped_uses=r"decoder\.output_projection\."),
-            dict(max_tokens=6000)),
+            dict(AUTHORS_IWSLT14), dict(AUTHORS_IWSLT14_SETTINGS)),
 )})
 
 

@@ -20,6 +20,7 @@ class GradInitStop(SystemExit):
     """Ends ``fairseq-train`` with one message on stderr and no traceback (exit status 1)."""
 
     def __init__(self, message: str):
+        self.message = message  # the refusal, for a front end that words it as its own error
         super().__init__(f"gradinit: error: {message}")
 
 

@@ -95,6 +95,7 @@ def main(argv=None) -> dict:
     from fairseq import checkpoint_utils, utils
 
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (the task; checkpoint loading on torch >= 2.6)
+    from fairseq_gradinit.fairseq_plugin.errors import GradInitStop
 
     use_cuda = torch.cuda.is_available() and not args.cpu
     overrides = {"data": args.data}
@@ -103,9 +104,10 @@ def main(argv=None) -> dict:
         models, cfg, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)], arg_overrides=overrides,
                                                                           state=state)
     except SystemExit as e:  # the plugin's check of the dictionaries the checkpoint records
-        if not isinstance(e.code, str):
+        message = e.message if isinstance(e, GradInitStop) else e.code
+        if not isinstance(message, str):
             raise
-        parser.error(f"argument data: {e.code.replace('gradinit: error: ', '', 1)}")
+        parser.error(f"argument data: {message}")
     except RuntimeError as e:
         if "size mismatch" not in str(e):
             raise

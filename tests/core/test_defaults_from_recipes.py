@@ -1,8 +1,11 @@
 """Each front end's defaults are a recipe plus a listed set of differences, ``field -> (value, reason)``:
 the fairseq plugin's the authors' IWSLT'14 recipe, the vision API's and scripts/train_vision.py's the paper's
 CIFAR-10 recipe. Checked field by field against the recipe's values (written out here) and the engine's."""
+import ast
 import dataclasses
 import inspect
+import re
+from pathlib import Path
 
 import pytest
 
@@ -115,3 +118,46 @@ def test_recipe_defaults_keep_the_engines_declarations_and_refuse_what_is_not_a_
     with pytest.raises(ValueError, match=r"texts for options the front end does not have: \['etta'\]"):
         r.defaults({}, texts={"etta": "0.1"})
     assert r.front_end_values({"batch_size": (None, "the loader's batches")})["batch_size"] is None
+
+
+def test_the_engines_defaults_are_the_authors_recipe_plus_the_listed_differences():
+    """``GradInitConfig()`` holds the authors' IWSLT'14 values field by field, except the fields
+    ``AUTHORS_DIFFERENCES`` lists with a reason, each of which departs from the recipe."""
+    from fairseq_gradinit.core.config import AUTHORS_DIFFERENCES
+
+    authors = recipe("authors-iwslt14")
+    engine = GradInitConfig()
+    assert set(AUTHORS_DIFFERENCES) == {"gamma", "adam_state", "scale_bounds", "unstepped_uses"}
+    for name, reason in AUTHORS_DIFFERENCES.items():
+        assert len(reason.split()) >= 4, name
+    for name in authors.values:
+        ours, theirs = getattr(engine, name), getattr(authors.config(), name)
+        if name in AUTHORS_DIFFERENCES:
+            assert ours != theirs, name
+        else:
+            assert ours == theirs and type(ours) is type(theirs), name
+    assert engine == authors.config(**{name: ENGINE[name] for name in AUTHORS_DIFFERENCES})
+    # docs/options.md names the same differences
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "options.md").read_text(encoding="utf-8").split())
+    said = re.search(r"The engine's own defaults, those of `GradInitConfig\(\)`, are the `authors-iwslt14` recipe's "
+                     r"values \(written once, in `fairseq_gradinit/core/recipe_values.py`\) except (.*?), which", page)
+    assert said and set(re.findall(r"`(\w+)`", said.group(1))) == set(AUTHORS_DIFFERENCES)
+    # the published numbers, written out here as the independent reference
+    assert (engine.optimizer, engine.eta, engine.lr, engine.betas, engine.iters, engine.min_scale, engine.overlap,
+            engine.step_params) == ("adam", 1e-3, 2.5e-3, (0.9, 0.98), 780, 0.01, 0.5, "all")
+
+
+def test_the_engines_recipe_defaults_are_written_once():
+    """The defaults of the recipe's fields are read from the recipe's values in ``core/config.py``, not
+    restated there as literals (a changed recipe value cannot leave the engine's behind)."""
+    from fairseq_gradinit.core import config
+    from fairseq_gradinit.core.config import AUTHORS_DIFFERENCES
+
+    tree = ast.parse(Path(config.__file__).read_text(encoding="utf-8"))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "GradInitConfig")
+    defaults = {n.target.id: n.value.args[0] for n in cls.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.value, ast.Call) and n.value.args}
+    shared = set(recipe("authors-iwslt14").values) - set(AUTHORS_DIFFERENCES)
+    assert shared <= set(defaults)
+    literal = sorted(name for name in shared if isinstance(defaults[name], (ast.Constant, ast.Tuple)))
+    assert literal == [], f"defaults restating the recipe's values: {literal}"

@@ -152,9 +152,9 @@ FAIRSEQ_MODULE_NAMES = frozenset({
     "final_layer_norm", "layernorm_embedding"})
 #: Strings of the engine allowed to name a fairseq module, with why: (file, value) -> reason.
 NAMED_IN_CORE = {
-    ("recipes.py", r"decoder\.output_projection\."): "the authors' published IWSLT setting (a recipe the user picks by "
-                                                     "name) leaves their fairseq model's tied output projection "
-                                                     "un-stepped",
+    ("recipe_values.py", r"decoder\.output_projection\."): "the authors' published IWSLT setting (a recipe the "
+                                                           "user picks by name) leaves their fairseq model's tied "
+                                                           "output projection un-stepped",
 }
 
 

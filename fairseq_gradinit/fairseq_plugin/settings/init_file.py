@@ -13,6 +13,7 @@ import json
 import os
 from typing import Mapping, Optional
 
+from ...core.errors import OptionValueError
 from ...core.scales import scales_error
 
 
@@ -37,23 +38,27 @@ def compute_only_defaults(config_class) -> dict:
 
 
 def read_init_file(path: str, *, flag: str = "--gradinit-init-file") -> dict:
-    """The saved GradInit result at ``path``; ``ValueError`` ('FLAG PATH: ...') if it is missing,
-    not JSON, or has no scales that :func:`~fairseq_gradinit.core.scales_error` accepts (the one
-    check of every file of scales, whoever reads it)."""
+    """The saved GradInit result at ``path``; :class:`~fairseq_gradinit.core.errors.OptionValueError`
+    ('FLAG PATH: REASON') if it is missing, not JSON, or has no scales that
+    :func:`~fairseq_gradinit.core.scales_error` accepts (the one check of every file of scales, whoever reads it)."""
+
+    def refused(reason: str) -> OptionValueError:
+        return OptionValueError(flag, f"{path}: {reason}", reason=reason)
+
     if not os.path.isfile(path):
-        raise ValueError(f"{flag} {path}: no such file")
+        raise refused("no such file")
     try:
         with open(path, encoding="utf-8") as f:
             saved = json.load(f)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{flag} {path}: not a JSON file ({e})") from None
+        raise refused(f"not a JSON file ({e})") from None
     scales = saved.get("scales") if isinstance(saved, dict) else None
     if not isinstance(scales, dict) or not scales:
-        raise ValueError(f"{flag} {path}: has no 'scales' (expected the gradinit.json that a "
-                         "--gradinit-iters run writes into its --save-dir)")
+        raise refused("has no 'scales' (expected the gradinit.json that a --gradinit-iters run writes into its "
+                      "--save-dir)")
     error = scales_error(scales) or field_problem(saved)
     if error:
-        raise ValueError(f"{flag} {path}: {error}")
+        raise refused(error)
     return saved
 
 

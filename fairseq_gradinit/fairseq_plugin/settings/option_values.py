@@ -8,6 +8,7 @@ from typing import Optional
 
 from ...core import GradInitConfig
 from ...core.config import first_step
+from ...core.errors import OptionValueError
 from ...core.options import parse_scale_bounds, values_from  # noqa: F401  (parse_scale_bounds: re-exported)
 from ..data.cfg import cfg_value
 from .init_file import read_init_file  # noqa: F401  (re-exported)
@@ -36,7 +37,7 @@ def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig
     if values["eta"] is None:
         lr = cfg_value(cfg, "gradinit_train_lr")
         if lr is None:
-            raise ValueError("--gradinit-eta is not set and the training --lr is unknown; pass --gradinit-eta")
+            raise OptionValueError("--gradinit-eta", "is not set and the training --lr is unknown; pass --gradinit-eta")
         lr = float(lr[0] if isinstance(lr, (list, tuple)) or hasattr(lr, "__getitem__") else lr)
     values["eta"], values["gamma"] = first_step(opt, lr, eta=values["eta"], gamma=values["gamma"],
                                                 gamma_init_factor=values["gamma_init_factor"], rule="fairseq")

@@ -34,7 +34,7 @@ from typing import Callable, List, Mapping, Optional, Tuple
 import torch
 
 from ...argtypes import parse_betas
-from ...core.errors import ConfigError
+from ...core.errors import ConfigError, OptionValueError
 from ...core.options import parse_scale_bounds
 from ...core.uses import unstepped_uses_error
 from ..data.cfg import cfg_value
@@ -124,17 +124,16 @@ def parse_check(*whens: str) -> Callable[..., Optional[str]]:
 def as_argument_error(error: ValueError, *, eta_from_lr: bool) -> str:
     """A refusal of a ``--gradinit-*`` value as argparse words it: 'argument --flag: ...'. A field of
     :class:`GradInitConfig` (:class:`~fairseq_gradinit.core.errors.ConfigError`) is named by its flag
-    (``eta`` by ``--lr`` where eta comes from it); the options' own refusals already start with theirs."""
+    (``eta`` by ``--lr`` where eta comes from it); the options' own refusals
+    (:class:`~fairseq_gradinit.core.errors.OptionValueError`) name theirs."""
     if isinstance(error, ConfigError) and error.owner == "GradInitConfig":
         flag = "--gradinit-" + error.field.replace("_", "-")
         if error.field == "eta" and eta_from_lr:
             flag = "--lr (the default of --gradinit-eta)"
         return f"argument {flag}: invalid value {error.value!r}: expected {error.expected}"
-    message = str(error)
-    if message.startswith("--gradinit-"):
-        flag, _, rest = message.partition(" ")
-        return f"argument {flag}: {rest}"
-    return message
+    if isinstance(error, OptionValueError):
+        return f"argument {error.flag}: {error.detail}"
+    return str(error)
 
 
 def monitor_option_error(cfg) -> Optional[str]:
@@ -283,8 +282,8 @@ def _optimizer_error(ns) -> Optional[str]:
     if betas is not None:
         try:
             parse_betas(betas)
-        except ValueError as e:
-            return f"argument --adam-betas: {str(e).split(': ', 1)[-1]} (--optimizer {optimizer})"
+        except OptionValueError as e:
+            return f"argument --adam-betas: {e.reason} (--optimizer {optimizer})"
     eps = getattr(ns, "adam_eps", None)
     if eps is not None and not (isinstance(eps, (int, float)) and eps >= 0):
         return f"argument --adam-eps: invalid value {eps!r}: expected a number >= 0 (--optimizer {optimizer})"
@@ -436,8 +435,10 @@ def resume_error(model, source: str, task=None) -> Optional[str]:
     try:
         state = _load(source)
     except Exception as e:  # noqa: BLE001 - empty, truncated or not a checkpoint: one line, not a traceback
-        reason = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]  # its first sentence
-        return (f"cannot resume from {source}: it is not a readable checkpoint ({type(e).__name__}: {reason}); it may "
+        # torch's and pickle's errors carry only their text: shown whole where it is one short line, else by type
+        text = str(e)
+        reason = f"{type(e).__name__}: {text}" if "\n" not in text and len(text) <= 200 else type(e).__name__
+        return (f"cannot resume from {source}: it is not a readable checkpoint ({reason}); it may "
                 "be truncated (a run stopped while writing it). Move it away to resume from another checkpoint "
                 "(--restore-file) or to start anew")
     if task is not None:
