@@ -148,11 +148,13 @@ class PluginOptions(FairseqDataclass):
     gradinit_valid_subset: Any = II("dataset.valid_subset")
     gradinit_skip_invalid_valid: Any = II("dataset.skip_invalid_size_inputs_valid_test")
     gradinit_disable_validation: Any = II("dataset.disable_validation")
+    gradinit_max_tokens_valid: Any = II("dataset.max_tokens_valid")
     gradinit_fp16: Any = II("common.fp16")
     gradinit_memory_efficient_fp16: Any = II("common.memory_efficient_fp16")
     gradinit_bf16: Any = II("common.bf16")
     gradinit_memory_efficient_bf16: Any = II("common.memory_efficient_bf16")
     gradinit_amp: Any = II("common.amp")
+    gradinit_tpu: Any = II("common.tpu")
     gradinit_train_optimizer: Optional[str] = "${oc.select:optimizer._name,null}"
     gradinit_cpu: Any = II("common.cpu")
     gradinit_seed: Any = II("common.seed")

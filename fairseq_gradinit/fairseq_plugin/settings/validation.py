@@ -28,6 +28,7 @@ import dataclasses
 import enum
 import functools
 import glob
+import importlib.util
 import os
 from typing import Callable, List, Mapping, Optional, Tuple
 
@@ -37,11 +38,12 @@ from ...argtypes import parse_betas
 from ...core.errors import ConfigError, OptionValueError
 from ...core.options import parse_scale_bounds
 from ...core.uses import unstepped_uses_error
+from ..data.binarized import data_bin_error
 from ..data.cfg import cfg_value
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
 from ..data.files import unwritable_folder_reason
 from ..errors import GradInitError
-from ..features.tied import multiplier_names, uncovered_ties
+from ..features.tied import is_multiplier, multiplier_names, uncovered_ties
 from .init_file import compute_only_defaults
 from .option_values import gradinit_enabled
 from .options import GradInitOptions
@@ -341,16 +343,70 @@ def train_split_check(ns) -> Optional[str]:
     return _train_split_error(ns) if computes(ns) else None
 
 
+def _checkpoint_paths_error(ns) -> Optional[str]:
+    """A checkpoint fairseq-train writes into ``--save-dir`` (``checkpoint_last{suffix}.pt``, and
+    ``checkpoint_best{suffix}.pt`` where it validates) that exists and is not a file: fairseq treats it
+    as no checkpoint to load, trains, and fails at its first save."""
+    save_dir = getattr(ns, "save_dir", None)
+    if not save_dir or getattr(ns, "no_save", False) or not os.path.isdir(save_dir):
+        return None
+    suffix = getattr(ns, "checkpoint_suffix", "") or ""
+    names = [] if getattr(ns, "no_last_checkpoints", False) else [f"checkpoint_last{suffix}.pt"]
+    if not getattr(ns, "disable_validation", False):
+        names.append(f"checkpoint_best{suffix}.pt")
+    for name in names:
+        path = os.path.join(save_dir, name)
+        if os.path.exists(path) and not os.path.isfile(path):
+            kind = "a folder" if os.path.isdir(path) else "not a regular file"
+            return (f"argument --save-dir: {path} is {kind}; fairseq-train writes its checkpoint there and would "
+                    "fail at its first save, after the GradInit phase: move it away, or give another --save-dir")
+    return None
+
+
+def _data_files_error(ns) -> Optional[str]:
+    """A truncated or mismatched ``.idx``/``.bin`` pair of a split the run reads (the training split,
+    and the validation splits unless ``--disable-validation``): fairseq fails on it only when a batch
+    reaches the missing tokens, or with a traceback when it loads the split."""
+    data = getattr(ns, "data", None)
+    if not data:
+        return None
+    train = getattr(ns, "train_subset", None) or "train"
+    valid = [] if getattr(ns, "disable_validation", False) else \
+        [s for s in str(getattr(ns, "valid_subset", None) or "").split(",") if s]
+    shards = [train] + (valid if getattr(ns, "combine_valid_subsets", False) else [])
+    error = data_bin_error(str(data), [train] + valid, shards=shards)
+    if error is None:
+        return None
+    return f"argument data: {error}; GradInit and training read it: binarize the split again with fairseq-preprocess"
+
+
+@register_check("training setup", "checkpoint paths")
+def checkpoint_paths_check(ns) -> Optional[str]:
+    return _checkpoint_paths_error(ns) if computes(ns) else None
+
+
+@register_check("training setup", "data files")
+def data_files_check(ns) -> Optional[str]:
+    return _data_files_error(ns) if computes(ns) else None
+
+
 # -- phase: on the machine that runs it, when the phase starts ----------------------------------------
 def valid_split_error(task, model, plan) -> Optional[str]:
-    """fairseq's refusal of a validation sample longer than the model and task allow (e.g. a long
-    document with ``--sample-break-mode complete_doc``), which fairseq-train meets at its first
-    validation, after the GradInit phase (and a validation split it cannot load). The splits are
-    loaded here as fairseq-train loads them next. None with ``--skip-invalid-size-inputs-valid-test``
-    or ``--disable-validation`` (read from the run's ``plan``)."""
-    if True in (plan.setting("gradinit_skip_invalid_valid", False), plan.setting("gradinit_disable_validation", False)):
+    """fairseq's refusal of a validation sample, which fairseq-train meets at its first validation, after
+    the GradInit phase (and a validation split it cannot load): a sample longer than the model and task
+    allow (e.g. a long document with ``--sample-break-mode complete_doc``; skipped with
+    ``--skip-invalid-size-inputs-valid-test``), or one of more tokens than ``--max-tokens-valid`` (default
+    ``--max-tokens``), which fairseq batches without skipping, whatever the flag says. The splits are
+    loaded here as fairseq-train loads them next. None with ``--disable-validation`` (all read from the
+    run's ``plan``)."""
+    if plan.setting("gradinit_disable_validation", False) is True:
+        return None
+    skip = plan.setting("gradinit_skip_invalid_valid", False) is True
+    max_tokens = plan.setting("gradinit_max_tokens_valid")
+    if skip and not max_tokens:
         return None
     from fairseq import utils
+    from fairseq.data import data_utils
 
     subsets = [s for s in str(plan.setting("gradinit_valid_subset", "") or "").split(",") if s]
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
@@ -362,10 +418,36 @@ def valid_split_error(task, model, plan) -> Optional[str]:
         except (OSError, KeyError) as e:
             return f"validation split '{subset}' cannot be loaded ({type(e).__name__}: {e}); fix --valid-subset or the data"
         try:
-            task.filter_indices_by_size(dataset.ordered_indices(), dataset, max_positions, ignore_invalid_inputs=False)
+            with data_utils.numpy_seed(plan.seed + 1):  # as fairseq's validation orders them (epoch 1)
+                indices = dataset.ordered_indices()
+            indices = task.filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs=skip)
         except Exception as e:  # fairseq raises a bare Exception naming the sample
             return f"validation split '{subset}': {e} (found before GradInit)"
+        error = over_budget_error(dataset, indices, max_tokens)
+        if error:
+            return f"validation split '{subset}': {error}"
     return None
+
+
+def over_budget_error(dataset, indices, max_tokens) -> Optional[str]:
+    """The first sample of ``dataset`` among ``indices`` with more tokens than ``max_tokens`` (None: no
+    limit), which fairseq's ``batch_by_size`` refuses, as a message; or None."""
+    if not max_tokens or len(indices) == 0:
+        return None
+    import numpy as np
+
+    try:
+        tokens = np.asarray(dataset.num_tokens_vec(indices), dtype=np.int64)
+    except NotImplementedError:
+        tokens = np.array([dataset.num_tokens(i) for i in indices], dtype=np.int64)
+    over = np.flatnonzero(tokens > int(max_tokens))
+    if over.size == 0:
+        return None
+    first = int(over[0])
+    return (f"sample #{int(indices[first])} has {int(tokens[first])} tokens, more than --max-tokens-valid "
+            f"{int(max_tokens)} (its default is --max-tokens); fairseq-train would refuse it at its first "
+            "validation, after the GradInit phase (--skip-invalid-size-inputs-valid-test skips only samples longer "
+            f"than the model's positions). Raise --max-tokens-valid to at least {int(tokens.max())}")
 
 
 def valid_split_check(run, model) -> Optional[str]:
@@ -374,9 +456,11 @@ def valid_split_check(run, model) -> Optional[str]:
 
 
 def precision_error(plan) -> Optional[str]:
-    """``--fp16``/``--memory-efficient-fp16`` on a machine without CUDA: fairseq-train fails when it
-    builds its fp16 optimizer, after the GradInit phase. Checked when the phase starts, on the machine
-    that runs it (not when parsed: the same command line is parsed on other machines too)."""
+    """``--fp16``/``--memory-efficient-fp16`` on a machine without CUDA, or ``--bf16``/
+    ``--memory-efficient-bf16`` (which fairseq 0.12.3's parser turns into ``--tpu``) or ``--tpu`` on a
+    machine without torch_xla: fairseq-train fails when it builds its trainer or fp16 optimizer, after
+    the GradInit phase. Checked when the phase starts, on the machine that runs it (not when parsed: the
+    same command line is parsed on other machines too)."""
     import torch
 
     for flag in ("fp16", "memory_efficient_fp16"):
@@ -384,6 +468,15 @@ def precision_error(plan) -> Optional[str]:
             option = "--" + flag.replace("_", "-")
             return (f"{option}: fp16 training needs a CUDA GPU and this machine has none; fairseq-train would fail "
                     f"after the GradInit phase. Drop {option} to train in fp32 here, or run on a GPU")
+    if plan.setting("gradinit_tpu", False) is True and importlib.util.find_spec("torch_xla") is None:
+        given = [f for f in ("memory_efficient_bf16", "bf16") if plan.setting(f"gradinit_{f}", False) is True]
+        if given:
+            option = "--" + given[0].replace("_", "-")
+            return (f"{option}: fairseq 0.12.3 trains bf16 only on a TPU ({option} turns on --tpu), which needs "
+                    "torch_xla, and this machine has none; fairseq-train would fail after the GradInit phase. "
+                    f"Drop {option} (--fp16 or --amp train in mixed precision on a GPU)")
+        return ("--tpu: training on a TPU needs torch_xla, and this machine has none; fairseq-train would fail after "
+                "the GradInit phase. Drop --tpu")
     return None
 
 
@@ -447,15 +540,55 @@ def resume_error(model, source: str, task=None) -> Optional[str]:
                                     data=str(data))
         if error is not None:
             return f"cannot resume from {source}: {error}"
+    if not isinstance(state.get("model"), Mapping):
+        return (f"cannot resume from {source}: it holds no model state (no 'model' entry), so it is no checkpoint "
+                "of fairseq-train. Move it away to resume from another checkpoint (--restore-file) or to start anew")
     multipliers = multiplier_names(model)
-    if not multipliers:
-        return None
-    keys = set(state.get("model") or {})
-    if not any(name in keys for name in multipliers):
+    keys = set(state["model"])
+    if multipliers and not any(name in keys for name in multipliers):
         return (f"the checkpoint {source} was trained with shared scales of the tied embeddings (its state has no "
                 f"per-use multiplier such as {multipliers[0]}): resume it without --gradinit-tied-embeddings per-use "
                 "(the tying of a run is fixed when it starts)")
-    return None
+    mismatch = state_mismatch(model, state["model"])
+    if mismatch is None:
+        return None
+    return (f"cannot resume from {source}: its model state does not fit the model of this command line ({mismatch}); "
+            "fairseq-train would refuse it when it loads the checkpoint. Resume with the architecture options it was "
+            "trained with, or move it away (or give another --save-dir) to start anew")
+
+
+def state_mismatch(model, saved: Mapping) -> Optional[str]:
+    """How the model state ``saved`` does not fit ``model`` as fairseq loads it (its own upgrade of old
+    names, then strictly: every name, every shape), naming the first missing, unexpected or mis-shaped
+    entry with the counts; or None. Per-use multipliers the state holds and the model lacks are not
+    unexpected: loading installs them. A model that prunes layers when it loads (LayerDrop's
+    ``--*-layers-to-keep``) is not compared."""
+    config = getattr(model, "cfg", None) or getattr(model, "args", None)
+    if any(getattr(config, f"{side}_layers_to_keep", None) for side in ("encoder", "decoder")):
+        return None
+    saved = dict(saved)
+    upgrade = getattr(model, "upgrade_state_dict", None)
+    if callable(upgrade):
+        try:
+            upgrade(saved)
+        except Exception as e:  # noqa: BLE001 - fairseq's load runs the same upgrade first, and fails alike
+            return f"the model's upgrade of old names fails on it ({type(e).__name__}: {e})"
+    own = model.state_dict()
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own and not is_multiplier(k)]
+    shaped = [k for k in own if k in saved and hasattr(saved[k], "shape")
+              and tuple(saved[k].shape) != tuple(own[k].shape)]
+    if not (missing or unexpected or shaped):
+        return None
+    counts = f"{len(missing)} missing, {len(unexpected)} unexpected, {len(shaped)} of another shape"
+    if missing:
+        first = f"it lacks {missing[0]}"
+    elif shaped:
+        k = shaped[0]
+        first = f"{k} is {list(saved[k].shape)} in it and {list(own[k].shape)} in this model"
+    else:
+        first = f"it holds {unexpected[0]}, which this model lacks"
+    return f"{first}; {counts}"
 
 
 @register_check("legacy task", "dataclass config")
