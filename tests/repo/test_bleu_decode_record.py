@@ -1,6 +1,6 @@
 """The stored timing of the BLEU step (``benchmarks/results/bleu_decode_cpu.json``) compares the in-process
 decode with the former fairseq-generate subprocess on one checkpoint: the same scores on the same sentences,
-and the in-process decode at least as fast, as issue 40 asked."""
+and the in-process decode at least as fast."""
 import json
 from pathlib import Path
 

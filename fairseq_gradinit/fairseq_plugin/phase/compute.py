@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from ...core import apply_scales, gradinit, summarize_scales
 from ...core.health import snapshot_weights
+from ...core.errors import OptionValueError
 from ...core.scales import scales_error
 from ..data.files import atomic_write_json, remove_stale_temp_files, write_result
 from ..errors import GradInitError
@@ -68,7 +69,8 @@ def _saved_result(path: str, current: dict) -> tuple:
     try:
         saved = read_init_file(path)
     except ValueError as e:  # the check every file of scales gets: it cannot be applied either
-        return ("stop", f"{path} exists but is not a usable GradInit result ({str(e).split(': ', 1)[-1]}). GradInit "
+        reason = e.reason if isinstance(e, OptionValueError) else str(e)
+        return ("stop", f"{path} exists but is not a usable GradInit result ({reason}). GradInit "
                 f"never overwrites it: use another --save-dir, or delete {path} to compute it again", None)
     clamped = saved.get("clamped_from")
     if clamped:  # computed by no GradInit run, whatever fingerprint it carries

@@ -144,6 +144,10 @@ def plugin_settings(source) -> Mapping[str, Any]:
         if isinstance(value, (DictConfig, ListConfig)):  # plain values: the plan holds no live config node
             value = OmegaConf.to_container(value, resolve=True)
         out[name] = None if isinstance(value, str) and value.startswith("${") else value
+    # fairseq fills --max-tokens-valid from --max-tokens only after the command line is parsed: the
+    # same rule here, so that the parse's plan and the task's are one
+    if out.get("gradinit_max_tokens_valid") is None:
+        out["gradinit_max_tokens_valid"] = out.get("gradinit_train_max_tokens")
     if not namespace and out["gradinit_train_optimizer"] is None:
         out["gradinit_train_optimizer"] = training_optimizer(source)
     return types.MappingProxyType(out)
