@@ -33,11 +33,16 @@ def _arm(name):
     return next(a for a in TESTBED.arms if a.name == name)
 
 
-def test_the_default_held_on_both_seeds_to_1000_updates():
+#: gamma from the init with the paper's one simulated step, against the same warmup arms.
+PAIRS_K2 = {1: ("gi-K2", "warmup"), 2: ("gi-K2-s2", "warmup-s2")}
+
+
+@pytest.mark.parametrize("pairs", [PAIRS, PAIRS_K2], ids=["default", "gamma-from-init"])
+def test_the_default_held_on_both_seeds_to_1000_updates(pairs):
     """Item by item what 'holds' means: without warmup, eval-mode validation loss at or below the 200-update
     warmup arm's at 800 and 1000 updates (here: at every validation), on two seeds, no gap warning."""
     curves = _curves()
-    for seed, (gi, warm) in PAIRS.items():
+    for seed, (gi, warm) in pairs.items():
         assert max(curves[gi]) == max(curves[warm]) == 1000, seed
         assert all(curves[gi][u][0] < curves[warm][u][0] for u in curves[warm]), seed
         assert _gap_warnings(gi) == 0, gi
@@ -189,3 +194,30 @@ def test_the_readme_states_the_quick_start_times_of_the_stored_runs():
     shared = (stamps[-1] - stamps[0]).total_seconds()
     assert (f"On an otherwise idle 2-core CPU the three steps took {steps[0]:.0f} s, {steps[1]:.0f} s and "
             f"{steps[2]:.0f} s; with other jobs on both cores, step 2 took {shared:.0f} s") in readme
+
+
+def test_the_sentences_on_what_makes_the_variant_train_are_the_stored_runs():
+    """docs/no-warmup.md's bullets on gi-K2, gi-look4-g, gi-floors, gi-default-780 and xavier-warm50-s2 quote the
+    stored curves, gap warnings and the phase's count of constraint iterations."""
+    import json
+
+    page = _flat(REPO / "docs" / "no-warmup.md")
+    one, two = curves_of_testbed(), _curves()
+    at = lambda curves, arm, u: f"{curves[arm][u][0]:.2f}"  # noqa: E731
+    assert f"(`gi-K2`) the run trains without warmup ({at(one, 'gi-K2', 800)} at 800" in page
+    assert all(one["gi-K2"][u][0] < one["warmup"][u][0] for u in one["warmup"])
+    study = json.loads((TESTBED / "study-study8.json").read_text(encoding="utf-8"))
+    group = study["arms"]["gi-look4-g"]["gradinit_group"]
+    phase = json.loads((TESTBED / "gradinit" / group / "gradinit.json").read_text(encoding="utf-8"))
+    assert f"binds in {phase['num_constraint']} of {phase['iterations']} iterations" in page
+    assert f"stays on the plateau ({at(one, 'gi-look4-g', 800)})" in page
+    with gzip.open(TESTBED / "arms" / "gi-floors" / "train.log.gz", "rt", encoding="utf-8") as f:
+        gaps = sum("monitor: eval - train loss" in line for line in f)
+    assert gaps == 2 and f"break down in eval mode ({at(one, 'gi-floors', 800)}, two gap warnings)" in page
+    raw = lambda arm: one[arm][800][0]  # noqa: E731  (as the table prints them)
+    assert (f"({raw('gi-default-780')} at 800 against the warmup run's {raw('warmup')}), but less far than at 200 "
+            f"iterations ({raw('gi-look4')})") in page
+    assert f"({at(one, 'xavier-warm50-s2', 800)} against {at(two, 'warmup-s2', 800)} at 800)" in page
+    assert (f"({at(two, 'gi-K2', 1000)} and {at(two, 'gi-K2-s2', 1000)} at 1000 against {at(two, 'warmup', 1000)} "
+            f"and {at(two, 'warmup-s2', 1000)})") in page
+    assert f"(`gi-warm50`: {at(one, 'gi-warm50', 800)} at 800, Xavier with the same warmup {at(one, 'xavier-warm50', 800)})" in page
