@@ -126,6 +126,39 @@ def test_per_use_scales_for_ties_the_plugin_cannot_split_are_refused(tmp_path):
     assert not (tmp_path / "ck" / "gradinit.json").exists()
 
 
+def test_per_use_scales_for_a_decoder_that_reuses_its_embedding_in_its_forward_are_refused(tiny_data, tmp_path):
+    """fairseq's LSTM decoder with --share-decoder-input-output-embed uses embed_tokens.weight as its output
+    projection inside its forward, under one name: per-use would have trained it shared without a word."""
+    argv = [str(tiny_data), "--task", "translation", "--arch", "lstm", "--encoder-embed-dim", "16",
+            "--encoder-hidden-size", "16", "--decoder-embed-dim", "16", "--decoder-hidden-size", "16",
+            "--decoder-out-embed-dim", "16", "--share-decoder-input-output-embed", "--optimizer", "adam", "--lr",
+            "1e-3", "--max-tokens", "256", "--cpu", "--num-workers", "0", "--max-update", "1", "--no-progress-bar",
+            "--save-dir", str(tmp_path / "ck"), "--gradinit-iters", "2", "--gradinit-tied-embeddings", "per-use"]
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess(argv)
+    message = str(exc.value.code)
+    assert message.startswith("gradinit: error: --gradinit-tied-embeddings per-use: this model ties "
+                              "decoder.embed_tokens.weight = decoder.embed_tokens.weight as its output projection "
+                              "(one tensor), which gets no per-use scales"), message
+    assert not (tmp_path / "ck" / "gradinit.json").exists()
+    # the same model with its decoder's embedding untied is accepted by the check
+    from fairseq_gradinit.fairseq_plugin.features.tied import uncovered_ties
+    from fairseq.models.lstm import LSTMDecoder
+
+    import torch
+
+    class _Model(torch.nn.Module):
+        def __init__(self, share):
+            super().__init__()
+            from fairseq.data import Dictionary
+
+            d = Dictionary()
+            self.decoder = LSTMDecoder(d, embed_dim=8, hidden_size=8, out_embed_dim=8, num_layers=1,
+                                       attention=False, share_input_output_embed=share)
+
+    assert uncovered_ties(_Model(True)) and not uncovered_ties(_Model(False))
+
+
 def test_fp16_without_cuda_stops_when_the_phase_starts(tiny_data, tmp_path, caplog):
     """fairseq-train with --fp16 on a machine without CUDA fails when it builds its optimizer, after
     GradInit: the phase refuses it first, on the machine that runs it."""

@@ -158,4 +158,12 @@ def uncovered_ties(model: nn.Module) -> List[List[str]]:
     groups: Dict[int, List[str]] = {}
     for name, p in model.named_parameters(remove_duplicate=False):
         groups.setdefault(id(p), []).append(name)
+    # A decoder that reuses its embedding as the output projection inside its forward (fairseq's LSTM
+    # decoder with --share-decoder-input-output-embed) ties one tensor under one name: its flag says so.
+    for name, m in model.named_modules():
+        w = getattr(getattr(m, "embed_tokens", None), "weight", None)
+        if getattr(m, "share_input_output_embed", False) is True and isinstance(w, nn.Parameter) \
+                and id(w) not in covered and len(groups.get(id(w), ())) == 1:
+            weight = f"{name}.embed_tokens.weight" if name else "embed_tokens.weight"
+            groups[id(w)] = [weight, f"{weight} as its output projection"]
     return [names for key, names in groups.items() if len(names) > 1 and key not in covered]
