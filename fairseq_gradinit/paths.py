@@ -126,6 +126,27 @@ def unwritable_folder_reason(path: PathLike) -> Optional[str]:
     return None
 
 
+def name_too_long(flag: str, path: PathLike, *, also: Sequence[Tuple[str, str]] = ()) -> Optional[str]:
+    """Why ``path`` (given as ``flag``) cannot be created because one of its names (or one of ``also``:
+    ``(name, what)`` of files beside it) is longer than the file system allows, or None. Said before
+    any work instead of as an ``OSError`` when the first file is written."""
+    absolute = os.path.abspath(os.fspath(path))
+    existing = absolute
+    while not os.path.exists(existing):  # False, not an error, for a name too long to look up
+        existing = os.path.dirname(existing)
+    try:
+        limit = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    for name, what in [(name, "the name") for name in Path(absolute).parts[1:]] + list(also):
+        size = len(os.fsencode(name))
+        if size > limit:
+            shown = name if len(name) <= 40 else name[:40] + "..."
+            return (f"{flag} {path}: {what}, {shown!r}, is {size} bytes long, more than the {limit} bytes a file "
+                    f"name may have there; give a shorter name")
+    return None
+
+
 def _is_or_inside(inp: Path, written: Path) -> bool:
     if inp == written or written in inp.parents:
         return True
@@ -239,6 +260,10 @@ def check_output(flag: str, path: PathLike, kind: Kind, *, inputs: Optional[Mapp
     input: an input inside them counts)."""
     target = resolved(path)
     written = [target / name for name in writes] if kind.folder else [target]
+    too_long = name_too_long(flag, path, also=[(name, "the name of a file it writes there") for name in writes]
+                             if kind.folder else ())
+    if too_long:
+        raise OutputError(too_long)
     for inp_flag, inp in _flat_inputs(inputs or {}):
         real = resolved(inp)
         for w in written:

@@ -87,6 +87,24 @@ def test_plot_curves_never_replaces_a_users_file_and_replaces_its_own(tmp_path, 
     assert json.loads((tmp_path / "curves.json").read_text())["written_by"] == "gradinit-plot-curves"
 
 
+def test_an_output_name_too_long_for_its_file_system_is_refused_before_any_work(tmp_path, capsys):
+    """A name over the file system's limit (255 bytes here) fails when the file is written, at the end of
+    the work; the output check refuses it first, for every command that uses it."""
+    from fairseq_gradinit import paths
+    from fairseq_gradinit.tools import plot_curves
+
+    long = tmp_path / ("c" * 300)
+    with pytest.raises(paths.OutputError, match=r"the name, 'c{40}\.\.\.', is 305 bytes long, more than the \d+ "
+                                                r"bytes a file name may have there; give a shorter name"):
+        paths.check_output("--output-json", str(long) + ".json", paths.json_result("r", "m", "runs",
+                                                                                command="gradinit-evaluate-bleu"))
+    assert paths.name_too_long("--out", tmp_path / ("c" * 200)) is None
+    log = tmp_path / "train.log"
+    log.write_text(LOG_LINE)
+    assert plot_curves.main(["--run", f"a={log}", "--out", str(long), "--no-png"]) == 2
+    assert "give a shorter name" in capsys.readouterr().err and list(tmp_path.iterdir()) == [log]
+
+
 def test_json_we_write_is_strict(tmp_path):
     """NaN and infinities are written as null: strict readers (JSON.parse, jq, json.loads with
     parse_constant refusing) read every file."""

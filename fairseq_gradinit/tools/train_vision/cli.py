@@ -31,6 +31,7 @@ from ...argtypes import float_in, int_at_least, positive_int
 from ...core.progress import format_duration
 from ...locks import FolderBusy, folder_lock, lock_path
 from ...option_forms import add_arguments
+from ... import paths
 from ...paths import FOLDER, MARKER, OutputError, check_output
 from ...quiet import quiet_command
 from ...vision import list_models
@@ -214,27 +215,10 @@ def resolve_device(text: Optional[str]) -> torch.device:
 
 
 def name_too_long(flag: str, path: os.PathLike, *, locked: bool = False) -> Optional[str]:
-    """Why ``path`` (given as ``flag``) cannot be created because one of its names (or, with ``locked``,
-    that of its folder lock beside it) is longer than the file system allows, or None. Said before
-    any work instead of as an ``OSError`` when the first file is written."""
-    absolute = os.path.abspath(os.fspath(path))
-    existing = absolute
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    try:
-        limit = os.pathconf(existing, "PC_NAME_MAX")
-    except (OSError, ValueError):
-        limit = 255
-    names = [(name, "the name") for name in Path(absolute).parts[1:]]
-    if locked:
-        names.append((os.path.basename(lock_path(absolute)), "the name of its lock file beside it"))
-    for name, what in names:
-        size = len(os.fsencode(name))
-        if size > limit:
-            shown = name if len(name) <= 40 else name[:40] + "..."
-            return (f"{flag} {path}: {what}, {shown!r}, is {size} bytes long, more than the {limit} bytes a file "
-                    f"name may have there; give a shorter name")
-    return None
+    """:func:`~fairseq_gradinit.paths.name_too_long`, with ``locked`` also the name of the folder's lock
+    file beside it."""
+    also = [(os.path.basename(lock_path(os.path.abspath(os.fspath(path)))), "the name of its lock file beside it")]
+    return paths.name_too_long(flag, path, also=also if locked else ())
 
 
 def train_run(args, out_dir: Path, device: torch.device, command: str) -> Dict[str, Any]:
