@@ -104,7 +104,7 @@ def test_every_check_is_registered_in_one_place_with_when_it_runs():
     names = {when: [c.name for c in validation.checks(when)] for when in validation.WHEN}
     assert names["phase"] == ["precision", "validation split"]  # the cheap check first
     assert names["settings"] == ["options", "distributed setup", "batch tokens"]
-    assert names["training setup"] == ["optimizer", "save dir", "train split"]
+    assert names["training setup"] == ["optimizer", "save dir", "train split", "checkpoint paths", "data files"]
     assert [c.fn for c in validation.checks("arguments")].count(wskip_argument_error) == 1
     validation.check_every_parse(wskip_argument_error)  # again: no effect
     assert [c.fn for c in validation.checks("arguments")].count(wskip_argument_error) == 1

@@ -286,7 +286,10 @@ def test_restore_source_is_what_fairseq_loads(tmp_path, case):
         else:
             (tmp_path / f).parent.mkdir(parents=True, exist_ok=True)
             (tmp_path / f).write_bytes(b"x")
-    argv = ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--gradinit-iters", "2",
+    # with --gradinit-iters, a checkpoint_last.pt that is a folder is refused when parsed
+    # (test_checked_before_the_phase.py); fairseq's own reading of it is compared without
+    iters = [] if case == "checkpoint_last.pt is a directory" else ["--gradinit-iters", "2"]
+    argv = ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", *iters,
             "--save-dir", str(tmp_path / "save"), *[a.format(o=other) for a in extra]]
     cfg = convert_namespace_to_omegaconf(_parse(argv))
     trainer = _RecordingTrainer(cfg)

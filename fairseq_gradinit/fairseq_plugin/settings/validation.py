@@ -528,10 +528,9 @@ def resume_error(model, source: str, task=None) -> Optional[str]:
     try:
         state = _load(source)
     except Exception as e:  # noqa: BLE001 - empty, truncated or not a checkpoint: one line, not a traceback
-        # torch's and pickle's errors carry only their text: shown whole where it is one short line, else by type
-        text = str(e)
-        reason = f"{type(e).__name__}: {text}" if "\n" not in text and len(text) <= 200 else type(e).__name__
-        return (f"cannot resume from {source}: it is not a readable checkpoint ({reason}); it may "
+        # torch's and pickle's errors carry only their text, and torch's runs on with its C++ frames: its first sentence
+        reason = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]
+        return (f"cannot resume from {source}: it is not a readable checkpoint ({type(e).__name__}: {reason}); it may "
                 "be truncated (a run stopped while writing it). Move it away to resume from another checkpoint "
                 "(--restore-file) or to start anew")
     if task is not None:
