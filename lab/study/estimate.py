@@ -270,7 +270,7 @@ def _last_int(argv: Sequence[str], option: str, default: int) -> int:
 def _simulated_steps(argv: Sequence[str]) -> int:
     """The phase's simulated steps: the flag, else the plugin's default for the command (several with Adam
     unless --gradinit-unstepped-uses pins the paper's single step; one with SGD)."""
-    from fairseq_gradinit.fairseq_plugin.settings.options import NO_WARMUP_LOOKAHEAD_STEPS
+    from fairseq_gradinit.fairseq_plugin.settings.options import default_lookahead_steps
 
     if "--gradinit-lookahead-steps" in argv[:-1]:
         return _last_int(argv, "--gradinit-lookahead-steps", 1)
@@ -279,8 +279,8 @@ def _simulated_steps(argv: Sequence[str]) -> int:
         for i, token in enumerate(argv[:-1]):
             if token == flag:
                 optimizer = argv[i + 1]
-    sgd = optimizer in ("sgd", "nag")
-    return 1 if sgd or "--gradinit-unstepped-uses" in argv else NO_WARMUP_LOOKAHEAD_STEPS
+    unstepped = True if "--gradinit-unstepped-uses" in argv else None
+    return default_lookahead_steps(adam=optimizer not in ("sgd", "nag"), unstepped_uses=unstepped)
 
 
 def _is_fp32(argv: Sequence[str]) -> bool:

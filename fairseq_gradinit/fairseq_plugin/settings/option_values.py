@@ -12,7 +12,7 @@ from ...core.errors import OptionValueError
 from ...core.options import parse_scale_bounds, values_from  # noqa: F401  (parse_scale_bounds: re-exported)
 from ..data.cfg import cfg_value
 from .init_file import read_init_file  # noqa: F401  (re-exported)
-from .options import ENGINE_OPTIONS, NO_WARMUP_GAMMA_INIT_FACTOR, NO_WARMUP_LOOKAHEAD_STEPS, NO_WARMUP_TAU
+from .options import ENGINE_OPTIONS, NO_WARMUP_GAMMA_INIT_FACTOR, NO_WARMUP_TAU, default_lookahead_steps
 
 
 def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig:
@@ -27,8 +27,8 @@ def gradinit_config_from_task(cfg, *, lr_matters: bool = True) -> GradInitConfig
         values["optimizer"] = "sgd" if training_optimizer(cfg) in ("sgd", "nag") else "adam"
     opt = str(values["optimizer"])
     adam = opt == "adam"
-    if values["lookahead_steps"] is None:  # the simulated steps are Adam's, and move every use of a tensor
-        values["lookahead_steps"] = NO_WARMUP_LOOKAHEAD_STEPS if adam and values["unstepped_uses"] is None else 1
+    if values["lookahead_steps"] is None:
+        values["lookahead_steps"] = default_lookahead_steps(adam=adam, unstepped_uses=values["unstepped_uses"])
     if adam and values["gamma"] is None and values["gamma_init_factor"] is None:
         values["gamma_init_factor"] = NO_WARMUP_GAMMA_INIT_FACTOR
     if values["lr"] is None:

@@ -25,6 +25,12 @@ NO_WARMUP_GAMMA_INIT_FACTOR = 2.0
 NO_WARMUP_LOOKAHEAD_STEPS = 4
 NO_WARMUP_TAU = 1e-2
 
+
+def default_lookahead_steps(*, adam: bool, unstepped_uses) -> int:
+    """The simulated steps a run gets without --gradinit-lookahead-steps: Adam's several, which move every
+    use of a tensor; one with SGD or with --gradinit-unstepped-uses (the paper's single step)."""
+    return NO_WARMUP_LOOKAHEAD_STEPS if adam and unstepped_uses is None else 1
+
 #: The recipe the plugin's defaults start from: the authors' IWSLT'14 setting.
 AUTHORS = recipe("authors-iwslt14")
 #: Where the plugin's defaults depart from :data:`AUTHORS`, ``field -> (value, reason)``; None is derived
