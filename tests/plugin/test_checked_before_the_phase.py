@@ -48,7 +48,7 @@ def test_machine_dependent_settings_are_left_to_the_machine_that_runs_them(tiny_
 
 def test_a_save_dir_that_cannot_be_created_stops_before_the_phase(tiny_data, tmp_path):
     """A config that was not parsed from a command line (the study's GradInit phase, Python) meets the
-    same folder when the phase starts: one line, before any iteration."""
+    same folder before the phase: one line, before any iteration."""
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     from fairseq_gradinit.fairseq_plugin.data.training import build_from_config
@@ -62,8 +62,16 @@ def test_a_save_dir_that_cannot_be_created_stops_before_the_phase(tiny_data, tmp
     with pytest.raises(SystemExit) as exc:
         build_from_config(cfg)
     message = str(exc.value.code)
-    assert message.startswith(f"gradinit: error: --save-dir {file / 'ck'}: cannot create or write it (")
-    assert "give a writable folder" in message
+    # a file in the way: the words of the command line's refusal, found by the task's checks of the setup
+    assert message == (f"gradinit: error: argument --save-dir: {file / 'ck'} is below the file {file}, not a "
+                       "folder; GradInit's result and the checkpoints go there: give a folder you can write")
+    # a folder the machine refuses to create (permissions; /proc refuses even root): met when the phase starts
+    cfg.checkpoint.save_dir = cfg.task.gradinit_save_dir = "/proc/gradinit-test/ck"
+    with pytest.raises(SystemExit) as exc:
+        build_from_config(cfg)
+    message = str(exc.value.code)
+    assert message.startswith("gradinit: error: --save-dir /proc/gradinit-test/ck: cannot create or write it (")
+    assert "give a writable folder" in message and "\n" not in message
 
 
 def test_an_over_long_validation_sample_is_refused_before_the_phase(tmp_path, caplog):
@@ -401,3 +409,47 @@ def test_fairseq_train_stops_before_the_phase_on_what_fairseq_refuses_after_it(t
             train_inprocess(base + extra + ["--save-dir", str(tmp_path / str(i))])
         assert str(exc.value.code).startswith(start), exc.value.code
         assert "gradinit iter" not in caplog.text and not (tmp_path / str(i) / "gradinit.json").exists()
+
+
+@pytest.mark.parametrize("case", ["adam betas", "train subset", "checkpoint folder", "truncated bin"])
+def test_the_training_setup_of_a_config_not_parsed_from_a_command_line_stops_before_the_phase(
+        tiny_data, tmp_path, caplog, case):
+    """fairseq-hydra-train and Python callers skip the parser, where the training setup is refused above: the
+    task runs the same checks on the run's plan before any GradInit iteration, in one line, with the same
+    words (before: fairseq met these after the whole phase)."""
+    import shutil
+
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from fairseq.distributed import utils as distributed_utils
+    from fairseq_cli import train
+
+    from fairseq_gradinit.fairseq_plugin.settings.options import GLOBAL_SETTINGS, PluginOptions
+
+    caplog.set_level("INFO")
+    data, save = tmp_path / "bin", tmp_path / "ck"
+    shutil.copytree(tiny_data, data)
+    cfg = convert_namespace_to_omegaconf(_parse([str(data), "--task", "translation_gradinit", *TINY_MODEL,
+                                                 "--lr", "1e-3", "--max-update", "1", "--save-dir", str(save),
+                                                 "--gradinit-iters", "50"]))
+    # As fairseq-hydra-train composes it: the task's global settings follow fairseq's fields (the conversion
+    # from a namespace copies their values instead)
+    for name in GLOBAL_SETTINGS:
+        setattr(cfg.task, name, getattr(PluginOptions, name))
+    if case == "adam betas":
+        cfg.optimizer.adam_betas = "(0.9, 1.5)"
+        expected = "argument --adam-betas: expected two numbers in [0, 1)"
+    elif case == "train subset":
+        cfg.dataset.train_subset = "nosuch"
+        expected = f"argument data: {data} has no 'nosuch' split"
+    elif case == "checkpoint folder":
+        (save / "checkpoint_last.pt").mkdir(parents=True)
+        expected = f"argument --save-dir: {save / 'checkpoint_last.pt'} is a folder"
+    else:
+        named, words = _damage(data, "truncated bin")
+        expected = f"argument data: {named}"
+    with pytest.raises(SystemExit) as exc:
+        distributed_utils.call_main(cfg, train.main)
+    message = str(exc.value.code)
+    assert message.startswith("gradinit: error: " + expected) and "\n" not in message, message
+    assert "gradinit iter" not in caplog.text and not (save / "gradinit.json").exists()
+    assert not (save / "gradinit.state.pt").exists()

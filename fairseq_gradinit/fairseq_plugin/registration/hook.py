@@ -212,10 +212,14 @@ class GradInitTaskMixin:
     # ------------------------------------------------------------------------------------
     @staticmethod
     def _gradinit_hold(plan: GradInitPlan) -> None:
-        """Refuse a plan with an error; where GradInit is on, hold the save dir's lock (:mod:`..phase.lock`) from
-        here until the process ends: a second run into the folder stops."""
+        """Refuse a plan with an error, or a training setup fairseq would trip over after the phase; where
+        GradInit is on, hold the save dir's lock (:mod:`..phase.lock`) from here until the process ends: a
+        second run into the folder stops."""
         if plan.error is not None:
             raise GradInitError(plan.error)
+        # Checked when a command line is parsed; a config built otherwise (fairseq-hydra-train, Python)
+        # meets them only here, still before any work.
+        require("training setup", plan)
         if plan.enabled:
             rank, world = rank_world()
             hold_save_dir(plan.save_dir, rank=rank, world=world)

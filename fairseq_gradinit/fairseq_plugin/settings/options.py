@@ -176,6 +176,13 @@ class PluginOptions(FairseqDataclass):
     gradinit_ddp_backend: Any = II("distributed_training.ddp_backend")
     gradinit_pipeline_model_parallel: Any = II("distributed_training.pipeline_model_parallel")
     gradinit_model_parallel_size: Any = II("common.model_parallel_size")
+    # Read by the training-setup checks (settings fairseq trips over only after the phase).
+    gradinit_data: Any = II("task.data")
+    gradinit_no_save: Any = II("checkpoint.no_save")
+    gradinit_no_last_checkpoints: Any = II("checkpoint.no_last_checkpoints")
+    gradinit_combine_valid_subsets: Any = II("dataset.combine_valid_subsets")
+    gradinit_adam_betas: Any = "${oc.select:optimizer.adam_betas,null}"
+    gradinit_adam_eps: Any = "${oc.select:optimizer.adam_eps,null}"
 
 
 def _namespace_attribute(interpolation: str) -> str:

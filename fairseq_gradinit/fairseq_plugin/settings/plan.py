@@ -223,19 +223,22 @@ def _resolve(settings: Mapping[str, Any]) -> GradInitPlan:
 
 
 def namespace_error(ns) -> Optional[str]:
-    """What the parser refuses in a parsed ``fairseq-train`` namespace: the ``--gradinit-*``
-    options and the settings GradInit cannot run with (:attr:`GradInitPlan.error`), or None."""
+    """What the parser refuses in a parsed ``fairseq-train`` namespace's plan: the ``--gradinit-*``
+    options and the settings GradInit cannot run with (:attr:`GradInitPlan.error`), then the training
+    setup fairseq would trip over after the phase (the ``training setup`` checks, which the task runs
+    again before the phase for configs not parsed from a command line), or None."""
     if not hasattr(ns, "gradinit_iters"):
         return None
-    return build_plan(ns).error
+    plan = build_plan(ns)
+    return plan.error or first_error("training setup", plan)
 
 
 def parse_error(ns) -> Optional[str]:
     """What the parser of a task the plugin serves refuses in a parsed namespace, or None: the
     checks of :mod:`.validation` in their order, ``arguments`` (the plugin's models and optimizers,
-    :func:`~.validation.check_every_parse`), ``settings`` (:func:`namespace_error`) and ``training
-    setup``."""
-    return first_error("arguments", ns) or namespace_error(ns) or first_error("training setup", ns)
+    :func:`~.validation.check_every_parse`), then ``settings`` and ``training setup``
+    (:func:`namespace_error`)."""
+    return first_error("arguments", ns) or namespace_error(ns)
 
 
 def refuse_bad_values_when_parsed(parser) -> None:

@@ -7,7 +7,8 @@ A check is a named function that returns what it refuses (a message that says wh
   the plugin registers (:func:`check_every_parse`);
 - ``settings``: the run's ``--gradinit-*`` values and the global settings they depend on (a view of
   the plan's settings; :func:`~.plan.build_plan` records the first refusal as ``plan.error``);
-- ``training setup``: settings fairseq trips over only after the GradInit phase, refused when parsed;
+- ``training setup``: the plan's settings fairseq trips over only after the GradInit phase (the files
+  they name), refused when parsed and again by the task before the phase;
 - ``legacy task``: a parsed namespace of a task that declares its options with ``add_args``;
 - ``model``: the freshly built model and the run's plan, before any work;
 - ``per-use scales``: the same, once the per-use multipliers of tied embeddings are installed;
@@ -271,30 +272,38 @@ def check_when_parsed(parser, check) -> None:
         checks.append(check)
 
 
-# -- training setup: what fairseq trips over only after the phase, refused when parsed --------------
+# -- training setup: what fairseq trips over only after the phase --------------------------------
+# Read from the run's plan, so that the same checks refuse a parsed command line (when parsed) and a
+# config built without fairseq's parser (fairseq-hydra-train, Python: before the phase, by the task).
 #: Optimizers whose --adam-betas/--adam-eps fairseq or torch check only when the optimizer is built.
 ADAM_LIKE = ("adam", "radam")
 
 
-def _optimizer_error(ns) -> Optional[str]:
-    optimizer = getattr(ns, "optimizer", None)
+def _optimizer_error(plan) -> Optional[str]:
+    optimizer = plan.setting("gradinit_train_optimizer")
     if optimizer not in ADAM_LIKE:
         return None
-    betas = getattr(ns, "adam_betas", None)
+    betas = plan.setting("gradinit_adam_betas")
     if betas is not None:
         try:
             parse_betas(betas)
         except OptionValueError as e:
             return f"argument --adam-betas: {e.reason} (--optimizer {optimizer})"
-    eps = getattr(ns, "adam_eps", None)
-    if eps is not None and not (isinstance(eps, (int, float)) and eps >= 0):
+    eps = plan.setting("gradinit_adam_eps")
+    if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
         return f"argument --adam-eps: invalid value {eps!r}: expected a number >= 0 (--optimizer {optimizer})"
     return None
 
 
-def _save_dir_error(ns) -> Optional[str]:
-    save_dir = getattr(ns, "save_dir", None)
-    if not save_dir or getattr(ns, "no_save", False):
+def _saves(plan) -> Optional[str]:
+    """The save dir fairseq-train writes into, or None with --no-save."""
+    save_dir = plan.setting("gradinit_save_dir")
+    return None if not save_dir or plan.setting("gradinit_no_save") is True else str(save_dir)
+
+
+def _save_dir_error(plan) -> Optional[str]:
+    save_dir = _saves(plan)
+    if save_dir is None:
         return None
     reason = unwritable_folder_reason(save_dir)
     # Only a file in the way: permissions (and CUDA for --fp16) belong to the machine that runs the
@@ -305,9 +314,9 @@ def _save_dir_error(ns) -> Optional[str]:
     return None
 
 
-def _train_split_error(ns) -> Optional[str]:
-    data = getattr(ns, "data", None)
-    subset = getattr(ns, "train_subset", None) or "train"
+def _train_split_error(plan) -> Optional[str]:
+    data = plan.setting("gradinit_data")
+    subset = plan.setting("gradinit_train_subset") or "train"
     if not data:
         return None
     first = str(data).split(os.pathsep)[0]
@@ -321,38 +330,31 @@ def _train_split_error(ns) -> Optional[str]:
             "GradInit and training read it: binarize it with fairseq-preprocess --trainpref, or pass --train-subset")
 
 
-def computes(ns) -> bool:
-    """Whether a parsed namespace asks GradInit to compute (``--gradinit-iters`` > 0, no init file): only
-    then would a typo in the training setup cost the whole phase."""
-    iters = getattr(ns, "gradinit_iters", 0)
-    return isinstance(iters, int) and iters > 0 and not getattr(ns, "gradinit_init_file", None)
-
-
 @register_check("training setup", "optimizer")
-def optimizer_check(ns) -> Optional[str]:
-    return _optimizer_error(ns) if computes(ns) else None
+def optimizer_check(plan) -> Optional[str]:
+    return _optimizer_error(plan) if plan.computes else None
 
 
 @register_check("training setup", "save dir")
-def save_dir_check(ns) -> Optional[str]:
-    return _save_dir_error(ns) if computes(ns) else None
+def save_dir_check(plan) -> Optional[str]:
+    return _save_dir_error(plan) if plan.computes else None
 
 
 @register_check("training setup", "train split")
-def train_split_check(ns) -> Optional[str]:
-    return _train_split_error(ns) if computes(ns) else None
+def train_split_check(plan) -> Optional[str]:
+    return _train_split_error(plan) if plan.computes else None
 
 
-def _checkpoint_paths_error(ns) -> Optional[str]:
+def _checkpoint_paths_error(plan) -> Optional[str]:
     """A checkpoint fairseq-train writes into ``--save-dir`` (``checkpoint_last{suffix}.pt``, and
     ``checkpoint_best{suffix}.pt`` where it validates) that exists and is not a file: fairseq treats it
     as no checkpoint to load, trains, and fails at its first save."""
-    save_dir = getattr(ns, "save_dir", None)
-    if not save_dir or getattr(ns, "no_save", False) or not os.path.isdir(save_dir):
+    save_dir = _saves(plan)
+    if save_dir is None or not os.path.isdir(save_dir):
         return None
-    suffix = getattr(ns, "checkpoint_suffix", "") or ""
-    names = [] if getattr(ns, "no_last_checkpoints", False) else [f"checkpoint_last{suffix}.pt"]
-    if not getattr(ns, "disable_validation", False):
+    suffix = plan.setting("gradinit_checkpoint_suffix", "")
+    names = [] if plan.setting("gradinit_no_last_checkpoints") is True else [f"checkpoint_last{suffix}.pt"]
+    if plan.setting("gradinit_disable_validation") is not True:
         names.append(f"checkpoint_best{suffix}.pt")
     for name in names:
         path = os.path.join(save_dir, name)
@@ -363,17 +365,17 @@ def _checkpoint_paths_error(ns) -> Optional[str]:
     return None
 
 
-def _data_files_error(ns) -> Optional[str]:
+def _data_files_error(plan) -> Optional[str]:
     """A truncated or mismatched ``.idx``/``.bin`` pair of a split the run reads (the training split,
     and the validation splits unless ``--disable-validation``): fairseq fails on it only when a batch
     reaches the missing tokens, or with a traceback when it loads the split."""
-    data = getattr(ns, "data", None)
+    data = plan.setting("gradinit_data")
     if not data:
         return None
-    train = getattr(ns, "train_subset", None) or "train"
-    valid = [] if getattr(ns, "disable_validation", False) else \
-        [s for s in str(getattr(ns, "valid_subset", None) or "").split(",") if s]
-    shards = [train] + (valid if getattr(ns, "combine_valid_subsets", False) else [])
+    train = plan.setting("gradinit_train_subset") or "train"
+    valid = [] if plan.setting("gradinit_disable_validation") is True else \
+        [s for s in str(plan.setting("gradinit_valid_subset", "")).split(",") if s]
+    shards = [train] + (valid if plan.setting("gradinit_combine_valid_subsets") is True else [])
     error = data_bin_error(str(data), [train] + valid, shards=shards)
     if error is None:
         return None
@@ -381,13 +383,13 @@ def _data_files_error(ns) -> Optional[str]:
 
 
 @register_check("training setup", "checkpoint paths")
-def checkpoint_paths_check(ns) -> Optional[str]:
-    return _checkpoint_paths_error(ns) if computes(ns) else None
+def checkpoint_paths_check(plan) -> Optional[str]:
+    return _checkpoint_paths_error(plan) if plan.computes else None
 
 
 @register_check("training setup", "data files")
-def data_files_check(ns) -> Optional[str]:
-    return _data_files_error(ns) if computes(ns) else None
+def data_files_check(plan) -> Optional[str]:
+    return _data_files_error(plan) if plan.computes else None
 
 
 # -- phase: on the machine that runs it, when the phase starts ----------------------------------------
