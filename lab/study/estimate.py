@@ -63,15 +63,16 @@ H100 = Throughput(
     phase_weight=1.24,
     source="lab/record/evidence/nowarmup-d512-authors-2026-11-26 (one H100)",
 )
-#: A 2-core CPU, one thread per process, the d=128 testbed (preset ``testbed``), measured in its first batch
-#: (lab/record/testbed-d128.md): two arms at once took 15.2-16.7 minutes for 800 updates with validation in
-#: both modes and the monitor every 100 (0.85 updates/s each, start-up included); 200-iteration screening
-#: phases beside another process 10.2-10.9 minutes and the 780-iteration phase ~38 minutes (2300 s used).
+#: A 2-core CPU, one thread per process, the d=128 testbed (preset ``testbed``; lab/record/testbed-d128.md):
+#: on the idle machine, two arms at once took 13.8-15.0 minutes each for 800 updates with validation in both
+#: modes and the monitor every 100 (0.93 updates/s each, besides the start-up; the 8-arm budget run); 200-iteration
+#: screening phases beside another process 10.2-10.9 minutes and the 780-iteration phase ~38 minutes (2300 s
+#: used; the first batch).
 #: Beyond two processes the machine's total rate stays what it was at two.
 CPU2 = Throughput(
     name="cpu2",
     label="2-core CPU (one thread per process)",
-    arm_rate=((2.0, 0.85),),
+    arm_rate=((2.0, 0.93),),
     phase_s=((2.0, 2300.0),),
     phase_weight=1.0,
     startup_s=15.0,

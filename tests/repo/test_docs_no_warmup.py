@@ -172,3 +172,22 @@ def test_the_branch_ratio_sentence_is_the_stored_monitor():
     assert round(at100["gi-look4"], 1) == 3.2 and all(1 <= at100[a] < 2 for a in ("xavier", "xavier-warm50"))
     page = " ".join((REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8").split())
     assert "23–28× the stream for the arms that break down, 5–7 for these two, 3.2 for our variant, 1–2 for Xavier" in page
+
+
+def test_eight_cached_arms_fit_the_hour_and_repeat_batch_one():
+    """The testbed's budget: batch 1's eight arms, every GradInit phase taken from the cache, in at most 60
+    minutes on an idle 2-core machine (the study's own wall time), with every validation loss of batch 1 again."""
+    import json
+
+    budget = TESTBED / "budget"
+    study = json.loads((budget / "study-study11.json").read_text(encoding="utf-8"))
+    assert len(study["arms"]) == 8 and study["gradinit_groups"]
+    assert not any(g["computed_now"] for g in study["gradinit_groups"].values())
+    minutes = study["wall_s"]["total"] / 60
+    assert minutes <= 60
+    again, first = curves_of_testbed(budget), curves_of_testbed()
+    assert set(again) == set(study["arms"]) and all(again[a] == first[a] for a in again)
+    assert sum(len(c) for c in again.values()) == 64
+    page = " ".join((REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8").split())
+    assert (f"Eight arms whose GradInit phases are cached take {minutes:.0f} minutes on an idle 2-core machine, two "
+            "at a time, and a rerun repeats every validation loss to the last digit") in page

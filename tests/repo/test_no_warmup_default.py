@@ -35,9 +35,13 @@ def _arm(name):
 
 #: gamma from the init with the paper's one simulated step, against the same warmup arms.
 PAIRS_K2 = {1: ("gi-K2", "warmup"), 2: ("gi-K2-s2", "warmup-s2")}
+#: The defaults with floors on every scale (LayerNorm weights >= 0.3, other weights >= 0.1).
+PAIRS_FLOORS = {1: ("gi-look4-floors", "warmup"), 2: ("gi-look4-floors-s2", "warmup-s2")}
+#: The defaults at the paper's 780 iterations: did not hold (a gap warning at seed 2).
+PAIRS_780 = {1: ("gi-default-780", "warmup"), 2: ("gi-default-780-s2", "warmup-s2")}
 
 
-@pytest.mark.parametrize("pairs", [PAIRS, PAIRS_K2], ids=["default", "gamma-from-init"])
+@pytest.mark.parametrize("pairs", [PAIRS, PAIRS_K2, PAIRS_FLOORS], ids=["default", "gamma-from-init", "floors"])
 def test_the_default_held_on_both_seeds_to_1000_updates(pairs):
     """Item by item what 'holds' means: without warmup, eval-mode validation loss at or below the 200-update
     warmup arm's at 800 and 1000 updates (here: at every validation), on two seeds, no gap warning."""
@@ -48,6 +52,26 @@ def test_the_default_held_on_both_seeds_to_1000_updates(pairs):
         assert _gap_warnings(gi) == 0, gi
         assert "--warmup-updates 200" in " ".join(_arm(warm).args) and "--warmup-updates" not in _arm(gi).args
         assert (tuple(_arm(gi).args[-2:]) == ("--seed", "2")) == (seed == 2) == ("--seed" in _arm(gi).args)
+
+
+def test_the_defaults_at_780_iterations_did_not_hold_and_the_pages_say_so():
+    """Below the warmup arm at 800 and 1000 on both seeds, but a gap warning at seed 2 (an eval-mode jump at
+    update 200 above the warmup arm): not 'holds'; docs/no-warmup.md and docs/fairseq.md say so."""
+    curves = _curves()
+    for seed, (gi, warm) in PAIRS_780.items():
+        assert all(curves[gi][u][0] < curves[warm][u][0] for u in (800, 1000)), seed
+        assert ("--warmup-updates" not in _arm(gi).args) and "--gradinit-iters 780" in " ".join(_arm(gi).args)
+    assert [_gap_warnings(gi) for gi, _ in PAIRS_780.values()] == [0, 1]
+    s2 = curves["gi-default-780-s2"][200]
+    assert s2[0] > curves["warmup-s2"][200][0] and s2[0] > s2[1]
+    page = _flat(REPO / "docs" / "no-warmup.md")
+    assert (f"the eval-mode loss jumps at update 200 ({s2[0]:.2f} against the warmup run's "
+            f"{curves['warmup-s2'][200][0]:.2f}, a gap warning) before it comes down below the warmup run "
+            f"({curves['gi-default-780-s2'][1000][0]:.2f} at 1000; next section)") in page
+    assert ("at seed 2 it holds too ({:.2f} against the warmup run's {:.2f} at update 1000, no gap warning)".format(
+        curves["gi-look4-floors-s2"][1000][0], curves["warmup-s2"][1000][0])) in page
+    assert ("with 780 the same defaults trained on one seed but not the other (an eval-mode jump at update 200 that "
+            "the monitor warns about), so keep 200") in _flat(REPO / "docs" / "fairseq.md")
 
 
 def test_the_pages_state_the_defaults_that_were_measured():
