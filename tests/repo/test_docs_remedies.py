@@ -93,3 +93,21 @@ def test_the_clamp_table_is_the_stored_measurement():
         assert h["batch"] == {"sentences": 160, "tokens": 2201}
     before = [n["gain_before"] for n in rows["as learned"]["norms"]]
     assert f"{min(before):.2f}–{max(before):.2f}" == "0.81–1.07" and "(Xavier:\n0.81–1.07)" in DOC
+
+
+def test_the_sentence_on_which_remedy_is_a_default_is_the_testbeds_runs():
+    """Which remedy the defaults use, and the testbed's eval-mode loss at 800 of each other one (batch 1's curves:
+    gi-ratio, gi-floors, gi-dropout, gi-unstepped against the warmup arm)."""
+    pytest.importorskip("fairseq")
+    from test_docs_no_warmup import curves_of_testbed
+
+    from fairseq_gradinit.fairseq_plugin.settings.options import NO_WARMUP_LOOKAHEAD_STEPS
+
+    curves = curves_of_testbed()
+    at = {arm: str(curves[arm][800][0]) for arm in ("warmup", "gi-ratio", "gi-floors", "gi-dropout", "gi-unstepped")}
+    assert all(float(at[a]) > float(at["warmup"]) for a in at if a != "warmup")
+    text = " ".join(DOC.split())
+    assert NO_WARMUP_LOOKAHEAD_STEPS == 4 and "(with Adam, four, with γ measured at the init;" in text
+    assert (f"none of the others reached the warmup run's {at['warmup']} at update 800: the bounded step ratio "
+            f"{at['gi-ratio']}, the higher floors {at['gi-floors']}, dropout during GradInit {at['gi-dropout']}, the "
+            f"authors' simulated step {at['gi-unstepped']}") in text
