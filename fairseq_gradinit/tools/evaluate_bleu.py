@@ -730,14 +730,20 @@ def run_generate(
     out, lines = GenerateOutput(), [] if save_output is not None else None
     decoder, stop, done = None, None, False
     try:
-        with stop_at(None if time_limit is None else time_limit - (time.time() - t0)):
-            decoder = SplitDecoder(cmd[3:])
-            if decoder.source_sizes is not None:
-                meter.use_sizes(decoder.source_sizes)
-            meter.log_line(time.time())  # start-up ends: the model and the split are loaded
-            stop = decode(decoder, meter, out, lines, time_limit=time_limit, progress_json=progress_json,
-                          report_every_s=report_every_s)
-            done = stop is None
+        # Loading runs without the timer: an exception raised at any point inside omegaconf or torch's loading
+        # can leave their state broken, and the error that follows would hide the time limit.
+        decoder = SplitDecoder(cmd[3:])
+        if decoder.source_sizes is not None:
+            meter.use_sizes(decoder.source_sizes)
+        meter.log_line(time.time())  # start-up ends: the model and the split are loaded
+        left = None if time_limit is None else time_limit - (time.time() - t0)
+        if left is not None and left <= 0:
+            stop = f"--time-limit {time_limit:g} s reached"
+        else:
+            with stop_at(left):
+                stop = decode(decoder, meter, out, lines, time_limit=time_limit, progress_json=progress_json,
+                              report_every_s=report_every_s)
+        done = stop is None
     except _TimeIsUp:
         if meter.total is None or meter.done < meter.total:  # else the timer went off as the decode ended
             stop = f"--time-limit {time_limit:g} s reached"

@@ -113,6 +113,31 @@ def test_time_limit_stops_generate_and_keeps_the_rate(tiny_data, untrained, tmp_
     assert result["decode"]["time_limit_s"] == 0.5 and result["decode"]["sentences_done"] < 40
 
 
+def test_a_time_limit_reached_while_the_model_loads_stops_before_the_decode(tiny_data, untrained, tmp_path, capsys,
+                                                                             monkeypatch):
+    """The timer is armed only once the model and split are loaded: loading is never cut short (an exception inside
+    omegaconf's loading left it broken and the run ended with its unrelated error); a limit already spent by then
+    stops the run before its first sentence, with the same one line."""
+    from fairseq_gradinit.tools import inprocess_generate
+
+    original, loaded = inprocess_generate.SplitDecoder.__init__, []
+
+    def slow_init(self, *args, **kwargs):
+        time.sleep(0.8)  # a slow disk: loading outlasts --time-limit 0.5
+        original(self, *args, **kwargs)
+        loaded.append(True)
+
+    monkeypatch.setattr(inprocess_generate.SplitDecoder, "__init__", slow_init)
+    out = tmp_path / "bleu.json"
+    rc = evaluate_bleu.main([str(tiny_data), "--path", str(untrained), "--cpu", "--batch-size", "8", "--beam", "2",
+                             "--user-dir", "gradinit", "--output-json", str(out), "--time-limit", "0.5", *FAST_GEN])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert rc == 1 and loaded == [True]
+    assert last.startswith("error: fairseq-generate stopped after 0 of ") and "--time-limit 0.5 s reached" in last
+    result = json.loads(out.read_text())
+    assert result["bleu"] is None and result["decode"]["sentences_done"] == 0
+
+
 def batches_of_hypotheses(batches, pause_s):
     """fairseq-generate's stdout as it comes: each batch's S/H lines at once, then a pause (the next batch)."""
     sid = 0
