@@ -63,11 +63,9 @@ H100 = Throughput(
     phase_weight=1.24,
     source="lab/record/evidence/nowarmup-d512-authors-2026-11-26 (one H100)",
 )
-#: A 2-core CPU, one thread per process, the d=128 testbed (preset ``testbed``; lab/record/testbed-d128.md):
-#: on the idle machine, two arms at once took 13.8-15.0 minutes each for 800 updates with validation in both
-#: modes and the monitor every 100 (0.93 updates/s each, besides the start-up; the 8-arm budget run); 200-iteration
-#: screening phases beside another process 10.2-10.9 minutes and the 780-iteration phase ~38 minutes (2300 s
-#: used; the first batch).
+#: A 2-core CPU, one thread per process, the d=128 testbed (preset ``testbed``): an arm's updates per second with
+#: two arms at once on the idle machine (validation in both modes and the monitor included, start-up apart) and a
+#: phase's seconds, as measured in lab/record/testbed-d128.md ("the 8-arm budget" and batch 1).
 #: Beyond two processes the machine's total rate stays what it was at two.
 CPU2 = Throughput(
     name="cpu2",

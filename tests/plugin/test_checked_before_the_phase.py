@@ -113,6 +113,14 @@ def test_a_negative_wskip_profile_seed_is_refused_when_parsed(capsys):
         in err, err[-600:]
 
 
+def _refused_before_the_phase(argv, save) -> str:
+    """fairseq-train's one-line stop for ``argv``, checked to come before GradInit wrote anything into ``save``."""
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess(argv)
+    assert not (save / "gradinit.json").exists()
+    return str(exc.value.code)
+
+
 def test_per_use_scales_for_ties_the_plugin_cannot_split_are_refused(tmp_path):
     """RoBERTa ties its output head to the input embedding, which has no per-use multiplier: per-use
     would have trained it shared without a word; now it is refused when the model is built."""
@@ -124,14 +132,11 @@ def test_per_use_scales_for_ties_the_plugin_cannot_split_are_refused(tmp_path):
             "--criterion", "masked_lm", "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "256", "--cpu",
             "--num-workers", "0", "--max-update", "1", "--no-progress-bar", "--save-dir", str(tmp_path / "ck"),
             "--gradinit-iters", "2", "--gradinit-tied-embeddings", "per-use"]
-    with pytest.raises(SystemExit) as exc:
-        train_inprocess(argv)
-    message = str(exc.value.code)
+    message = _refused_before_the_phase(argv, tmp_path / "ck")
     assert message.startswith("gradinit: error: --gradinit-tied-embeddings per-use: this model ties "
                               "encoder.sentence_encoder.embed_tokens.weight = encoder.lm_head.weight (one tensor), "
                               "which gets no per-use scales"), message
     assert message.endswith("use --gradinit-tied-embeddings shared")
-    assert not (tmp_path / "ck" / "gradinit.json").exists()
 
 
 def test_per_use_scales_for_a_decoder_that_reuses_its_embedding_in_its_forward_are_refused(tiny_data, tmp_path):
@@ -142,13 +147,10 @@ def test_per_use_scales_for_a_decoder_that_reuses_its_embedding_in_its_forward_a
             "--decoder-out-embed-dim", "16", "--share-decoder-input-output-embed", "--optimizer", "adam", "--lr",
             "1e-3", "--max-tokens", "256", "--cpu", "--num-workers", "0", "--max-update", "1", "--no-progress-bar",
             "--save-dir", str(tmp_path / "ck"), "--gradinit-iters", "2", "--gradinit-tied-embeddings", "per-use"]
-    with pytest.raises(SystemExit) as exc:
-        train_inprocess(argv)
-    message = str(exc.value.code)
+    message = _refused_before_the_phase(argv, tmp_path / "ck")
     assert message.startswith("gradinit: error: --gradinit-tied-embeddings per-use: this model ties "
                               "decoder.embed_tokens.weight = decoder.embed_tokens.weight as its output projection "
                               "(one tensor), which gets no per-use scales"), message
-    assert not (tmp_path / "ck" / "gradinit.json").exists()
     # the same model with its decoder's embedding untied is accepted by the check
     from fairseq_gradinit.fairseq_plugin.features.tied import uncovered_ties
     from fairseq.models.lstm import LSTMDecoder
