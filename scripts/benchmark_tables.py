@@ -264,7 +264,7 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "phase_e2e_cpu_fd": lambda: phase_e2e_table("phase_e2e_cpu_fd"),
     "bleu_decode_cpu": lambda: bleu_decode_table("bleu_decode_cpu"),
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
-                                                                 "after": "flat buffers (this version)"}),
+                                                                 "after": "flat buffers (full Hessian-vector products)"}),
     "transformer_cpu.iteration_range": lambda: ratio_range(["transformer_cpu_B2048"], TRANSFORMER_TIME_KEYS),
     "transformer_cuda.iteration_range": lambda: ratio_range(["transformer_cuda_B4096"], TRANSFORMER_TIME_KEYS),
     "vision_cpu.constraint_range": lambda: ratio_range(["vision_cpu"], ["constraint_time"]),

@@ -33,6 +33,7 @@ from .progress import format_duration, no_objective_advice
 from .random_state import capture_random_state, random_state_problem, restore_random_state
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import FlatViews, ScaledParameters
+from .second_order import SecondOrderGraph, gradient_with_graph, hessian_vector_dots
 from .uses import UnsteppedUses
 
 logger = logging.getLogger(__name__)
@@ -270,13 +271,13 @@ def _first_pass(model: ScaledModel, state: GradInitState, s, config: GradInitCon
     # memory, released before the objective pass over S~.
     speculate = config.reuse_graph and state.last_branch == "constraint" and not fd
     g_local = None
-    with math_attention() if speculate else contextlib.nullcontext():
+    if speculate:
+        with math_attention():
+            loss, g_local = gradient_with_graph(model.model, model.loss_fn, s, params, scaled.learned_positive)
+        grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, g_local.grads)]
+    else:
         loss = check_loss(model.loss_fn(model.model, s))
-        if speculate:
-            g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-            grads = [torch.zeros_like(p) if g is None else g.detach() for p, g in zip(params, g_local)]
-        else:
-            grads = gradients(loss, params)
+        grads = gradients(loss, params)
     # From here on g is one zero-padded buffer (a copy, also of the graph's gradients): the
     # norm, A[g], the step and the all-reduce are a few kernels each, not one per tensor.
     grads = scaled.gather(grads)
@@ -322,29 +323,28 @@ def _norm_grad(scaled: ScaledParameters, gbar: List[torch.Tensor], gnorm: torch.
 
 
 def _constraint_grad(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
-                     config: GradInitConfig,
-                     g_local: Optional[Sequence[Optional[torch.Tensor]]] = None) -> torch.Tensor:
-    """d||gbar||_p / d alpha by double backward through ``g_local``, this rank's gradient on S
-    with its graph (computed here by a second-order pass on S when not given)."""
+                     config: GradInitConfig, g_local: Optional[SecondOrderGraph] = None) -> torch.Tensor:
+    """d||gbar||_p/d alpha by double backward through ``g_local``, this rank's gradient on S with
+    its graph (computed here by a second-order pass on S when not given)."""
     scaled = model.scaled
     v = _norm_grad(scaled, gbar, gnorm, config.norm_p)
     params = scaled.params
-    # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>,
-    # as one vector-Jacobian product d<g_r, v>/dtheta = (dg_r/dtheta)^T v (no per-tensor products).
+    # ||mean_r g_r|| has gradient mean_r <v, dg_r/dalpha>: each rank differentiates <v, g_r>, as
+    # one vector-Jacobian product (no per-tensor products); tensors used only by linear operators
+    # get <(Hv)_i, theta_i> from the adjoints of their uses instead of the full (Hv)_i.
     with math_attention():
         if g_local is None:
-            loss = check_loss(model.loss_fn(model.model, s))
-            g_local = torch.autograd.grad(loss, params, create_graph=True, allow_unused=True)
-            del loss
-        used = [(gi, vi) for gi, vi in zip(g_local, v) if gi is not None and gi.requires_grad]
-        if not used:
-            return torch.zeros_like(alpha)
-        hv = torch.autograd.grad([gi for gi, _ in used], params, grad_outputs=[vi for _, vi in used],
-                                 allow_unused=True)
-    del g_local, used, v
-    h = scaled.gather([torch.zeros_like(p) if hi is None else hi for p, hi in zip(params, hv)])
+            _, g_local = gradient_with_graph(model.model, model.loss_fn, s, params, scaled.learned_positive)
+        hv, dots = hessian_vector_dots(g_local, params, v, scaled.learned, alpha.dtype)
+        if hv is None:  # an adjoint the recorded uses need was not computed: the full products
+            del g_local
+            _, g_local = gradient_with_graph(model.model, model.loss_fn, s, params, [False] * len(params))
+            hv, dots = hessian_vector_dots(g_local, params, v, scaled.learned, alpha.dtype)
+    del g_local, v
+    h = scaled.gather(hv)
     del hv
-    return scaled.alpha_grad(h, consume=True)
+    # a covered alpha_i is above its floor > 0; the others' dots are 0
+    return scaled.alpha_grad(h, consume=True) + dots / alpha.clamp(min=torch.finfo(alpha.dtype).tiny)
 
 
 def _constraint_grad_fd(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torch.Tensor],

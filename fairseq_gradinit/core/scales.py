@@ -181,7 +181,13 @@ class ScaledParameters:
         # A tensor without a learned scale is pinned at 1 by bounds [1, 1].
         # Scales of a float64 model are float64 too (e.g. for checks against a reference loop).
         dtype = torch.float64 if any(p.dtype == torch.float64 for p in self.params) else torch.float32
-        self.min_scales = torch.tensor([next(it_lo) if k else 1.0 for k in scaled], dtype=dtype, device=dev)
+        floors = [next(it_lo) if k else 1.0 for k in scaled]
+        self.min_scales = torch.tensor(floors, dtype=dtype, device=dev)
+        #: per tensor, known without reading the device: a learned scale that cannot reach 0, so that
+        #: <x, W_i> = <x, theta_i> / alpha_i (raising a floor keeps it above 0)
+        self.learned_positive: List[bool] = [k and lo > 0 for k, lo in zip(scaled, floors)]
+        #: per tensor: whether its scale is learned (``scaled`` on the host)
+        self.learned: List[bool] = list(scaled)
         self.max_scales = torch.tensor([next(it_hi) if k else 1.0 for k in scaled], dtype=dtype, device=dev)
         self.W: List[torch.Tensor] = []
         self._flat: Optional[torch.Tensor] = None
