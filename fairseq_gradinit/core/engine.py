@@ -11,7 +11,6 @@ both and keeps the history, skip counting and logging around it, and :func:`grad
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
@@ -26,6 +25,7 @@ from torch import nn
 from .batching import BatchPair, authors_pairs, cycle_iterable, overlapping_pairs
 from .config import GradInitConfig
 from .distributed import DataParallelGroup
+from .heap import heap_kept
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam
 from .precision import loss_in_precision, phase_precision
@@ -720,7 +720,7 @@ def gradinit(
                          "interval >= 1) or neither")
     else:
         every = None
-    with gradinit_mode(inner, dropout=config.dropout):
+    with gradinit_mode(inner, dropout=config.dropout), heap_kept(engine.scaled.params[0].device):
         run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
                        callback=callback, name="GradInit", log_seconds=config.log_seconds,
                        start=len(engine.history), every=every)

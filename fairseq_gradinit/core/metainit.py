@@ -32,6 +32,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from .batching import cycle_iterable
 from .config import config_to_dict, invalid, is_positive, validate_scale_fields
 from .distributed import DataParallelGroup
+from .heap import heap_kept
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
@@ -323,7 +324,7 @@ def metainit(
     inner = unwrap_model(model)
     engine = MetaInit(inner, loss_fn, config, process_group=process_group)
     stream = cycle_iterable(batches) if config.iters is not None else iter(batches)
-    with gradinit_mode(inner), higher_order_batch_norm(inner):
+    with gradinit_mode(inner), higher_order_batch_norm(inner), heap_kept(engine.scaled.params[0].device):
         run_iterations(engine, stream, config.iters, log_interval=config.log_interval, callback=callback,
                        name="MetaInit", log_seconds=config.log_seconds)
     wall = time.perf_counter() - start

@@ -3,7 +3,8 @@
 A constraint iteration needs d||g||_p / d alpha_i = <(H v)_i, W_i>, v = d||g||_p / dg, from a
 backward pass through the first backward (the double backward). Autograd computes (H v)_i in full and
 the dot with W_i follows. For a tensor that enters the loss only through linear operators, the dot
-needs none of the full (H v)_i: take a use Y = x theta^T + b (``F.linear``). theta enters the graph of
+needs none of the full (H v)_i: take a use Y = x theta^T + b (``F.linear``; a convolution is the same
+with its own products). theta enters the graph of
 g twice, in Y and in the first backward's input gradient dX = dY theta, so the double backward's
 (H v)_theta is a_Y^T x + dY^T a_dX, a_Y and a_dX being the adjoints of Y and dX that it computes
 anyway on its way to earlier tensors. Hence
@@ -16,7 +17,7 @@ row, which autograd holds constant, drops out with its positions. Summed over a 
 divided by alpha_i (theta_i = alpha_i W_i), this is <(H v)_i, W_i>; it is exact, up to the order of
 floating-point sums.
 
-How: during the pass over S, ``torch.nn.functional.linear`` and ``embedding`` are replaced, in the
+How: during the pass over S, ``torch.nn.functional.linear``, ``embedding`` and ``conv1d/2d/3d`` are replaced, in the
 calling thread only and restored after, by versions that record each use of an eligible tensor (its
 output Y, and the node whose gradient along the input's edge is dX). The first backward keeps dX
 (a node hook); the double backward reduces a_Y and a_dX to their dots as it produces them (tensor
@@ -45,6 +46,9 @@ from .runtime import check_loss
 
 __all__ = ["SecondOrderGraph", "gradient_with_graph", "hessian_vector_dots"]
 
+#: The functions of ``torch.nn.functional`` whose uses of a weight are recorded.
+_RECORDED = ("linear", "embedding", "conv1d", "conv2d", "conv3d")
+
 
 @dataclass
 class _Use:
@@ -58,6 +62,8 @@ class _Use:
     y: torch.Tensor
     version: int
     bias: Optional[torch.Tensor] = None
+    #: the dimension of Y the bias runs along (the last for a linear, the channels for a convolution)
+    bias_dim: int = -1
     #: float mask of the non-padding positions (embedding uses with a padding index)
     mask: Optional[torch.Tensor] = None
     #: (node, edge) of the use whose gradient along that edge is the first backward's dX = dY theta
@@ -93,7 +99,8 @@ def _use_nodes(y: torch.Tensor, accumulator, inputs: Sequence[Optional[torch.Ten
 
 
 class _Recorder:
-    """Records the uses of the eligible tensors by ``F.linear`` and ``F.embedding`` in one thread.
+    """Records the uses of the eligible tensors by ``F.linear``, ``F.embedding`` and ``F.conv1d/2d/3d`` in
+    one thread.
 
     ``torch.nn.functional``'s own functions (``multi_head_attention_forward``) and ``nn.Linear`` /
     ``nn.Embedding`` look these functions up in the module at call time, so replacing them there
@@ -115,29 +122,42 @@ class _Recorder:
             return None
         return self.index.get(id(weight))
 
+    def _product(self, i, orig, input, weight, bias, rest, kwargs, bias_dim):
+        """Y = orig(input, weight, bias, *rest, **kwargs), an operator linear in the weight, recorded."""
+        # Adding the 0-d zero leaves the values as they are; where it goes, it costs least:
+        # into the bias, else into the input (whose gradient is dX either way).
+        sink = self.sink.to(weight.dtype)
+        b = bias
+        if bias is not None:
+            b = bias + sink
+        elif input.requires_grad:
+            input = input + sink
+        else:
+            b = sink.expand(weight.size(0))
+        y = orig(input, weight, b, *rest, **kwargs)
+        acc = get_gradient_edge(weight).node
+        nodes, x_edge = _use_nodes(y, acc, (input, b), input)
+        if x_edge is False:
+            nodes = []  # an input used twice: not a use this module knows; the graph check drops it
+        self.uses.append(_Use(i, nodes, acc, y, y._version, bias=bias, bias_dim=bias_dim, x_edge=x_edge or None))
+        return y
+
     def linear(self, orig):
         def linear(input, weight, bias=None):
             i = self._mine(weight)
             if i is None or weight.dim() != 2:
                 return orig(input, weight, bias)
-            # Adding the 0-d zero leaves the values as they are; where it goes, it costs least:
-            # into the bias, else into the input (whose gradient is dX either way).
-            sink = self.sink.to(weight.dtype)
-            b = bias
-            if bias is not None:
-                b = bias + sink
-            elif input.requires_grad:
-                input = input + sink
-            else:
-                b = sink.expand(weight.size(0))
-            y = orig(input, weight, b)
-            acc = get_gradient_edge(weight).node
-            nodes, x_edge = _use_nodes(y, acc, (input, b), input)
-            if x_edge is False:
-                nodes = []  # an input used twice: not a use this module knows; the graph check drops it
-            self.uses.append(_Use(i, nodes, acc, y, y._version, bias=bias, x_edge=x_edge or None))
-            return y
+            return self._product(i, orig, input, weight, bias, (), {}, -1)
         return linear
+
+    def conv(self, orig):
+        def conv(input, weight, bias=None, *rest, **kwargs):
+            i = self._mine(weight)
+            if i is None:
+                return orig(input, weight, bias, *rest, **kwargs)
+            # batched input (N, C, ...): channels are dimension 1; unbatched (C, ...): dimension 0
+            return self._product(i, orig, input, weight, bias, rest, kwargs, 1 if input.dim() == weight.dim() else 0)
+        return conv
 
     def embedding(self, orig):
         def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
@@ -161,12 +181,15 @@ class _Recorder:
     @contextlib.contextmanager
     def recording(self) -> Iterator[None]:
         with self._lock:  # one recording at a time per process: the functions are module globals
-            saved = F.linear, F.embedding
-            F.linear, F.embedding = self.linear(saved[0]), self.embedding(saved[1])
+            saved = {name: getattr(F, name) for name in _RECORDED}
+            for name, fn in saved.items():
+                wrap = self.linear if name == "linear" else self.embedding if name == "embedding" else self.conv
+                setattr(F, name, wrap(fn))
             try:
                 yield
             finally:
-                F.linear, F.embedding = saved
+                for name, fn in saved.items():
+                    setattr(F, name, fn)
 
 
 def _foreign(root, accumulators: Dict[int, int], ours: set) -> set:
@@ -247,7 +270,8 @@ def _y_term(u: _Use, ay: torch.Tensor) -> torch.Tensor:
         ay = ay * u.mask
     t = _dot(ay, u.y.detach())
     if u.bias is not None:  # the bias is not part of x theta^T
-        t = t - _dot(ay.reshape(-1, ay.shape[-1]).sum(0), u.bias.detach())
+        dims = [d for d in range(ay.dim()) if d != u.bias_dim % ay.dim()]
+        t = t - _dot(ay.sum(dims), u.bias.detach())
     return t
 
 

@@ -300,3 +300,45 @@ def test_scales_after_constraint_iterations_match_the_full_products(dtype):
     keep = torch.tensor(["k_proj.bias" not in n for n in engine.scaled.names])
     torch.testing.assert_close(runs[False][0][keep], runs[True][0][keep], rtol=1e-5 if dtype == torch.float32
                                else 1e-7, atol=0)
+
+
+class ConvNet(nn.Module):
+    """Convolutions with and without a bias, batch-statistics BatchNorm, a 1-d convolution and a
+    linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 4, 3, padding=1)
+        self.c2 = nn.Conv2d(4, 4, 3, stride=2, bias=False)
+        self.bn = nn.BatchNorm2d(4)
+        self.c3 = nn.Conv1d(4, 5, 2, groups=1)
+        self.fc = nn.Linear(5, 3)
+
+    def forward(self, x):
+        h = torch.tanh(self.c1(x))
+        h = torch.tanh(self.bn(self.c2(h)))
+        h = torch.tanh(self.c3(h.flatten(2)))
+        return self.fc(h.mean(2))
+
+
+def test_convolutions_match_a_plain_double_backward():
+    torch.manual_seed(0)
+    model = ConvNet().double()
+    with torch.no_grad():
+        model.bn.weight.uniform_(0.5, 1.5)
+        model.bn.bias.normal_()
+    g = torch.Generator().manual_seed(1)
+    batch = (torch.randn(6, 3, 7, 7, generator=g, dtype=torch.float64), torch.randint(0, 3, (6,), generator=g))
+
+    def loss_fn(m, b):
+        return F.cross_entropy(m(b[0]), b[1])
+
+    with gradinit_mode(model):
+        engine = _engine(model, loss_fn, param_filter=lambda n, p: True)
+        names, _ = covered(model, loss_fn, batch, engine)
+        got = engine_grad(model, loss_fn, batch, engine)
+        want = reference(model, loss_fn, batch, engine, 1)
+        engine.finalize()
+    assert names == {"c1.weight", "c2.weight", "c3.weight", "fc.weight"}
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
+

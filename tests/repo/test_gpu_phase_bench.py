@@ -22,11 +22,12 @@ def _check_report(report, out, tag, peaks=None):
     assert json.loads((out / f"{tag}.json").read_text()) == json.loads(json.dumps(report))
     assert report["tiny"] and report["settings"]["iters"] == 3
     # Counted FLOPs in units of one forward pass: backward = 2 forwards; an objective iteration is two
-    # first-order passes (S and S~, equal size); a constraint iteration adds the double backward.
+    # first-order passes (S and S~, equal size); a constraint iteration is a first-order pass with its graph
+    # and the double backward, four forwards where linear uses skip their weight products (six without).
     ratio = report["flops_per_forward"]
     assert ratio["train_update_S"] == pytest.approx(3.0, abs=0.05)
     assert ratio["objective"] == pytest.approx(6.0, abs=0.2)
-    assert 8.5 <= ratio["constraint"] <= 11.0
+    assert 6.8 <= ratio["constraint"] <= 8.3
     if peaks is None:
         assert report["peak_tflops"] is None and report["fp16_update"]["floor_s"] is None  # no GPU peak for a CPU
     else:
@@ -54,8 +55,12 @@ def _check_report(report, out, tag, peaks=None):
         assert reads["objective"] - 1 == 2 * (reads["constraint"] - 1) and reads["constraint"] >= 1
         for branch, prof in row["profile_per_iteration"].items():
             assert prof["aten_ops"] > 0 and prof["gpu_busy_ms"] is None and prof["launches"] is None
-            # the scale bookkeeping works on flat buffers: no product per parameter tensor
-            assert prof["aten_dot"] == 0, (p, branch, prof)
+            # the scale bookkeeping works on flat buffers: no product per parameter tensor; a constraint
+            # iteration takes at most three dots per recorded linear use (<a_Y, Y>, its bias, <a_dX, dX>)
+            if branch == "objective":
+                assert prof["aten_dot"] == 0, (p, branch, prof)
+            else:
+                assert 0 < prof["aten_dot"] <= 3 * report["tensors"], (p, branch, prof)
         assert ("floor_s" in row) == (peaks is not None)
         diffs = row["max_rel_scale_diff_vs_fp32"]
         assert all(_finite(d) for d in diffs.values())
