@@ -290,24 +290,25 @@ def hessian_vector_dots(graph: SecondOrderGraph, params: Sequence[torch.Tensor],
     if not used or not inputs:
         return hv, dots
     # Each adjoint is reduced to its dot as the double backward produces it, so that none of them
-    # outlives its node.
-    terms: List[Tuple[int, torch.Tensor]] = []
+    # outlives its node. Slots in a fixed order (not the order the hooks fire in) keep the index of
+    # their owners the same from one iteration to the next.
+    with_dx = [u for u in graph.uses if u.dx is not None and u.dx.requires_grad]
+    slots: List[Optional[torch.Tensor]] = [None] * (len(graph.uses) + len(with_dx))
 
-    def y_hook(u: _Use):
+    def y_hook(u: _Use, k: int):
         def fn(grad):
-            terms.append((u.index, _y_term(u, grad)))
+            slots[k] = _y_term(u, grad)
             u.y = u.mask = None  # the graph frees Y when it no longer needs it
         return fn
 
-    def dx_hook(u: _Use):
+    def dx_hook(u: _Use, k: int):
         def fn(grad):
-            terms.append((u.index, _dot(grad, u.dx.detach())))
+            slots[k] = _dot(grad, u.dx.detach())
             u.dx = None
         return fn
 
-    handles = [u.y.register_hook(y_hook(u)) for u in graph.uses]
-    handles += [u.dx.register_hook(dx_hook(u)) for u in graph.uses if u.dx is not None and u.dx.requires_grad]
-    expected = len(handles)
+    handles = [u.y.register_hook(y_hook(u, k)) for k, u in enumerate(graph.uses)]
+    handles += [u.dx.register_hook(dx_hook(u, len(graph.uses) + k)) for k, u in enumerate(with_dx)]
     try:
         adj = torch.autograd.grad([g for g, _ in used], inputs, grad_outputs=[vi for _, vi in used],
                                   allow_unused=True)
@@ -315,12 +316,29 @@ def hessian_vector_dots(graph: SecondOrderGraph, params: Sequence[torch.Tensor],
         for h in handles:
             h.remove()
     del used
-    if len(terms) != expected:
+    if any(t is None for t in slots):
         return None, None
     for i, h in zip(full_idx, adj):
         if h is not None:
             hv[i] = h
-    if terms:
-        owners = torch.tensor([i for i, _ in terms], device=dots.device)
-        dots.index_add_(0, owners, torch.stack([t for _, t in terms]).to(dtype))
+    if slots:
+        owners = _owner_index([u.index for u in graph.uses] + [u.index for u in with_dx], dots.device)
+        dots.index_add_(0, owners, torch.stack(slots).to(dtype))
     return hv, dots
+
+
+_OWNERS: Dict[Tuple[torch.device, Tuple[int, ...]], torch.Tensor] = {}
+
+
+def _owner_index(owners: List[int], device: torch.device) -> torch.Tensor:
+    """``owners`` as an index tensor on ``device``, made once per model layout: from pinned memory
+    without waiting for the device (an upload from pageable memory would synchronize it)."""
+    key = (device, tuple(owners))
+    if key not in _OWNERS:
+        if len(_OWNERS) >= 8:
+            _OWNERS.clear()
+        index = torch.tensor(owners, dtype=torch.long)
+        if device.type == "cuda":
+            index = index.pin_memory().to(device, non_blocking=True)
+        _OWNERS[key] = index.to(device)
+    return _OWNERS[key]

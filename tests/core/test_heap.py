@@ -26,3 +26,33 @@ def test_freed_memory_stays_mapped_during_a_cpu_phase_and_goes_back_after():
     assert kept and inside > 150 * mib and after < 50 * mib, (inside / mib, after / mib)
     with heap_kept(torch.device("meta")) as kept:
         assert not kept
+
+
+@pytest.mark.parametrize("phase", ["gradinit", "metainit"])
+def test_the_phases_keep_freed_memory_mapped_on_a_cpu(phase):
+    from fairseq_gradinit.core import GradInitConfig, MetaInitConfig, gradinit, metainit
+    from fairseq_gradinit.core.heap import _glibc
+
+    if _glibc() is None:
+        pytest.skip("glibc only")
+    mib = 2 ** 20
+    kept = []
+
+    def loss_fn(model, batch):
+        x = torch.ones(200 * mib // 4)
+        del x
+        kept.append(_rss() - start)
+        return model(batch).pow(2).mean()
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    batches = [torch.randn(5, 4) for _ in range(2)]
+    start = _rss()
+    if phase == "gradinit":
+        gradinit(model, batches, loss_fn, GradInitConfig(eta=1e-3, gamma=1.0, iters=1))
+    else:
+        metainit(model, batches, loss_fn, MetaInitConfig(iters=1))
+    x = torch.ones(200 * mib // 4)
+    del x
+    after = _rss() - start
+    assert kept and min(kept) > 150 * mib and after < 50 * mib, ([k / mib for k in kept], after / mib)

@@ -112,6 +112,19 @@ def _engine(model, loss_fn, optimizer="adam", **kw):
     return engine
 
 
+def covered_and_checked(model, loss_fn, batch):
+    """The names of the covered tensors, after checking the engine against the plain double backward
+    (float64, every tensor scaled)."""
+    with gradinit_mode(model):
+        engine = _engine(model, loss_fn, param_filter=lambda n, p: True)
+        names, _ = covered(model, loss_fn, batch, engine)
+        got = engine_grad(model, loss_fn, batch, engine)
+        want = reference(model, loss_fn, batch, engine, 1)
+        engine.finalize()
+    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
+    return names
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_fairseq_transformer_matches_a_plain_double_backward(optimizer):
     model, d = fairseq_transformer()
@@ -201,14 +214,7 @@ def test_tensors_used_otherwise_keep_the_full_product_and_every_result_is_exact(
         model.emb.weight[0].normal_()  # the padding row enters the forward pass, not the gradient
     g = torch.Generator().manual_seed(1)
     batch = (torch.randint(0, 9, (7, 4), generator=g), torch.randint(0, 3, (7,), generator=g))
-    with gradinit_mode(model):
-        engine = _engine(model, shapes_loss, param_filter=lambda n, p: True)
-        names, _ = covered(model, shapes_loss, batch, engine)
-        got = engine_grad(model, shapes_loss, batch, engine)
-        want = reference(model, shapes_loss, batch, engine, 1)
-        engine.finalize()
-    assert names == {"emb.weight", "a.weight", "b.weight", "c.weight"} - full
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
+    assert covered_and_checked(model, shapes_loss, batch) == {"emb.weight", "a.weight", "b.weight", "c.weight"} - full
 
 
 class LinearTail(nn.Module):
@@ -333,12 +339,5 @@ def test_convolutions_match_a_plain_double_backward():
     def loss_fn(m, b):
         return F.cross_entropy(m(b[0]), b[1])
 
-    with gradinit_mode(model):
-        engine = _engine(model, loss_fn, param_filter=lambda n, p: True)
-        names, _ = covered(model, loss_fn, batch, engine)
-        got = engine_grad(model, loss_fn, batch, engine)
-        want = reference(model, loss_fn, batch, engine, 1)
-        engine.finalize()
-    assert names == {"c1.weight", "c2.weight", "c3.weight", "fc.weight"}
-    torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
+    assert covered_and_checked(model, loss_fn, batch) == {"c1.weight", "c2.weight", "c3.weight", "fc.weight"}
 
