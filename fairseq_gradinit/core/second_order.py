@@ -40,7 +40,6 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.graph import get_gradient_edge
 
 from .runtime import check_loss
 
@@ -72,14 +71,19 @@ class _Use:
     dx: Optional[torch.Tensor] = None
 
 
+def _node(t: torch.Tensor):
+    """The node the gradient of ``t`` goes to: its grad_fn, or a leaf's gradient accumulator."""
+    return t.grad_fn if t.grad_fn is not None else t.view_as(t).grad_fn.next_functions[0][0]
+
+
 def _use_nodes(y: torch.Tensor, accumulator, inputs: Sequence[Optional[torch.Tensor]], x: Optional[torch.Tensor]):
     """The nodes the operator that made ``y`` from ``inputs`` created: those with an edge to the
     weight's ``accumulator``, and the (node, edge) into ``x``'s producer (None where ``x`` has no
     gradient; False where more than one edge leads there)."""
     x_target = None
     if x is not None and x.requires_grad:
-        x_target = (x.grad_fn, x.output_nr) if x.grad_fn is not None else (get_gradient_edge(x).node, 0)
-    stop = {id(accumulator)} | {id(get_gradient_edge(t).node) for t in inputs if t is not None and t.requires_grad}
+        x_target = (_node(x), x.output_nr)
+    stop = {id(accumulator)} | {id(_node(t)) for t in inputs if t is not None and t.requires_grad}
     w_nodes, x_edges, stack, seen = [], [], [y.grad_fn], set()
     while stack:
         node = stack.pop()
@@ -114,8 +118,15 @@ class _Recorder:
     def __init__(self, index: Dict[int, int], like: torch.Tensor):
         self.index = index
         self.uses: List[_Use] = []
+        self.accumulators: Dict[int, object] = {}
         self.thread = threading.get_ident()
         self.sink = torch.zeros((), dtype=like.dtype, device=like.device, requires_grad=True)
+
+    def _accumulator(self, weight: torch.Tensor):
+        """The weight's gradient accumulator, one per weight and pass (its uses share it)."""
+        if id(weight) not in self.accumulators:
+            self.accumulators[id(weight)] = _node(weight)
+        return self.accumulators[id(weight)]
 
     def _mine(self, weight) -> Optional[int]:
         if threading.get_ident() != self.thread or not torch.is_grad_enabled():
@@ -135,7 +146,7 @@ class _Recorder:
         else:
             b = sink.expand(weight.size(0))
         y = orig(input, weight, b, *rest, **kwargs)
-        acc = get_gradient_edge(weight).node
+        acc = self._accumulator(weight)
         nodes, x_edge = _use_nodes(y, acc, (input, b), input)
         if x_edge is False:
             nodes = []  # an input used twice: not a use this module knows; the graph check drops it
@@ -168,7 +179,7 @@ class _Recorder:
                 return orig(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
             y = orig(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
             y = y + self.sink.to(y.dtype)
-            acc = get_gradient_edge(weight).node
+            acc = self._accumulator(weight)
             nodes, _ = _use_nodes(y, acc, (self.sink,), None)
             mask = None
             if padding_idx is not None:
