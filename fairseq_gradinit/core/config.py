@@ -311,8 +311,8 @@ class GradInitConfig:
         "iteration after a run of constraint iterations carries that graph); the scales are the same"))
     constraint_grad: str = option("exact", choices=CONSTRAINT_GRADS, help=(
         "how constraint iterations get d||g||_p/d alpha: exact (double backward, Algorithm 1) or "
-        "finite_difference ((g(theta + eps v) - g(theta)) / eps from one more first-order pass over S: about "
-        "half the cost, no second-order graph, approximate; eps = fd_eps * ||theta|| / ||v||)"))
+        "finite_difference ((g(theta + eps v) - g(theta)) / eps from one more first-order pass over S: "
+        "cheaper, no second-order graph, approximate; eps = fd_eps * ||theta|| / ||v||)"))
     fd_eps: float = option(1e-4, help="relative step of constraint_grad finite_difference")
     max_consecutive_skips: int = option(10, result=False, help=(
         "stop with an error after this many consecutive iterations with a non-finite loss or gradient"))
