@@ -13,13 +13,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
-import logging
 import sys
 from typing import Iterator, Optional
 
 import torch
-
-logger = logging.getLogger(__name__)
 
 #: mallopt parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3

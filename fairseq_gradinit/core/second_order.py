@@ -230,9 +230,12 @@ class SecondOrderGraph:
     grads: Tuple[Optional[torch.Tensor], ...]
     #: the uses of tensors whose every use was recorded (the others keep the full product)
     uses: List[_Use]
-    #: indices of the tensors covered by ``uses``
-    covered: frozenset
     sink: Optional[torch.Tensor] = None
+
+    @property
+    def covered(self) -> frozenset:
+        """Indices of the tensors covered by ``uses``."""
+        return frozenset(u.index for u in self.uses)
 
 
 def gradient_with_graph(model, loss_fn, batch, params: Sequence[torch.Tensor], eligible: Sequence[bool]):
@@ -240,10 +243,7 @@ def gradient_with_graph(model, loss_fn, batch, params: Sequence[torch.Tensor], e
     tensors recorded, and the first backward with its graph."""
     index = {id(p): i for i, (p, ok) in enumerate(zip(params, eligible)) if ok}
     rec = _Recorder(index, params[0])
-    if index:
-        with rec.recording():
-            loss = check_loss(loss_fn(model, batch))
-    else:
+    with rec.recording() if index else contextlib.nullcontext():
         loss = check_loss(loss_fn(model, batch))
     uses = rec.uses
     if uses:
@@ -266,7 +266,7 @@ def gradient_with_graph(model, loss_fn, batch, params: Sequence[torch.Tensor], e
     # a use whose output was modified in place no longer holds its Y
     bad = {u.index for u in uses if u.y._version != u.version}
     uses = [u for u in uses if u.index not in bad]
-    return loss, SecondOrderGraph(grads, uses, frozenset(u.index for u in uses), rec.sink if uses else None)
+    return loss, SecondOrderGraph(grads, uses, rec.sink if uses else None)
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

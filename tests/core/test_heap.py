@@ -56,3 +56,28 @@ def test_the_phases_keep_freed_memory_mapped_on_a_cpu(phase):
     del x
     after = _rss() - start
     assert kept and min(kept) > 150 * mib and after < 50 * mib, ([k / mib for k in kept], after / mib)
+
+
+def test_the_thresholds_set_during_and_after_a_phase(monkeypatch):
+    """During: never trim, never mmap; after (also when the body raises): glibc's converged values,
+    mmap 32 MiB and trim 64 MiB, then the free memory returned."""
+    from fairseq_gradinit.core import heap
+
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append(("mallopt", param, value))
+            return 1
+
+        def malloc_trim(self, pad):
+            calls.append(("malloc_trim", pad))
+            return 1
+
+    monkeypatch.setattr(heap, "_glibc", lambda: FakeLibc())
+    with pytest.raises(RuntimeError, match="body"):
+        with heap.heap_kept(torch.device("cpu")):
+            assert calls == [("mallopt", heap.M_TRIM_THRESHOLD, 2 ** 31 - 1), ("mallopt", heap.M_MMAP_THRESHOLD, 2 ** 31 - 1)]
+            raise RuntimeError("body")
+    assert calls[2:] == [("mallopt", heap.M_MMAP_THRESHOLD, 32 * 2 ** 20), ("mallopt", heap.M_TRIM_THRESHOLD, 64 * 2 ** 20),
+                         ("malloc_trim", 0)]
