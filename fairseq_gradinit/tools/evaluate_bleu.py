@@ -288,7 +288,8 @@ def format_summary(result: dict) -> str:
     wall_s = f"{wall:.1f}s" if isinstance(wall, (int, float)) else "n/a"
     return (
         f"BLEU {result['bleu']:.2f} | {result['subset']} | beam {result['beam']} | "
-        f"{result['n_sentences']} sents | gen {wall_s} | {result['checkpoint']} | "
+        f"{result['n_sentences']} sents ({result.get('distinct_hypotheses', '?')} distinct hypotheses) | "
+        f"gen {wall_s} | {result['checkpoint']} | "
         f"{result['signature']}"
     )
 
@@ -976,6 +977,8 @@ def evaluate(args, extra: Sequence[str]) -> int:
     result = {
         **scores,
         "n_sentences": len(ids),
+        # A model that ignores its source writes one sentence for every source: BLEU alone can hide it.
+        "distinct_hypotheses": len(set(hyps)),
         "n_subset_sentences": expected,
         "checkpoint": str(args.path) if args.path is not None else None,
         "data": str(args.data),

@@ -28,6 +28,7 @@ from ..features.cpu_threads import choose_cpu_threads
 from ..features.monitor import monitor_from_plan
 from ..features.sdpa import guard_from_plan
 from ..features.tied import install_multipliers, install_multipliers_on_load
+from ..features import source_use
 from ..features.valid_dropout import dropout_loss_output, reduce_dropout_loss
 from ..phase.compute import run_locked
 from ..phase.lock import hold_save_dir
@@ -117,11 +118,38 @@ class GradInitTaskMixin:
         if self.gradinit_plan.valid_dropout_loss:
             logging_output = dict(logging_output)
             logging_output.update(dropout_loss_output(model, criterion, sample, seed=self.gradinit_plan.seed))
+        if self.gradinit_plan.source_gap and sample and "net_input" in sample:
+            if source_use.has_source(sample):
+                logging_output = dict(logging_output)
+                logging_output.update(source_use.rolled_loss_output(model, criterion, sample, loss))
+            elif not getattr(self, "_gradinit_no_source_logged", False):
+                self._gradinit_no_source_logged = True
+                logger.info("gradinit: source gap: skipped, this task's batches have no source to roll")
         return loss, sample_size, logging_output
 
     def reduce_metrics(self, logging_outputs, criterion):
         super().reduce_metrics(logging_outputs, criterion)
         reduce_dropout_loss(logging_outputs)
+        values = source_use.source_gap(logging_outputs)
+        if values is not None:
+            source_use.log_source_gap(values)
+
+    def post_validate(self, model, stats, agg):
+        """After each validation: the source gap's warning, and its record in the monitor's file."""
+        parent = getattr(super(), "post_validate", None)
+        if parent is not None:
+            parent(model, stats, agg)
+        gap = stats.get(source_use.GAP_KEY) if isinstance(stats, dict) else None
+        if gap is None:
+            return
+        update = stats.get("num_updates")
+        warns = source_use.gap_warns(float(gap), update)
+        if warns:
+            logger.warning("gradinit: WARNING: %s", source_use.warning_text(float(gap), int(update)))
+        if self.gradinit_monitor is not None:
+            self.gradinit_monitor.write({"type": "validation", "update": update, "loss": stats.get("loss"),
+                                         source_use.ROLLED_KEY: stats.get(source_use.ROLLED_KEY),
+                                         source_use.GAP_KEY: float(gap), "source_gap_warning": warns})
 
     def state_dict(self):
         # Saved in every checkpoint's task_state: what the model's word ids mean (see .dictionaries).

@@ -17,6 +17,7 @@ from ...core.config import option
 from ...core.options import OptionSpec, options_of
 from ...core.recipes import recipe
 from ...core.sdpa_guard import GUARD_MODES
+from ..features.source_use import SOURCE_GAP_MODES
 
 #: With Adam, what the plugin does unless told otherwise: gamma = this factor x ||g||_1 at the init, the
 #: objective is the loss after this many simulated Adam steps, and tau is this: the setting that trains a
@@ -133,6 +134,13 @@ class PluginOptions(FairseqDataclass):
         "dropout masks from --seed) and log it as loss_dropout beside loss: a run that breaks down in eval mode "
         "only shows it as loss rising above loss_dropout; with or without GradInit; does not change the training "
         "(docs/monitor.md)"))
+    gradinit_source_gap: ChoiceEnum(list(SOURCE_GAP_MODES)) = option("auto", result=False, choices=SOURCE_GAP_MODES, help=(
+        "at every validation, also score each batch with the sources rolled across the batch (sentence i gets "
+        "sentence i-1's source; eval mode, no gradient) and log loss_src_rolled and src_gap (rolled minus plain "
+        "loss, bits) beside loss, with a warning when the gap stays near 0 from update 500 on: a model that "
+        "ignores its source (a silenced encoder) can have the lower validation loss and still translate every "
+        "sentence alike; auto and on: for encoder-decoder tasks (language models are skipped with one log line), "
+        "with or without GradInit; off: never (docs/monitor.md#source-use)"))
     gradinit_cudnn_sdpa_guard: ChoiceEnum(list(GUARD_MODES)) = option("auto", result=False, choices=GUARD_MODES, help=(
         "the guard against cuDNN attention's NaN query gradients at padded lengths 64 (mod 128) (torch 2.11 and "
         "later with cuDNN before 9.26, compute capability 9.x: Hopper GPUs): auto turns cuDNN attention off before "

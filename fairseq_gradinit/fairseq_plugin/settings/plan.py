@@ -115,6 +115,11 @@ class GradInitPlan:
         return self.settings["gradinit_valid_dropout_loss"] is True
 
     @property
+    def source_gap(self) -> bool:
+        """``--gradinit-source-gap``: validation also scored with rolled sources (auto and on: yes)."""
+        return self.settings.get("gradinit_source_gap", "auto") != "off"
+
+    @property
     def train_subset(self) -> Optional[str]:
         return self.settings["gradinit_train_subset"]
 

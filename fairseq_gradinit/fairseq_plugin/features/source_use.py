@@ -1,0 +1,106 @@
+"""Whether a translation model uses its source: the validation loss with the sources rolled across the batch.
+
+Validation loss alone cannot tell a translation model from a target-side language model: a decoder that
+ignores its encoder (for example because the initial scales silenced it) can reach a *lower* loss early,
+since an unconditional language model learns faster. At every validation each batch is scored a second
+time, in eval mode and without gradient, with sentence i given the source of sentence i-1 (the rows of
+``src_tokens`` and ``src_lengths`` rolled by one, so padding stays consistent; batches of one sentence
+are left out). The validation line gets ``loss_src_rolled`` and ``src_gap``: the rolled loss minus the
+loss on the same batches, in bits per token (or per sentence, as the criterion's ``loss``). A model that
+ignores its source has ``src_gap`` of about 0; a model that translates has a gap that grows with training.
+
+On for encoder-decoder batches (``net_input`` with ``src_tokens`` and ``prev_output_tokens``); a task
+without a source (language modeling) is skipped with one log line. Its cost is one more eval-mode
+forward per validation batch (docs/monitor.md has the measurement).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from typing import Mapping, Optional, Sequence
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+#: Choices of ``--gradinit-source-gap``.
+SOURCE_GAP_MODES = ("auto", "on", "off")
+#: The logged metrics and their logging-output keys.
+ROLLED_KEY = "loss_src_rolled"
+ROLLED_SIZE_KEY = "loss_src_rolled_sample_size"
+ROLLED_BASE_KEY = "loss_src_base"  # the eval loss of the same (rolled-scored) batches
+GAP_KEY = "src_gap"
+#: The warning: from this update on, a validation whose source gap is below GAP_FLOOR bits warns.
+#: Both numbers come from the d=128 CPU testbed (lab/record/testbed-d128.md, "source use"): models that
+#: translate there had gaps of GAP_WARMUP_EVIDENCE or more from this update on, models that ignored their
+#: source stayed at or below GAP_SILENT_EVIDENCE at every validation.
+GAP_WARN_FROM_UPDATE = 500
+GAP_FLOOR = 0.25
+
+
+def has_source(sample) -> bool:
+    """Whether a batch is an encoder-decoder one: a source to roll and a decoder input."""
+    net_input = (sample or {}).get("net_input") or {}
+    return torch.is_tensor(net_input.get("src_tokens")) and "prev_output_tokens" in net_input
+
+
+def rolled(sample) -> Optional[dict]:
+    """``sample`` with each sentence given the previous sentence's source (None for one sentence)."""
+    net_input = sample["net_input"]
+    tokens = net_input["src_tokens"]
+    if tokens.dim() < 1 or tokens.shape[0] < 2:
+        return None
+    out = dict(net_input)
+    out["src_tokens"] = tokens.roll(1, dims=0)
+    if torch.is_tensor(net_input.get("src_lengths")) and net_input["src_lengths"].shape[:1] == tokens.shape[:1]:
+        out["src_lengths"] = net_input["src_lengths"].roll(1, dims=0)
+    return {**sample, "net_input": out}
+
+
+def rolled_loss_output(model, criterion, sample, base_loss) -> dict:
+    """Logging-output entries of the criterion's summed loss on ``sample`` with rolled sources (eval
+    mode, no gradient) and the batch's own summed loss ``base_loss``; ``{}`` where nothing rolls."""
+    if not sample or not has_source(sample):
+        return {}
+    other = rolled(sample)
+    if other is None:
+        return {}
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            loss, sample_size, _ = criterion(model, other)
+    finally:
+        model.train(was_training)
+    return {ROLLED_KEY: float(loss), ROLLED_SIZE_KEY: float(sample_size), ROLLED_BASE_KEY: float(base_loss)}
+
+
+def source_gap(logging_outputs: Sequence[Mapping]) -> Optional[dict]:
+    """``{"loss_src_rolled", "src_gap", "sample_size"}`` (base 2) of a validation's outputs, None when
+    none carries the rolled loss (training outputs, language models)."""
+    outputs = [o for o in logging_outputs if ROLLED_KEY in o]
+    size = sum(float(o.get(ROLLED_SIZE_KEY, 0.0)) for o in outputs)
+    if not outputs or size <= 0:
+        return None
+    rolled_loss = sum(float(o[ROLLED_KEY]) for o in outputs) / size / math.log(2)
+    base = sum(float(o[ROLLED_BASE_KEY]) for o in outputs) / size / math.log(2)
+    return {ROLLED_KEY: rolled_loss, GAP_KEY: rolled_loss - base, "sample_size": size}
+
+
+def gap_warns(gap: Optional[float], update: Optional[int]) -> bool:
+    """Whether a validation's source gap warns: from :data:`GAP_WARN_FROM_UPDATE` on, below :data:`GAP_FLOOR`."""
+    return (gap is not None and update is not None and math.isfinite(gap) and update >= GAP_WARN_FROM_UPDATE
+            and gap < GAP_FLOOR)
+
+
+def warning_text(gap: float, update: int) -> str:
+    return (f"source use: the loss with the sources rolled across the batch is only {gap:+.2f} bits above the "
+            f"loss at update {update}: the model may be ignoring its source (docs/monitor.md#source-use)")
+
+
+def log_source_gap(values: dict) -> None:
+    """Log ``loss_src_rolled`` and ``src_gap`` on the validation line (and so in TensorBoard)."""
+    from fairseq import metrics
+
+    metrics.log_scalar(ROLLED_KEY, values[ROLLED_KEY], values["sample_size"], round=3)
+    metrics.log_scalar(GAP_KEY, values[GAP_KEY], values["sample_size"], round=3)

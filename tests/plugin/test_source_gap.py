@@ -1,0 +1,109 @@
+"""``--gradinit-source-gap``: each validation also scored with the sources rolled across the batch."""
+import json
+import logging
+
+import pytest
+import torch
+
+pytest.importorskip("fairseq")
+
+from fairseq_gradinit import curves  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.features import source_use  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.options import plugin_result_options  # noqa: E402
+
+from fairseq_helpers import make_tiny_lm_bin  # noqa: E402
+from fairseq_train import TINY_LM, TINY_MODEL, train_inprocess  # noqa: E402
+
+METRICS = ("loss", "loss_src_rolled", "src_gap")
+
+
+def _train(tiny_data, save, caplog, *extra):
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        train_inprocess([str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
+                         "--max-update", "4", "--validate-interval-updates", "2", "--no-save",
+                         "--save-dir", str(save), *extra])
+    lines = [r.getMessage() for r in caplog.records]
+    return curves.parse_training_log(lines, valid_metrics=METRICS), lines
+
+
+@pytest.fixture
+def warn_from_the_start(monkeypatch):
+    """The warning's rule at the tiny runs' scale: from update 0, a gap below 1e-4 bits."""
+    monkeypatch.setattr(source_use, "GAP_WARN_FROM_UPDATE", 0)
+    monkeypatch.setattr(source_use, "GAP_FLOOR", 1e-4)
+
+
+@pytest.fixture
+def silent_encoder(monkeypatch):
+    """Every encoder's output multiplied by 0: a decoder that cannot see its source."""
+    from fairseq.models.transformer import TransformerEncoderBase
+
+    forward = TransformerEncoderBase.forward
+
+    def silenced(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        out["encoder_out"] = [x * 0 for x in out["encoder_out"]]
+        return out
+
+    monkeypatch.setattr(TransformerEncoderBase, "forward", silenced)
+
+
+def test_the_gap_is_on_by_default_and_leaves_the_training_alone(tiny_data, tmp_path, caplog, warn_from_the_start):
+    got, lines = _train(tiny_data, tmp_path / "a", caplog)
+    off, _ = _train(tiny_data, tmp_path / "b", caplog, "--gradinit-source-gap", "off")
+    assert sorted(got["valid_src_gap"]) == [2, 4] and not off["valid_src_gap"]
+    assert got["train_loss"] == off["train_loss"] and got["valid_loss"] == off["valid_loss"]
+    for u in (2, 4):
+        # the gap is the rolled loss minus the loss, as logged (both rounded to 3 decimals)
+        assert got["valid_src_gap"][u] == pytest.approx(got["valid_loss_src_rolled"][u] - got["valid_loss"][u],
+                                                        abs=2e-3)
+        assert abs(got["valid_src_gap"][u]) > 1e-4
+    assert not any("ignoring its source" in line for line in lines)
+
+
+def test_a_model_that_ignores_its_source_is_warned_about(tiny_data, tmp_path, caplog, warn_from_the_start,
+                                                         silent_encoder):
+    got, lines = _train(tiny_data, tmp_path / "a", caplog, "--gradinit-monitor-interval", "2")
+    assert got["valid_src_gap"] == {2: 0.0, 4: 0.0}
+    warnings = [line for line in lines if "ignoring its source" in line]
+    assert len(warnings) == 2 and all(len(w) < 300 for w in warnings)
+    records = [json.loads(line) for line in (tmp_path / "a" / "monitor.jsonl").read_text().splitlines()]
+    valid = [r for r in records if r["type"] == "validation"]
+    assert [r["update"] for r in valid] == [2, 4] and all(r["source_gap_warning"] for r in valid)
+    assert all(abs(r["src_gap"]) < 1e-4 for r in valid)
+
+
+def test_rolling_keeps_each_source_with_its_length():
+    tokens = torch.tensor([[1, 5, 6, 2], [1, 1, 7, 2], [1, 8, 9, 2]])
+    sample = {"id": torch.arange(3), "net_input": {"src_tokens": tokens, "src_lengths": torch.tensor([3, 2, 3]),
+                                                    "prev_output_tokens": torch.zeros(3, 2, dtype=torch.long)}}
+    out = source_use.rolled(sample)
+    assert out["net_input"]["src_tokens"].tolist() == [tokens[2].tolist(), tokens[0].tolist(), tokens[1].tolist()]
+    assert out["net_input"]["src_lengths"].tolist() == [3, 3, 2]
+    assert out["net_input"]["prev_output_tokens"] is sample["net_input"]["prev_output_tokens"]
+    single = {"net_input": {"src_tokens": tokens[:1], "prev_output_tokens": torch.zeros(1, 2)}}
+    assert source_use.rolled(single) is None
+
+
+def test_warning_rule():
+    assert not source_use.gap_warns(0.0, source_use.GAP_WARN_FROM_UPDATE - 1)
+    assert source_use.gap_warns(0.0, source_use.GAP_WARN_FROM_UPDATE)
+    assert not source_use.gap_warns(source_use.GAP_FLOOR, source_use.GAP_WARN_FROM_UPDATE)
+    assert not source_use.gap_warns(float("nan"), 10 ** 6)
+
+
+def test_the_option_does_not_enter_the_fingerprint():
+    assert "gradinit_source_gap" not in plugin_result_options()
+
+
+def test_a_language_model_is_skipped_in_one_line(tmp_path, caplog):
+    lm = make_tiny_lm_bin(tmp_path, {"train": 200, "valid": 30}, 500)
+    with caplog.at_level(logging.INFO):
+        train_inprocess([str(lm), "--user-dir", "fairseq_gradinit", "--arch", "transformer_lm", *TINY_LM,
+                         "--max-update", "2", "--validate-interval-updates", "2", "--no-save",
+                         "--save-dir", str(tmp_path / "ck")])
+    lines = [r.getMessage() for r in caplog.records]
+    assert sum("source gap: skipped" in line for line in lines) == 1
+    got = curves.parse_training_log(lines, valid_metrics=METRICS)
+    assert sorted(got["valid_loss"]) == [2] and not got["valid_src_gap"]
