@@ -712,6 +712,14 @@ TB_WARMUP = ("--warmup-updates", "200")
 LOOKAHEAD_4 = ("--gradinit-lookahead-steps", "4")
 
 
+#: GradInit's objective rewards source use: L + 1 x (L - L_rolled) on S~ (--gradinit-source-contrast).
+SOURCE_CONTRAST = ("--gradinit-source-contrast", "1")
+#: The source path kept at its initialization (scale 1): every encoder tensor (and so the shared embedding,
+#: named by the encoder) and the decoder's cross-attention; the authors' other bounds as before.
+SOURCE_PATH_PINNED = ("[('re:^encoder\\.', 1, 1), ('re:encoder_attn', 1, 1), ('bias', 0, None), "
+                      "('norm', None, 100)]")
+
+
 def _tb(name: str, args: Tuple[str, ...], note: str, drop: Tuple[str, ...] = ()) -> Arm:
     return Arm(name, args, drop=drop, note=note)
 
@@ -769,6 +777,15 @@ TESTBED = Preset(
             TB_SCREEN + GAMMA_INIT_FACTOR + LOOKAHEAD_4 + ("--gradinit-scale-bounds", HIGHER_FLOOR, "--seed", "2"),
             "gi-look4-floors at seed 2"),
         _tb("gi-default-780-s2", ("--gradinit-iters", "780", "--seed", "2"), "gi-default-780 at seed 2"),
+        _tb("gi-default-s2", ("--gradinit-iters", "200", "--seed", "2"), "gi-default at seed 2"),
+        _tb("gi-contrast", ("--gradinit-iters", "200") + SOURCE_CONTRAST,
+            "variant: the plugin's defaults with the source contrast in the objective (L + (L - L_rolled) on S~)"),
+        _tb("gi-contrast-s2", ("--gradinit-iters", "200", "--seed", "2") + SOURCE_CONTRAST, "gi-contrast at seed 2"),
+        _tb("gi-srcpin", ("--gradinit-iters", "200", "--gradinit-scale-bounds", SOURCE_PATH_PINNED),
+            "variant: the plugin's defaults with the source path (encoder, shared embedding, cross-attention) "
+            "pinned at scale 1"),
+        _tb("gi-srcpin-s2", ("--gradinit-iters", "200", "--seed", "2", "--gradinit-scale-bounds", SOURCE_PATH_PINNED),
+            "gi-srcpin at seed 2"),
     ),
     max_update=800,
     valid_every=100,
@@ -938,3 +955,63 @@ perplexity is 2**loss. There is no BLEU: pass --no-bleu.""",
 )
 
 PRESETS[LM.name] = LM
+
+
+# -- the testbed's model trained to convergence: BLEU against the baselines a reviewer accepts ------------
+#: Updates of a converge arm; the linear decay reaches 0 here (--total-num-update), so a run with another
+#: --max-update changes the schedule's length too only if --total-num-update is given with it.
+CONVERGE_UPDATES = 3000
+#: The paper's recipe scaled down: Adam (0.9, 0.98), lr 1e-3 decayed linearly to 0 over the run, no warmup
+#: unless an arm adds one; the testbed's model, batches, monitor and validation passes otherwise.
+CONVERGE_BASE = _with(TESTBED_BASE, "--lr-scheduler", "polynomial_decay") + (
+    "--total-num-update", str(CONVERGE_UPDATES), "--end-learning-rate", "0", "--power", "1")
+#: The paper's "Standard": inverse square root after a linear warmup, the warmup scaled to the run's length.
+CONVERGE_STANDARD = ("--lr-scheduler", "inverse_sqrt", "--warmup-updates", "300", "--warmup-init-lr", "1e-7")
+CONVERGE_DROP = ("--total-num-update", "--end-learning-rate", "--power")
+
+
+def _converge_arms() -> Tuple[Arm, ...]:
+    arms = (
+        ("warmup", ("--warmup-updates", "200"), (), "linear warmup over 200 updates, then the linear decay "
+                                                    "(the testbed's calibrated warmup; the comparator)"),
+        ("warmup600", ("--warmup-updates", "600"), (), "linear warmup over 600 updates, then the linear decay"),
+        ("standard", CONVERGE_STANDARD, CONVERGE_DROP, "the paper's Standard: inverse_sqrt, 300-update warmup"),
+        ("xavier", (), (), "Xavier, no warmup, the linear decay"),
+        ("admin", WSKIP_ARCH + ADMIN_INIT, (), "Admin's w_skip Transformer and initialization, no warmup"),
+        ("gi-default", ("--gradinit-iters", "200"), (), "GradInit with the plugin's defaults, no warmup"),
+        ("gi-contrast", ("--gradinit-iters", "200") + SOURCE_CONTRAST, (),
+         "GradInit with the source contrast in its objective, no warmup"),
+        ("gi-srcpin", ("--gradinit-iters", "200", "--gradinit-scale-bounds", SOURCE_PATH_PINNED), (),
+         "GradInit with the source path pinned at scale 1, no warmup"),
+    )
+    out = []
+    for name, args, drop, note in arms:
+        out.append(Arm(name, args, drop=drop, note=note))
+        out.append(Arm(f"{name}-s2", args + ("--seed", "2"), drop=drop, note=f"{name} at seed 2"))
+    return tuple(out)
+
+
+CONVERGE = Preset(
+    name="converge",
+    answers=("at convergence on the CPU testbed: does a no-warmup arm reach the BLEU of the strongest warmup "
+             "baseline while using its source"),
+    docs="lab/record/testbed-d128.md",
+    summary=f"the testbed's model with a linear decay to 0 over {CONVERGE_UPDATES} updates: warmup baselines "
+            "(linear 200 and 600, the paper's Standard), Xavier, Admin and GradInit without warmup, two seeds each; "
+            "validation (eval, dropout on, rolled sources) every 250 updates, BLEU at the end (add --cpu)",
+    base=CONVERGE_BASE,
+    arms=_converge_arms(),
+    max_update=CONVERGE_UPDATES,
+    valid_every=250,
+    save_every=CONVERGE_UPDATES,
+    parallel=2,
+    throughput="cpu2",
+    doc=f"""The testbed's model and data (preset testbed) trained to convergence: Adam (0.9, 0.98), lr 1e-3
+decayed linearly to 0 over {CONVERGE_UPDATES} updates (polynomial_decay, power 1), with the warmups
+the arms add; 'standard' is inverse_sqrt after a 300-update warmup. Every arm validates every 250
+updates in eval mode, with dropout on and with the sources rolled across the batch (src_gap), and
+BLEU is measured at the end (test split, beam 5; pass --bleu-ref with the raw test.en). GradInit
+phases are the testbed's (the schedule does not enter their fingerprint), so --gradinit-cache can
+point at the testbed's. An arm takes about an hour on one core of a 2-core machine.""",
+)
+PRESETS[CONVERGE.name] = CONVERGE

@@ -38,6 +38,9 @@ MONITOR_PANELS = (
 MONITOR_JSONL = "monitor.jsonl"
 #: The column added when an arm validated with dropout on as well (``--gradinit-valid-dropout-loss``).
 DROPOUT_FIELD = "valid_loss_dropout"
+#: The columns added when an arm validated with rolled sources (``--gradinit-source-gap``): the rolled loss
+#: and the source gap (rolled minus plain, bits).
+SOURCE_FIELDS = ("valid_loss_src_rolled", "valid_src_gap")
 
 
 def arm_curves(log: Path) -> Dict[str, curve_logs.Curve]:
@@ -45,7 +48,7 @@ def arm_curves(log: Path) -> Dict[str, curve_logs.Curve]:
     if not log.is_file():
         return {}
     with open(log, encoding="utf-8", errors="replace") as f:
-        curves = curve_logs.parse_training_log(f, valid_metrics=("loss", "nll_loss", "loss_dropout"))
+        curves = curve_logs.parse_training_log(f, valid_metrics=("loss", "nll_loss", "loss_dropout", "loss_src_rolled", "src_gap"))
     monitor = log.parent / MONITOR_JSONL
     if monitor.is_file():
         curves.update(curve_logs.parse_monitor_file(monitor))
@@ -64,6 +67,7 @@ def curve_rows(name: str, curves: Mapping[str, curve_logs.Curve]) -> List[dict]:
                "gnorm": "train_gnorm", "wall_s": "train_wall"}
     if curves.get(DROPOUT_FIELD):
         columns[DROPOUT_FIELD] = DROPOUT_FIELD
+    columns.update({f: f for f in SOURCE_FIELDS if curves.get(f)})
     if has_monitor(curves):
         columns.update({f: f for f in MONITOR_FIELDS})
     updates = sorted({u for c in curves.values() for u in c})
@@ -79,7 +83,9 @@ def write_curves(out: Path, all_curves: Mapping[str, Mapping[str, curve_logs.Cur
     monitored = any(has_monitor(c) for c in all_curves.values())
     dropout = {n: c.get(DROPOUT_FIELD, {}) for n, c in all_curves.items()}
     with_dropout = any(dropout.values())
-    fields = CSV_FIELDS + ((DROPOUT_FIELD,) if with_dropout else ()) + (MONITOR_FIELDS if monitored else ())
+    with_source = any(c.get(f) for c in all_curves.values() for f in SOURCE_FIELDS)
+    fields = CSV_FIELDS + ((DROPOUT_FIELD,) if with_dropout else ()) + (SOURCE_FIELDS if with_source else ()) \
+        + (MONITOR_FIELDS if monitored else ())
     with open(csv_path, "w", newline="", encoding="utf-8") as f:
         w = csv.DictWriter(f, fieldnames=fields, restval="")
         w.writeheader()
@@ -91,12 +97,18 @@ def write_curves(out: Path, all_curves: Mapping[str, Mapping[str, curve_logs.Cur
     text = curve_logs.markdown_table(valid, "loss (eval mode)", "valid")
     if with_dropout:  # the breakdown shows as eval mode rising above dropout on
         text += "\n" + curve_logs.markdown_table(dropout, "loss (dropout on)", "valid")
+    if with_source:  # a model that ignores its source keeps this near 0
+        gaps = {n: c.get("valid_src_gap", {}) for n, c in all_curves.items()}
+        text += "\n" + curve_logs.markdown_table(gaps, "source gap (rolled - plain loss, bits)", "valid")
     md.write_text(text, encoding="utf-8")
     written["md"] = str(md)
     png = out / "curves.png"
     panels = [("valid loss (eval mode)", valid, False)]
     if with_dropout:
         panels.append(("valid loss (dropout on)", dropout, False))
+    if with_source:
+        panels.append(("source gap, bits (rolled - plain valid loss)",
+                       {n: c.get("valid_src_gap", {}) for n, c in all_curves.items()}, False))
     panels += [("train loss (dropout on)", {n: c.get("train_loss", {}) for n, c in all_curves.items()}, False),
                ("fp16 loss scale", {n: c.get("train_loss_scale", {}) for n, c in all_curves.items()}, True)]
     if monitored:
@@ -139,6 +151,9 @@ def arm_outcome(job: Job, curves: Mapping[str, curve_logs.Curve], log: Path, max
     dropout = curves.get(DROPOUT_FIELD) or {}
     if dropout:
         out["last_valid_loss_dropout"] = dropout[max(dropout)]
+    gap = curves.get("valid_src_gap") or {}
+    if gap:
+        out["last_src_gap"] = gap[max(gap)]
     return out
 
 

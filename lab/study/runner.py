@@ -288,7 +288,8 @@ def _bleu_entry(job: Job, p: ArmPlan, checkpoint: Path, t0: float) -> dict:
     decode = scored.get("decode") or (json.loads(progress.read_text()) if progress.is_file() else None)
     entry.update(precision=scored.get("precision"), batches=scored.get("batches"), decode=decode)
     if job.status == "done" and scored.get("bleu") is not None:
-        entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "bleu_string")})
+        entry.update({k: scored.get(k) for k in ("bleu", "signature", "n_sentences", "distinct_hypotheses",
+                                                 "bleu_string")})
         wall, n = entry.get("wall_s"), scored.get("n_sentences")
         # start-up included: what one arm costs the BLEU step
         entry["sentences_per_s_overall"] = round(n / wall, 2) if wall and n else None

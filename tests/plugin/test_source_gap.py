@@ -107,3 +107,49 @@ def test_a_language_model_is_skipped_in_one_line(tmp_path, caplog):
     assert sum("source gap: skipped" in line for line in lines) == 1
     got = curves.parse_training_log(lines, valid_metrics=METRICS)
     assert sorted(got["valid_loss"]) == [2] and not got["valid_src_gap"]
+
+
+# -- the source contrast in GradInit's objective (--gradinit-source-contrast) ---------------------------------
+def test_the_contrast_is_the_loss_plus_w_times_the_loss_minus_the_rolled_loss(tiny_data, tmp_path):
+    """An independent reference: the criterion called on the sample and on its rolled copy by hand."""
+    from fairseq import options, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_gradinit.fairseq_plugin.data.loss import SOURCE_CONTRAST_KEY, MeanLoss
+
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
+        str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--save-dir", str(tmp_path)])
+    cfg = convert_namespace_to_omegaconf(args)
+    torch.manual_seed(1)
+    task = tasks.setup_task(cfg.task)
+    model, criterion = task.build_model(cfg.model, from_checkpoint=True), task.build_criterion(cfg.criterion)
+    task.load_dataset("valid")
+    sample = next(task.get_batch_iterator(task.dataset("valid"), max_tokens=400).next_epoch_itr(shuffle=False))
+    model.eval()
+    plain = MeanLoss(criterion)(model, sample)
+    marked = MeanLoss(criterion)(model, {**sample, SOURCE_CONTRAST_KEY: 0.5})
+    loss, size, _ = criterion(model, sample)
+    tokens = sample["net_input"]["src_tokens"]
+    other = {**sample, "net_input": {**sample["net_input"], "src_tokens": torch.cat([tokens[-1:], tokens[:-1]]),
+                                     "src_lengths": torch.cat([sample["net_input"]["src_lengths"][-1:],
+                                                               sample["net_input"]["src_lengths"][:-1]])}}
+    rolled_loss, _, _ = criterion(model, other)
+    assert plain.item() == pytest.approx(loss.item() / size)
+    assert marked.item() == pytest.approx((loss.item() + 0.5 * (loss.item() - rolled_loss.item())) / size, rel=1e-6)
+    assert marked.item() != pytest.approx(plain.item(), rel=1e-9)
+
+
+def test_a_phase_with_the_contrast_runs_and_changes_the_scales(tiny_data, tmp_path, caplog):
+    common = ["--gradinit-iters", "3", "--gradinit-max-tokens", "400", "--max-update", "1", "--no-save",
+              "--disable-validation"]
+    runs = {}
+    for name, extra in (("plain", []), ("contrast", ["--gradinit-source-contrast", "1"])):
+        with caplog.at_level(logging.INFO):
+            train_inprocess([str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3",
+                             "--save-dir", str(tmp_path / name), *common, *extra])
+        runs[name] = json.loads((tmp_path / name / "gradinit.json").read_text())
+    assert runs["plain"]["scales"] != runs["contrast"]["scales"]
+    plugin = runs["contrast"]["fingerprint"]["gradinit"]["plugin"]
+    assert plugin["gradinit_source_contrast"] == 1.0
+    # at its default the option stays out of the fingerprint: phases cached before it existed still match
+    assert "gradinit_source_contrast" not in runs["plain"]["fingerprint"]["gradinit"]["plugin"]

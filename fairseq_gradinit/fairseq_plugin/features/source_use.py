@@ -21,6 +21,8 @@ from typing import Mapping, Optional, Sequence
 
 import torch
 
+from ..data.loss import has_source, rolled_sources as rolled
+
 logger = logging.getLogger(__name__)
 
 #: Choices of ``--gradinit-source-gap``.
@@ -36,25 +38,6 @@ GAP_KEY = "src_gap"
 #: source stayed at or below GAP_SILENT_EVIDENCE at every validation.
 GAP_WARN_FROM_UPDATE = 500
 GAP_FLOOR = 0.25
-
-
-def has_source(sample) -> bool:
-    """Whether a batch is an encoder-decoder one: a source to roll and a decoder input."""
-    net_input = (sample or {}).get("net_input") or {}
-    return torch.is_tensor(net_input.get("src_tokens")) and "prev_output_tokens" in net_input
-
-
-def rolled(sample) -> Optional[dict]:
-    """``sample`` with each sentence given the previous sentence's source (None for one sentence)."""
-    net_input = sample["net_input"]
-    tokens = net_input["src_tokens"]
-    if tokens.dim() < 1 or tokens.shape[0] < 2:
-        return None
-    out = dict(net_input)
-    out["src_tokens"] = tokens.roll(1, dims=0)
-    if torch.is_tensor(net_input.get("src_lengths")) and net_input["src_lengths"].shape[:1] == tokens.shape[:1]:
-        out["src_lengths"] = net_input["src_lengths"].roll(1, dims=0)
-    return {**sample, "net_input": out}
 
 
 def rolled_loss_output(model, criterion, sample, base_loss) -> dict:

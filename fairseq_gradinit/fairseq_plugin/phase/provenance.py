@@ -185,6 +185,18 @@ def _added_later_at_default(path: str, value: Any) -> bool:
             and _plain(field.default) == value)
 
 
+def _plugin_option_added_later_at_default(name: str, value: Any) -> bool:
+    """Whether a plugin option added by a later version (``since``) sits at its default: left out of the
+    fingerprint, so that results saved before it existed (computed with that default) still match."""
+    import dataclasses
+
+    from ..settings.options import PluginOptions
+
+    field = PluginOptions.__dataclass_fields__.get(name)
+    return (field is not None and bool(field.metadata.get("since")) and field.default is not dataclasses.MISSING
+            and _plain(field.default) == _plain(value))
+
+
 def stable_fingerprint(fp: Mapping) -> Dict[str, Any]:
     """``fp`` without the engine settings that later versions added and that sit at their default,
     so that a key derived from it (a study's GradInit cache) stays what earlier versions computed."""
@@ -210,7 +222,7 @@ def gradinit_settings(plan: GradInitPlan) -> Dict[str, Any]:
     else:  # e.g. GradInit off and --lr 0: nothing to resolve
         resolved = {"invalid": plan.config_error}
     plugin = {name: _plain(plan.setting(name)) for name in plugin_result_options()
-              if name != "gradinit_max_tokens"}
+              if name != "gradinit_max_tokens" and not _plugin_option_added_later_at_default(name, plan.setting(name))}
     for name in RESULT_GLOBAL_SETTINGS:
         if plan.setting(name) is not None:  # recorded when set: fingerprints of runs without it stay as they were
             plugin[name] = _plain(plan.setting(name))

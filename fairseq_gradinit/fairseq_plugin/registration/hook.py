@@ -299,7 +299,8 @@ class GradInitTaskMixin:
         plan = plan or self.gradinit_plan
         authors = plan.config is not None and plan.config.pairs == "authors"
         return batch_source(self, model, max_tokens=max_tokens, subset=plan.train_subset,
-                            batch_size=plan.train_batch_size, seed=plan.seed, authors=authors)
+                            batch_size=plan.train_batch_size, seed=plan.seed, authors=authors,
+                            source_contrast=plan.source_contrast)
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
                        world: int = 1, skip: int = 0) -> DevicePrefetcher:

@@ -108,6 +108,11 @@ class PluginOptions(FairseqDataclass):
         "input, output projection; --share-decoder-input-output-embed: decoder input, output projection): one "
         "scale for all uses (shared), or one per use (per-use: the weight stays tied, each input use gets a "
         "multiplier saved in the checkpoint)"))
+    gradinit_source_contrast: float = option(0.0, experimental=True, since="0.5.0", help=(
+        "translation and other encoder-decoder tasks: GradInit's objective on S~ becomes L + w (L - L_rolled), "
+        "L_rolled the loss with the sources rolled across the batch, so that the scales are chosen for steps "
+        "that make the model use its source instead of silencing the encoder (a decoder that ignores its "
+        "source lowers L as fast); one more forward/backward per objective iteration; 0: off (docs/remedies.md)"))
     gradinit_init_file: Optional[str] = option(None, result=False, help=(
         "apply the scales of a saved gradinit.json instead of computing them (same architecture and --seed "
         "give the same weights)"))

@@ -115,6 +115,11 @@ class GradInitPlan:
         return self.settings["gradinit_valid_dropout_loss"] is True
 
     @property
+    def source_contrast(self) -> float:
+        """``--gradinit-source-contrast``: the weight of the source contrast in GradInit's objective (0: off)."""
+        return float(self.settings.get("gradinit_source_contrast") or 0.0)
+
+    @property
     def source_gap(self) -> bool:
         """``--gradinit-source-gap``: validation also scored with rolled sources (auto and on: yes)."""
         return self.settings.get("gradinit_source_gap", "auto") != "off"
