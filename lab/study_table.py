@@ -36,6 +36,9 @@ def main(argv=None) -> int:
                    help="validation updates to show (default: 500,1000,2000,3000)")
     p.add_argument("--train-at", type=int, help="update of the training-loss column (default: the last of --updates)")
     p.add_argument("--arms", help="comma-separated arms, in this order (default: all, in curves.csv order)")
+    p.add_argument("--comparator", help="judge every other arm against this arm (its twin of the same seed, "
+                   "CONFIG-sN): source gap from update 500 on, and BLEU with --bleu-decides (lab/study/verdict.py)")
+    p.add_argument("--bleu-decides", action="store_true", help="with --comparator: BLEU decides too (at convergence)")
     p.add_argument("--md", type=Path, help="write the Markdown table here (default: print it)")
     p.add_argument("--json", type=Path, help="also write the numbers as JSON here")
     args = p.parse_args(argv)
@@ -48,7 +51,8 @@ def main(argv=None) -> int:
             check_output("--json", args.json, json_result("a table of gradinit-study-table", "updates", "train_at",
                                                           command=COMMAND), inputs=inputs)
         table = build_table(args.study_dir, updates=args.updates, train_at=args.train_at,
-                            arms=args.arms.split(",") if args.arms else None)
+                            arms=args.arms.split(",") if args.arms else None, comparator=args.comparator,
+                            bleu_decides=args.bleu_decides)
     except (ValueError, OSError) as e:
         print(f"study_table: error: {e}", file=sys.stderr)
         return 2

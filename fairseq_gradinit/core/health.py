@@ -425,6 +425,9 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
         lo = lows[name] = min_scale if b is None or b.min_scale is None else float(b.min_scale)
         bias = name.rsplit(".", 1)[-1] == "bias"
         n_b, n_w = n_b + bias, n_w + (not bias)
+        if b is not None and b.min_scale is not None and b.max_scale is not None and b.min_scale == b.max_scale:
+            lows[name] = 0.0  # pinned by its bounds: kept where the user put it, not switched off by GradInit
+            continue
         if value <= _tolerance(lo):
             (floor_b if bias else floor_w)[name] = (value, lo)
         if not bias and is_layer_norm(name) and value < th.min_layer_norm_scale:

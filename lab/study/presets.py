@@ -781,6 +781,10 @@ TESTBED = Preset(
         _tb("gi-contrast", ("--gradinit-iters", "200") + SOURCE_CONTRAST,
             "variant: the plugin's defaults with the source contrast in the objective (L + (L - L_rolled) on S~)"),
         _tb("gi-contrast-s2", ("--gradinit-iters", "200", "--seed", "2") + SOURCE_CONTRAST, "gi-contrast at seed 2"),
+        _tb("gi-contrast10", ("--gradinit-iters", "200", "--gradinit-source-contrast", "10"),
+            "variant: gi-contrast with the contrast weighted 10"),
+        _tb("gi-admin", WSKIP_ARCH + ADMIN_INIT + ("--gradinit-iters", "200"),
+            "variant: GradInit (the plugin's defaults) on Admin's w_skip Transformer from Admin's initialization"),
         _tb("gi-srcpin", ("--gradinit-iters", "200", "--gradinit-scale-bounds", SOURCE_PATH_PINNED),
             "variant: the plugin's defaults with the source path (encoder, shared embedding, cross-attention) "
             "pinned at scale 1"),

@@ -57,6 +57,29 @@ BLEU_SECONDS_PER_ROUND = 30.0
 BLEU_STOP_GRACE_S = 5.0
 
 
+def host_facts() -> dict:
+    """Where the study ran: CPU kernels round differently across processors, so losses repeat to the last digit
+    only on one kind of machine."""
+    import platform
+
+    import torch
+
+    cpu = platform.processor() or None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        fairseq_version = version("ve-fairseq")
+    except Exception:  # noqa: BLE001 - another fairseq distribution, or none
+        fairseq_version = None
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__,
+            "fairseq": fairseq_version}
+
+
 def group_entry(group: GradInitGroup, phase: Optional[Job], t0: float) -> dict:
     """``study.json``'s entry of a GradInit group: its scales file only if it exists, whether this
     study computed it, and the phase's outcome (a failed phase's log is where the failure moved it)."""
@@ -198,6 +221,7 @@ def run_study(cfg: StudyConfig) -> dict:
         "files": written,
         "bleu": bleu,
         "wall_s": {"gradinit_and_training": round(t_train - t0, 1), "total": round(time.time() - t0, 1)},
+        "host": host_facts(),
     }
     result = merge_results(earlier, result)
     if earlier and result["bleu"] is not None:

@@ -30,6 +30,11 @@ class ArmRow:
     bleu: Optional[float] = None
     bleu_note: str = ""
     signature: Optional[str] = None
+    #: The source gap (rolled minus plain validation loss, bits) at each update; empty without it.
+    src_gap: Dict[int, Optional[float]] = field(default_factory=dict)
+    distinct: Optional[int] = None
+    #: The verdict against the comparator (:mod:`.verdict`): "holds", "fails: ...", or "" (not judged).
+    verdict: str = ""
 
 
 @dataclass
@@ -132,10 +137,21 @@ def _at_or_before(curve: Mapping[int, float], update: int) -> Optional[float]:
     return curve[max(seen)] if seen else None
 
 
+def comparator_of(name: str, comparator: str) -> str:
+    """The comparator arm of the same seed: ``gi-s2`` -> ``warmup-s2``, ``gi`` -> ``warmup``."""
+    _, seed = split_arm_name(name)
+    return comparator if seed is None else f"{comparator}-s{seed}"
+
+
 def build_table(study_dir: Path, *, updates: Sequence[int], train_at: Optional[int] = None,
-                arms: Optional[Sequence[str]] = None) -> SeedTable:
-    """The table of the study in ``study_dir``: validation loss at each of ``updates`` (exactly that
-    update, else none), training loss at ``train_at`` (default: the last of ``updates``) and BLEU."""
+                arms: Optional[Sequence[str]] = None, comparator: Optional[str] = None,
+                bleu_decides: bool = False) -> SeedTable:
+    """The table of the study in ``study_dir``: validation loss and source gap at each of ``updates``
+    (exactly that update, else none), training loss at ``train_at`` (default: the last of ``updates``), BLEU
+    and distinct hypotheses, and with ``comparator`` each other arm's verdict against the comparator of its
+    seed (:func:`.verdict.judge`; ``bleu_decides`` at convergence)."""
+    from .verdict import judge
+
     study_dir = Path(study_dir)
     csv_path = study_dir / "curves.csv"
     if not csv_path.is_file():
@@ -170,10 +186,20 @@ def build_table(study_dir: Path, *, updates: Sequence[int], train_at: Optional[i
         b = bleu.get(name) or {}
         score = b.get("bleu")
         note = "" if score is not None else (b.get("reason") or b.get("status") or ("not scored" if bleu else ""))
+        gap = c.get("valid_src_gap", {})
+        verdict = ""
+        other = comparator_of(name, comparator) if comparator else None
+        if other is not None and other != name and other in curves:
+            ref = bleu.get(other) or {}
+            v = judge(name, c, other, curves[other], bleu=score, comparator_bleu=ref.get("bleu"),
+                      bleu_decides=bleu_decides)
+            verdict = "–" if v.holds is None else ("holds" if v.holds else "fails: " + "; ".join(v.reasons))
         table.rows.append(ArmRow(
             arm=name, config=config, seed=seed, valid={u: valid.get(u) for u in updates},
             train=_at_or_before(c.get("train_loss", {}), table.train_at), last_update=max(logged) if logged else 0,
-            bleu=None if score is None else float(score), bleu_note=str(note), signature=b.get("signature")))
+            bleu=None if score is None else float(score), bleu_note=str(note), signature=b.get("signature"),
+            src_gap={u: gap.get(u) for u in updates} if gap else {}, distinct=b.get("distinct_hypotheses"),
+            verdict=verdict))
     return table
 
 
@@ -190,22 +216,37 @@ def _fmt(v: Optional[float], digits: int = 2) -> str:
 
 def markdown(table: SeedTable) -> str:
     """The table as Markdown: one row per arm, and a mean row per configuration with several seeds."""
+    gaps = any(r.src_gap for r in table.rows)
+    verdicts = any(r.verdict for r in table.rows)
     head = (["configuration", "seed"] + [f"valid @{u}" for u in table.updates]
-            + [f"train @{table.train_at}", "last update", "BLEU"])
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2)]
+            + ([f"src gap @{u}" for u in table.updates] if gaps else [])
+            + [f"train @{table.train_at}", "last update", "BLEU", "distinct hyps"] + (["verdict"] if verdicts else []))
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * 2 + "---:|" * (len(head) - 2 - verdicts)
+             + "---|" * verdicts]
     for config, rows in table.configs().items():
         for r in rows:
             bleu = _fmt(r.bleu) if r.bleu is not None else ("–" + (f" ({r.bleu_note})" if r.bleu_note else ""))
             lines.append("| " + " | ".join(
                 [f"`{config}`", "–" if r.seed is None else str(r.seed)] + [_fmt(r.valid[u]) for u in table.updates]
-                + [_fmt(r.train), str(r.last_update), bleu]) + " |")
+                + ([_fmt(r.src_gap.get(u)) for u in table.updates] if gaps else [])
+                + [_fmt(r.train), str(r.last_update), bleu, "–" if r.distinct is None else str(r.distinct)]
+                + ([r.verdict or "–"] if verdicts else [])) + " |")
         if len(rows) > 1:
             lines.append("| " + " | ".join(
                 [f"`{config}`", "**mean**"] + [_fmt(_mean([r.valid[u] for r in rows])) for u in table.updates]
-                + [_fmt(_mean([r.train for r in rows])), "", _fmt(_mean([r.bleu for r in rows]))]) + " |")
+                + ([_fmt(_mean([r.src_gap.get(u) for r in rows])) for u in table.updates] if gaps else [])
+                + [_fmt(_mean([r.train for r in rows])), "", _fmt(_mean([r.bleu for r in rows])), ""]
+                + ([""] if verdicts else [])) + " |")
     notes = ["", "Validation loss: fairseq's eval-mode label-smoothed loss (base 2) at exactly that update; "
                  "– where the arm stopped earlier. Training loss: the last `train_inner` average at or before "
                  f"update {table.train_at}. A mean needs every seed's value."]
+    if gaps:
+        notes.append("Source gap: the validation loss with the sources rolled across the batch minus the loss (bits); "
+                     "about 0 for a model that ignores its source.")
+    if verdicts:
+        notes.append("Verdict: against the comparator of the same seed; an arm holds if its source gap is never more "
+                     "than 0.5 bits below the comparator's from update 500 on (and, where BLEU decides, its BLEU is at "
+                     "or above the comparator's).")
     if table.bleu_update is not None:
         notes.append(f"BLEU at update {table.bleu_update}; sacreBLEU signature: "
                      + ("; ".join(f"`{s}`" for s in table.signatures()) or "–"))
@@ -217,7 +258,8 @@ def to_json(table: SeedTable) -> dict:
         "updates": list(table.updates), "train_at": table.train_at, "bleu_update": table.bleu_update,
         "arms": {r.arm: {"config": r.config, "seed": r.seed, "valid": {str(u): v for u, v in r.valid.items()},
                          "train": r.train, "last_update": r.last_update, "bleu": r.bleu, "bleu_note": r.bleu_note,
-                         "signature": r.signature} for r in table.rows},
+                         "signature": r.signature, "src_gap": {str(u): v for u, v in r.src_gap.items()},
+                         "distinct_hypotheses": r.distinct, "verdict": r.verdict} for r in table.rows},
         "means": {c: {"seeds": [r.seed for r in rows],
                       "valid": {str(u): _mean([r.valid[u] for r in rows]) for u in table.updates},
                       "train": _mean([r.train for r in rows]), "bleu": _mean([r.bleu for r in rows])}

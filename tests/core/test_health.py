@@ -10,7 +10,7 @@ from torch import nn
 
 from fairseq_gradinit.core import GradInitConfig, apply_scales, gradinit
 from fairseq_gradinit.core.health import (
-    DEGENERATE, OK, HealthThresholds, scale_health, scale_verdict, snapshot_weights,
+    DEGENERATE, OK, HealthThresholds, ModelStructure, scale_health, scale_verdict, snapshot_weights,
 )
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -251,3 +251,23 @@ def test_the_caller_gives_the_pairs_and_the_blocks():
         ModelStructure(pairs=[("a",)])
     with pytest.raises(ValueError, match="expected a regular expression"):
         ModelStructure(blocks="(")
+
+
+def test_pinned_tensors_are_not_switched_off_and_encoder_silencing_is_named():
+    """A tensor whose bounds pin it (min = max) stays where the user put it: neither at a floor nor half of a
+    pair switched off. An encoder-decoder model whose encoder blocks the scales quieted far more than its
+    decoder's gets the encoder-silencing reason (batch 7's floors phase: 27x)."""
+    from fairseq_gradinit.core.health import BlockGradient, encoder_silencing, shock_reasons
+
+    scales = {"enc.q.weight": 1.0, "enc.k.weight": 1.0, "dec.weight": 0.5}
+    cfg = {"min_scale": 0.01, "scale_bounds": [["re:^enc\\.", 1, 1]]}
+    health = scale_verdict(scales, config=cfg, structure=ModelStructure(pairs=(("q", "k"),)))
+    assert health.verdict == OK and not health.floor_weights and not health.pairs_off
+    blocks = [BlockGradient(f"encoder.layers.{i}", 1.0, 27.0) for i in range(3)] + \
+        [BlockGradient(f"decoder.layers.{i}", 1.0, 1.0) for i in range(3)]
+    assert encoder_silencing(blocks)["ratio"] == pytest.approx(27.0)
+    reasons = shock_reasons(blocks, None, [], HealthThresholds())
+    assert len(reasons) == 1 and reasons[0].startswith("the encoder's blocks are 27x quieter") and len(reasons[0]) < 200
+    even = [BlockGradient(b.name, 1.0, 5.0) for b in blocks]
+    assert shock_reasons(even, None, [], HealthThresholds()) == []
+    assert encoder_silencing([BlockGradient("layers.0", 1.0, 9.0)]) is None  # no encoder-decoder pair of sides

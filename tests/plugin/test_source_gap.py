@@ -29,9 +29,10 @@ def _train(tiny_data, save, caplog, *extra):
 
 @pytest.fixture
 def warn_from_the_start(monkeypatch):
-    """The warning's rule at the tiny runs' scale: from update 0, a gap below 1e-4 bits."""
+    """The warning's rule at the tiny runs' scale: from update 0, a gap below 1e-4 bits, any loss."""
     monkeypatch.setattr(source_use, "GAP_WARN_FROM_UPDATE", 0)
     monkeypatch.setattr(source_use, "GAP_FLOOR", 1e-4)
+    monkeypatch.setattr(source_use, "LOSS_DROP", -1e9)
 
 
 @pytest.fixture
@@ -87,10 +88,14 @@ def test_rolling_keeps_each_source_with_its_length():
 
 
 def test_warning_rule():
-    assert not source_use.gap_warns(0.0, source_use.GAP_WARN_FROM_UPDATE - 1)
-    assert source_use.gap_warns(0.0, source_use.GAP_WARN_FROM_UPDATE)
-    assert not source_use.gap_warns(source_use.GAP_FLOOR, source_use.GAP_WARN_FROM_UPDATE)
-    assert not source_use.gap_warns(float("nan"), 10 ** 6)
+    """Batch 7 of the testbed: the warmup run and the run that ignored its source, as their logs say."""
+    u, learned = source_use.GAP_WARN_FROM_UPDATE, dict(loss=8.22, first_loss=9.725)
+    assert source_use.gap_warns(0.0, u, **learned)  # gi-look4-floors at update 500
+    assert not source_use.gap_warns(0.0, u - 1, **learned)
+    assert not source_use.gap_warns(0.786, u, loss=9.154, first_loss=9.96)  # warmup at 500
+    assert not source_use.gap_warns(0.1, u, loss=9.5, first_loss=9.96)  # a long warmup that has not learned yet
+    assert not source_use.gap_warns(source_use.GAP_FLOOR, u, **learned)
+    assert not source_use.gap_warns(float("nan"), 10 ** 6, **learned)
 
 
 def test_the_option_does_not_enter_the_fingerprint():

@@ -32,12 +32,15 @@ ROLLED_KEY = "loss_src_rolled"
 ROLLED_SIZE_KEY = "loss_src_rolled_sample_size"
 ROLLED_BASE_KEY = "loss_src_base"  # the eval loss of the same (rolled-scored) batches
 GAP_KEY = "src_gap"
-#: The warning: from this update on, a validation whose source gap is below GAP_FLOOR bits warns.
-#: Both numbers come from the d=128 CPU testbed (lab/record/testbed-d128.md, "source use"): models that
-#: translate there had gaps of GAP_WARMUP_EVIDENCE or more from this update on, models that ignored their
-#: source stayed at or below GAP_SILENT_EVIDENCE at every validation.
+#: The warning: a validation warns when, from GAP_WARN_FROM_UPDATE on, the model has learned something (its
+#: loss at least LOSS_DROP bits below the run's first validated loss) but its source gap is below GAP_FLOOR.
+#: The d=128 CPU testbed (lab/record/testbed-d128.md, batch 7) sets the numbers: its 200-update warmup run had
+#: a gap of 0.79 bits at update 500 and 1.07 once its loss had fallen by 1 bit, while the runs that ignored
+#: their source stayed at |gap| < 0.01 at every validation with their loss 1.5 bits down by update 500.
+#: The loss condition keeps a run whose long warmup has not started learning yet from being warned about.
 GAP_WARN_FROM_UPDATE = 500
 GAP_FLOOR = 0.25
+LOSS_DROP = 1.0
 
 
 def rolled_loss_output(model, criterion, sample, base_loss) -> dict:
@@ -70,15 +73,18 @@ def source_gap(logging_outputs: Sequence[Mapping]) -> Optional[dict]:
     return {ROLLED_KEY: rolled_loss, GAP_KEY: rolled_loss - base, "sample_size": size}
 
 
-def gap_warns(gap: Optional[float], update: Optional[int]) -> bool:
-    """Whether a validation's source gap warns: from :data:`GAP_WARN_FROM_UPDATE` on, below :data:`GAP_FLOOR`."""
-    return (gap is not None and update is not None and math.isfinite(gap) and update >= GAP_WARN_FROM_UPDATE
-            and gap < GAP_FLOOR)
+def gap_warns(gap: Optional[float], update: Optional[int], *, loss: Optional[float] = None,
+              first_loss: Optional[float] = None) -> bool:
+    """Whether a validation's source gap warns: from :data:`GAP_WARN_FROM_UPDATE` on, below :data:`GAP_FLOOR`,
+    with the loss at least :data:`LOSS_DROP` bits below the first validation's (``first_loss``)."""
+    finite = all(v is not None and math.isfinite(v) for v in (gap, loss, first_loss))
+    return (finite and update is not None and update >= GAP_WARN_FROM_UPDATE and gap < GAP_FLOOR
+            and first_loss - loss >= LOSS_DROP)
 
 
 def warning_text(gap: float, update: int) -> str:
-    return (f"source use: the loss with the sources rolled across the batch is only {gap:+.2f} bits above the "
-            f"loss at update {update}: the model may be ignoring its source (docs/monitor.md#source-use)")
+    return (f"source use: at update {update} the loss with each sentence given another's source is only "
+            f"{gap:+.2f} bits above the loss: the model may be ignoring its source (docs/monitor.md#source-use)")
 
 
 def log_source_gap(values: dict) -> None:

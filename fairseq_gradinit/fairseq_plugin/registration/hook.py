@@ -142,8 +142,11 @@ class GradInitTaskMixin:
         gap = stats.get(source_use.GAP_KEY) if isinstance(stats, dict) else None
         if gap is None:
             return
-        update = stats.get("num_updates")
-        warns = source_use.gap_warns(float(gap), update)
+        update, loss = stats.get("num_updates"), stats.get("loss")
+        first = getattr(self, "_gradinit_first_valid_loss", None)
+        if first is None:
+            self._gradinit_first_valid_loss = first = loss
+        warns = source_use.gap_warns(float(gap), update, loss=loss, first_loss=first)
         if warns:
             logger.warning("gradinit: WARNING: %s", source_use.warning_text(float(gap), int(update)))
         if self.gradinit_monitor is not None:
