@@ -66,7 +66,7 @@ def judge(name: str, curves: Mapping[str, Curve], comparator: str, comparator_cu
         return Verdict(name, comparator, None, (f"no source gap logged by both from update {from_update}",),
                        **numbers)
     shortfall = {u: round(ref[u] - gap[u], 4) for u in updates}
-    reasons = [f"source gap {gap[u]:.2f} bits at {u}, {shortfall[u]:.2f} below {comparator}'s"
+    reasons = [f"source gap {round(gap[u], 2) + 0.0:.2f} bits at {u}, {shortfall[u]:.2f} below {comparator}'s"
                for u in updates if shortfall[u] > margin][:1]
     if bleu_decides:
         if bleu is None or comparator_bleu is None:

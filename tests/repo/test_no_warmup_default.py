@@ -1,6 +1,7 @@
-"""The plugin's Adam defaults are what the CPU testbed measured to train without warmup: the pages that say so
-(README, docs/fairseq.md, docs/no-warmup.md) are checked against the stored curves of the testbed's second
-batch (two seeds, 1000 updates) and against the constants and preset arms they name."""
+"""The plugin's Adam defaults are what reached the lowest validation loss without warmup on the CPU testbed (a model
+that ignores its source, as tests/repo/test_generated_docs.py's table shows): the pages that quote those losses
+(README, docs/fairseq.md, docs/no-warmup.md) are checked against the stored curves of the testbed's second batch
+(two seeds, 1000 updates) and against the constants and preset arms they name."""
 import gzip
 import re
 from pathlib import Path
@@ -42,9 +43,10 @@ PAIRS_780 = {1: ("gi-default-780", "warmup"), 2: ("gi-default-780-s2", "warmup-s
 
 
 @pytest.mark.parametrize("pairs", [PAIRS, PAIRS_K2, PAIRS_FLOORS], ids=["default", "gamma-from-init", "floors"])
-def test_the_default_held_on_both_seeds_to_1000_updates(pairs):
-    """Item by item what 'holds' means: without warmup, eval-mode validation loss at or below the 200-update
-    warmup arm's at 800 and 1000 updates (here: at every validation), on two seeds, no gap warning."""
+def test_the_default_has_the_lower_loss_on_both_seeds_to_1000_updates(pairs):
+    """The loss-only criterion these arms met (and which no longer decides, see docs/no-warmup.md): without
+    warmup, eval-mode validation loss below the 200-update warmup arm's at every validation, on two seeds, no gap
+    warning."""
     curves = _curves()
     for seed, (gi, warm) in pairs.items():
         assert max(curves[gi]) == max(curves[warm]) == 1000, seed
@@ -68,10 +70,8 @@ def test_the_defaults_at_780_iterations_did_not_hold_and_the_pages_say_so():
     assert (f"the eval-mode loss jumps at update 200 ({s2[0]:.2f} against the warmup run's "
             f"{curves['warmup-s2'][200][0]:.2f}, a gap warning) before it comes down below the warmup run "
             f"({curves['gi-default-780-s2'][1000][0]:.2f} at 1000; next section)") in page
-    assert ("at seed 2 it holds too ({:.2f} against the warmup run's {:.2f} at update 1000, no gap warning)".format(
+    assert ("at seed 2 {:.2f} against the warmup run's {:.2f})".format(
         curves["gi-look4-floors-s2"][1000][0], curves["warmup-s2"][1000][0])) in page
-    assert ("with 780 the same defaults trained on one seed but not the other (an eval-mode jump at update 200 that "
-            "the monitor warns about), so keep 200") in _flat(REPO / "docs" / "fairseq.md")
 
 
 def test_the_pages_state_the_defaults_that_were_measured():
@@ -94,8 +94,7 @@ def test_the_pages_state_the_defaults_that_were_measured():
     assert NO_WARMUP_TAU == 1e-2 and "τ = 1e-2" in fairseq_md
     assert f"The testbed ran {iters} iterations (`--gradinit-iters {iters}`)" in fairseq_md
     readme = _flat(REPO / "README.md")
-    assert f"With the plugin's defaults (`--gradinit-iters {iters}`:" in readme
-    assert "below a 200-update warmup at every validation up to update 1000, on two seeds" in readme
+    assert f"the plugin's Adam defaults (`--gradinit-iters {iters}`)" in readme
     assert f"--gradinit-iters {iters}`, any task" in readme
 
 
@@ -161,14 +160,14 @@ def test_the_sentences_under_the_table_are_the_stored_runs():
     assert "the encoder's last LayerNorm sits at the 0.01 floor" in page and "stays at 0.3" in page
     curves = _curves()
     floors, default = curves["gi-look4-floors"][1000][0], curves["gi-look4"][1000][0]
-    assert f"trains as well ({floors:.2f} against {default:.2f} at update 1000)" in page
+    assert f"the loss falls as far ({floors:.2f} against {default:.2f} at update 1000;" in page
     bleu = {p.parent.name: json.loads(p.read_text(encoding="utf-8")) for p in BATCH2.glob("arms/*/bleu.json")}
     assert set(bleu) == {a for pair in PAIRS.values() for a in pair}
     for b in bleu.values():
         assert b["bleu"] < 0.3 and b["beam"] == 5 and b["subset"] == "test" and b["n_sentences"] == 1500
         command = " ".join(b["generate_command"])
         assert "--max-len-a 1.2 --max-len-b 10" in command
-    assert ("every arm translates nothing (BLEU below 0.3 on the test split, beam 5, outputs of at most 1.2 × the "
+    assert ("no arm translates (BLEU below 0.4 on the test split, beam 5, outputs of at most 1.2 × the "
             "source length + 10)") in page
 
 
@@ -228,7 +227,7 @@ def test_the_sentences_on_what_makes_the_variant_train_are_the_stored_runs():
     page = _flat(REPO / "docs" / "no-warmup.md")
     one, two = curves_of_testbed(), _curves()
     at = lambda curves, arm, u: f"{curves[arm][u][0]:.2f}"  # noqa: E731
-    assert f"(`gi-K2`) the run trains without warmup ({at(one, 'gi-K2', 800)} at 800" in page
+    assert f"(`gi-K2`) the run's loss falls without warmup ({at(one, 'gi-K2', 800)} at 800" in page
     assert all(one["gi-K2"][u][0] < one["warmup"][u][0] for u in one["warmup"])
     study = json.loads((TESTBED / "study-study8.json").read_text(encoding="utf-8"))
     group = study["arms"]["gi-look4-g"]["gradinit_group"]

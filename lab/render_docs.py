@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Tables in the docs that quote measurements, generated from the stored records.
+
+Each table sits between ``<!-- generated:NAME:start -->`` and ``<!-- generated:NAME:end -->`` in its page;
+``python -m lab.render_docs`` rewrites them from the records, ``--check`` says which are stale (the test suite
+runs the check). Prose around a table keeps its claims and points at the table.
+
+    python -m lab.render_docs            # rewrite the generated tables
+    python -m lab.render_docs --check    # exit 1 if any is stale
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Sequence, Tuple
+
+from .study.tables import read_curves_csv
+from .study.verdict import judge
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE_USE = REPO / "lab" / "record" / "testbed-d128" / "source-use"
+
+
+def _stored_arms(dirs: Sequence[Path]) -> Tuple[Dict[str, dict], Dict[str, dict]]:
+    """``(curves, bleu)`` of every arm of the stored studies in ``dirs``, by arm name (a later study's arm of
+    the same name replaces an earlier one's)."""
+    curves: Dict[str, dict] = {}
+    bleu: Dict[str, dict] = {}
+    for d in dirs:
+        curves.update(read_curves_csv(d / "curves.csv"))
+        if (d / "bleu.json").is_file():
+            bleu.update((json.loads((d / "bleu.json").read_text(encoding="utf-8")).get("arms") or {}))
+    return curves, bleu
+
+
+def _fmt(v, digits: int = 3) -> str:
+    return "–" if v is None else f"{round(v, digits) + 0.0:.{digits}f}"  # + 0.0: no "-0.000"
+
+
+def source_use_table(dirs: Sequence[Path] = (), *, comparator: str = "warmup",
+                     updates: Tuple[int, ...] = (500, 1000)) -> str:
+    """The CPU testbed's arms judged by source use: loss and source gap at ``updates``, BLEU and distinct
+    hypotheses at the last update, and each arm's verdict against ``comparator`` (:mod:`.study.verdict`)."""
+    dirs = list(dirs) or sorted(p for p in SOURCE_USE.iterdir() if (p / "curves.csv").is_file())
+    curves, bleu = _stored_arms(dirs)
+    ref = curves.get(comparator)
+    head = ["arm", "batch"] + [f"loss @{u}" for u in updates] + [f"source gap @{u}" for u in updates] \
+        + ["BLEU", "distinct hypotheses", f"verdict against `{comparator}`"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (2 * len(updates) + 2) + "---|"]
+    batch_of = {name: d.name for d in dirs for name in read_curves_csv(d / "curves.csv")}
+    for name in sorted(curves, key=lambda n: (n != comparator, batch_of[n], n)):
+        c = curves[name]
+        loss, gap = c.get("valid_loss", {}), c.get("valid_src_gap", {})
+        b = bleu.get(name) or {}
+        if name == comparator or ref is None:
+            verdict = "the comparator" if name == comparator else "–"
+        else:
+            v = judge(name, c, comparator, ref)
+            verdict = "–" if v.holds is None else ("holds" if v.holds else "fails: " + v.reasons[0])
+        lines.append("| " + " | ".join(
+            [f"`{name}`", batch_of[name]] + [_fmt(loss.get(u)) for u in updates] + [_fmt(gap.get(u)) for u in updates]
+            + [_fmt(b.get("bleu"), 2), "–" if b.get("distinct_hypotheses") is None else str(b["distinct_hypotheses"]),
+               verdict]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+#: name -> (page, renderer): every generated table of the docs.
+TABLES: Mapping[str, Tuple[Path, Callable[[], str]]] = {
+    "source-use": (REPO / "docs" / "no-warmup.md", source_use_table),
+}
+
+
+def _span(name: str) -> "re.Pattern[str]":
+    return re.compile(rf"(<!-- generated:{re.escape(name)}:start -->\n)(.*?)(<!-- generated:{re.escape(name)}:end -->)",
+                      re.S)
+
+
+def render(check: bool = False) -> List[str]:
+    """Rewrite (or with ``check`` only compare) every table; the names of the stale ones."""
+    stale = []
+    for name, (page, make) in TABLES.items():
+        text = page.read_text(encoding="utf-8")
+        m = _span(name).search(text)
+        if m is None:
+            raise ValueError(f"{page} has no <!-- generated:{name}:start/end --> markers; add them where the table goes")
+        fresh = make()
+        if m.group(2) != fresh:
+            stale.append(name)
+            if not check:
+                page.write_text(text[:m.start(2)] + fresh + text[m.end(2):], encoding="utf-8")
+    return stale
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab.render_docs", description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="only say which tables are stale (exit 1 if any)")
+    args = p.parse_args(argv)
+    stale = render(check=args.check)
+    for name in stale:
+        print(f"{'stale' if args.check else 'rewrote'}: {name} ({TABLES[name][0].relative_to(REPO)})")
+    return 1 if args.check and stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
