@@ -121,6 +121,17 @@ def has_option(argv: Sequence[str], name: str) -> bool:
     return any(_option_name(t) == name for t in argv)
 
 
+def option_value(argv: Sequence[str], name: str) -> Optional[str]:
+    """The value of the last ``name`` in a command line, given as ``--name VALUE`` or ``--name=VALUE`` (as
+    fairseq's parser reads both), or None where it is not given or has no value."""
+    value = None
+    for group in option_groups(argv):
+        if _option_name(group[0]) == name:
+            head = group[0].split("=", 1)
+            value = head[1] if len(head) == 2 else (group[1] if len(group) > 1 else None)
+    return value
+
+
 def substitute_files(argv: Sequence[str], files: Mapping[str, str], *, arm: str) -> List[str]:
     """Replace ``{KEY}`` in the arguments with ``files[KEY]`` (``--file KEY=PATH``)."""
     def one(token: str) -> str:

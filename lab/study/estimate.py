@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
 
+#: The iterations of the measured GradInit phases (the paper's 780): :attr:`Throughput.phase_s` is per such phase.
+MEASURED_PHASE_ITERS = 780
+
+
 @dataclass(frozen=True)
 class Throughput:
     """Measured throughput of the d=512 setting on one GPU: the numbers every estimate comes from."""
@@ -128,7 +132,7 @@ class EstJob:
     name: str
     kind: str                                 # "arm" or "phase"
     updates: int = 0
-    iters: int = 780
+    iters: int = MEASURED_PHASE_ITERS
     lookahead: int = 1                        # --gradinit-lookahead-steps of a phase
     fp32: bool = False
     deps: Tuple[str, ...] = ()
@@ -226,7 +230,7 @@ def estimate_call(jobs: Sequence[EstJob], *, throughput: Throughput, parallel: i
                     j.stopped_by_budget = True
                     finished = True
             else:
-                j.done += step_s / (phase_seconds(tp, load) * j.iters / 780.0 * lookahead_factor(j.lookahead))
+                j.done += step_s / (phase_seconds(tp, load) * j.iters / MEASURED_PHASE_ITERS * lookahead_factor(j.lookahead))
                 finished = j.done >= 1.0
             if finished:
                 j.done = min(j.done, j.updates) if j.kind == "arm" else 1.0
@@ -255,15 +259,22 @@ def estimate_call(jobs: Sequence[EstJob], *, throughput: Throughput, parallel: i
 # ------------------------------------------------------------------------------------------------
 # from a study's plan, or from a preset's call
 # ------------------------------------------------------------------------------------------------
-def _last_int(argv: Sequence[str], option: str, default: int) -> int:
-    value = default
-    for i, token in enumerate(argv[:-1]):
-        if token == option:
-            try:
-                value = int(float(argv[i + 1]))
-            except ValueError:
-                pass
-    return value
+def _int_option(argv: Sequence[str], option: str, default: int) -> int:
+    """An integer option of a command line as fairseq's parser reads it (``--opt N``, ``--opt=N``), else ``default``."""
+    from .arms import option_value
+
+    value = option_value(argv, option)
+    try:
+        return default if value is None else int(float(value))
+    except ValueError:
+        return default
+
+
+def _iters(argv: Sequence[str]) -> int:
+    """The phase's ``--gradinit-iters``, else the plugin's declared default."""
+    from fairseq_gradinit.fairseq_plugin.settings.options import GradInitOptions
+
+    return _int_option(argv, "--gradinit-iters", GradInitOptions.__dataclass_fields__["gradinit_iters"].default)
 
 
 def _simulated_steps(argv: Sequence[str]) -> int:
@@ -271,24 +282,25 @@ def _simulated_steps(argv: Sequence[str]) -> int:
     unless --gradinit-unstepped-uses pins the paper's single step; one with SGD)."""
     from fairseq_gradinit.fairseq_plugin.settings.options import default_lookahead_steps
 
-    if "--gradinit-lookahead-steps" in argv[:-1]:
-        return _last_int(argv, "--gradinit-lookahead-steps", 1)
-    optimizer = "adam"
-    for flag in ("--optimizer", "--gradinit-optimizer"):  # GradInit's own optimizer overrides the training's
-        for i, token in enumerate(argv[:-1]):
-            if token == flag:
-                optimizer = argv[i + 1]
-    unstepped = True if "--gradinit-unstepped-uses" in argv else None
+    from .arms import has_option, option_value
+
+    if option_value(argv, "--gradinit-lookahead-steps") is not None:
+        return _int_option(argv, "--gradinit-lookahead-steps", 1)
+    # GradInit's own optimizer overrides the training's
+    optimizer = option_value(argv, "--gradinit-optimizer") or option_value(argv, "--optimizer") or "adam"
+    unstepped = True if has_option(argv, "--gradinit-unstepped-uses") else None
     return default_lookahead_steps(adam=optimizer not in ("sgd", "nag"), unstepped_uses=unstepped)
 
 
 def _is_fp32(argv: Sequence[str]) -> bool:
-    return "--fp16" not in argv and "--bf16" not in argv and "--amp" not in argv
+    from .arms import has_option
+
+    return not any(has_option(argv, flag) for flag in ("--fp16", "--bf16", "--amp"))
 
 
 def plan_jobs(plans, groups, *, max_update: int) -> List[EstJob]:
     """The jobs of a planned study (:func:`~.plan.plan_study`): uncached GradInit groups first, then arms."""
-    jobs = [EstJob(f"gi-{key}", "phase", iters=_last_int(g.phase_argv, "--gradinit-iters", 780),
+    jobs = [EstJob(f"gi-{key}", "phase", iters=_iters(g.phase_argv),
                    lookahead=_simulated_steps(g.phase_argv))
             for key, g in groups.items() if not g.cached]
     phases = {j.name for j in jobs}
@@ -296,7 +308,7 @@ def plan_jobs(plans, groups, *, max_update: int) -> List[EstJob]:
         if not p.train:
             continue
         dep = f"gi-{p.group}" if p.group is not None else None
-        jobs.append(EstJob(p.arm.name, "arm", updates=_last_int(p.argv, "--max-update", max_update),
+        jobs.append(EstJob(p.arm.name, "arm", updates=_int_option(p.argv, "--max-update", max_update),
                            fp32=_is_fp32(p.argv), deps=(dep,) if dep in phases else ()))
     return jobs
 
@@ -316,9 +328,9 @@ def call_jobs(arms: Sequence, train: Sequence[str], prepare: Sequence[str], base
         computes = (has_option(argv, "--gradinit-iters") and not has_option(argv, "--gradinit-init-file")
                     and name not in cached)
         if computes:
-            jobs.append(EstJob(f"gi-{name}", "phase", iters=_last_int(argv, "--gradinit-iters", 780),
+            jobs.append(EstJob(f"gi-{name}", "phase", iters=_iters(argv),
                                lookahead=_simulated_steps(argv)))
         if name in train:
-            arm_jobs.append(EstJob(name, "arm", updates=_last_int(argv, "--max-update", max_update),
+            arm_jobs.append(EstJob(name, "arm", updates=_int_option(argv, "--max-update", max_update),
                                    fp32=_is_fp32(argv), deps=(f"gi-{name}",) if computes else ()))
     return jobs + arm_jobs

@@ -212,6 +212,7 @@ def cached_scales_match(group_dir: Path, fp: Mapping) -> bool:
 def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup]]:
     """Each arm's fairseq-train arguments (validated by fairseq's parser) and the GradInit groups."""
     from fairseq_gradinit.fairseq_plugin.phase.provenance import fingerprint_from_args
+    from fairseq_gradinit.fairseq_plugin.settings.plan import build_plan
 
     base = merge_args(study_defaults(cfg), list(cfg.base))
     if cfg.cpu and not has_option(base, "--cpu"):
@@ -232,7 +233,7 @@ def plan_study(cfg: StudyConfig) -> Tuple[List[ArmPlan], Dict[str, GradInitGroup
         argv = [data] + substitute_files(merge_args(base, arm.args, arm.drop), cfg.files, arm=arm.name)
         ns = _parse_fairseq_args(argv, arm=arm.name)
         plan = ArmPlan(arm=arm, argv=argv, data=data, save_dir=Path(cfg.out) / "arms" / arm.name, train=train)
-        if getattr(ns, "gradinit_iters", 0) > 0 and not getattr(ns, "gradinit_init_file", None):
+        if build_plan(ns).computes:
             if int(getattr(ns, "distributed_world_size", 1) or 1) > 1:
                 raise ValueError(f"arm {arm.name}: the study runs one process per arm; "
                                  "--distributed-world-size must be 1")
@@ -295,7 +296,9 @@ def gradinit_phase_main(argv: Sequence[str]) -> int:
     add_defaults(cfg)
     if int(cfg.distributed_training.distributed_world_size) > 1:
         raise ValueError("the GradInit phase runs in one process: --distributed-world-size must be 1")
-    if not cfg.task.gradinit_iters or cfg.task.gradinit_init_file:
+    from fairseq_gradinit.fairseq_plugin.settings.plan import build_plan
+
+    if not build_plan(cfg.task).computes:
         raise ValueError("the GradInit phase needs --gradinit-iters N > 0 and no --gradinit-init-file")
     build_from_config(cfg)  # the task runs GradInit in build_criterion and writes save_dir/gradinit.json
     out = Path(cfg.checkpoint.save_dir) / "gradinit.json"

@@ -112,12 +112,12 @@ def test_fp16_fairseq_config_on_an_affected_gpu_is_guarded(monkeypatch, caplog):
     pytest.importorskip("fairseq")
     from fairseq_gradinit.fairseq_plugin.features import sdpa
     from fairseq_gradinit.fairseq_plugin.settings.options import GradInitOptions
-    from fairseq_gradinit.fairseq_plugin.settings.plan import GradInitPlan, build_plan
+    from fairseq_gradinit.fairseq_plugin.settings.plan import RunPlan, build_plan
 
     def plan(**settings):  # fairseq's globals unset: interpolations no config resolves
         return build_plan(GradInitOptions(**settings))
 
-    monkeypatch.setattr(GradInitPlan, "device", lambda self: torch.device("cuda", 0))
+    monkeypatch.setattr(RunPlan, "device", lambda self: torch.device("cuda", 0))
     monkeypatch.setattr(SdpaEnvironment, "detect", classmethod(lambda cls, device=None: env()))
     caplog.set_level(logging.INFO)
     decision = sdpa.guard_from_plan(plan(gradinit_cudnn_sdpa_guard="auto", gradinit_fp16=True, gradinit_cpu=False))

@@ -27,9 +27,10 @@ from fairseq_train import TINY_ONE_LAYER as TINY, parse  # noqa: E402
 
 def _counting(monkeypatch):
     """Count what resolving a plan costs (deriving the engine's config, reading an init file) and record
-    every plan handed out, at each place that asks for one."""
+    every plan built, by where it was asked for: the parse-time check (``plan``), the task (``hook``) and a
+    fingerprint without a task (``provenance``)."""
     counts = {"derived": 0, "read": 0, "phase reads": 0}
-    plans = []
+    plans = {"plan": [], "hook": [], "provenance": []}
 
     def count(key, fn):
         def counted(*args, **kwargs):
@@ -42,50 +43,69 @@ def _counting(monkeypatch):
     monkeypatch.setattr(compute, "read_init_file", count("phase reads", compute.read_init_file))
     build = plan_module.build_plan
 
-    def recorded(source):
-        plans.append(build(source))
-        return plans[-1]
+    def recorded(where):
+        def build_recorded(source):
+            plans[where].append(build(source))
+            return plans[where][-1]
+        return build_recorded
 
-    for module in (plan_module, hook, provenance):
-        monkeypatch.setattr(module, "build_plan", recorded)
+    for where, module in (("plan", plan_module), ("hook", hook), ("provenance", provenance)):
+        monkeypatch.setattr(module, "build_plan", recorded(where))
     return counts, plans
 
 
 def _one_run(argv):
     """What fairseq-train does up to its first update: parse (the parse-time check), the config, the
-    task, the model and the criterion (where GradInit runs); then the fingerprint of the same config."""
+    task, the model and the criterion (where GradInit runs);
+    then the fingerprint of the same config, given the task's plan."""
     cfg = convert_namespace_to_omegaconf(parse(argv))
     np.random.seed(3)
     utils.set_torch_seed(3)
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
     task.build_criterion(cfg.criterion)
-    provenance.gradinit_fingerprint(cfg)
-    return task, model
+    fp = provenance.gradinit_fingerprint(cfg, plan=task.gradinit_plan)
+    return task, model, fp
+
+
+def _recording_runs(monkeypatch):
+    ran = []
+    run_locked = hook.run_locked
+    monkeypatch.setattr(hook, "run_locked", lambda run, model: ran.append(run) or run_locked(run, model))
+    return ran
 
 
 def test_one_run_resolves_its_plan_once_and_reads_its_init_file_once(tiny_data, tmp_path, monkeypatch):
     from fairseq_gradinit.fairseq_plugin.phase.lock import release_save_dirs
 
     argv = [str(tiny_data), "--task", "translation", *TINY, "--lr", "5e-4"]
+    ran = _recording_runs(monkeypatch)
     counts, plans = _counting(monkeypatch)
     try:
-        task, _ = _one_run(argv + ["--gradinit-iters", "2", "--save-dir", str(tmp_path / "a")])
+        task, _, fp = _one_run(argv + ["--gradinit-iters", "2", "--save-dir", str(tmp_path / "a")])
     finally:
         release_save_dirs()
     assert task.gradinit_result is not None and len(task.gradinit_result.history) == 2  # GradInit ran
-    # The parse, the task (model and criterion) and the fingerprint: one plan, derived once.
-    assert len(plans) >= 3 and all(p is task.gradinit_plan for p in plans), [id(p) for p in plans]
-    assert counts == {"derived": 1, "read": 0, "phase reads": 0}
+    # The task builds one plan and hands that object to the phase and the fingerprint; the parse-time
+    # check resolved the command line it checked into an equal plan; nothing else builds one.
+    assert [len(plans[w]) for w in ("plan", "hook", "provenance")] == [1, 1, 0]
+    assert plans["hook"][0] is task.gradinit_plan and ran[0].plan is task.gradinit_plan
+    assert plans["plan"][0] == task.gradinit_plan and plans["plan"][0] is not task.gradinit_plan
+    assert fp["gradinit"] == ran[0].fingerprint["gradinit"]  # the phase's settings, from the same plan
+    # Derived once by the task's plan, once by the parser's.
+    assert counts == {"derived": 2, "read": 0, "phase reads": 0}
 
+    ran.clear()
     counts, plans = _counting(monkeypatch)
     init_file = str(tmp_path / "a" / "gradinit.json")
     try:
-        task, model = _one_run(argv + ["--gradinit-init-file", init_file, "--save-dir", str(tmp_path / "b")])
+        task, model, _ = _one_run(argv + ["--gradinit-init-file", init_file, "--save-dir", str(tmp_path / "b")])
     finally:
         release_save_dirs()
-    assert len(plans) >= 3 and all(p is task.gradinit_plan for p in plans)
-    assert counts == {"derived": 1, "read": 1, "phase reads": 0}  # the phase applies the plan's record
+    assert [len(plans[w]) for w in ("plan", "hook", "provenance")] == [1, 1, 0]
+    assert ran[0].plan is task.gradinit_plan and plans["plan"][0] == task.gradinit_plan
+    # Read by the parse-time check (to refuse a bad file) and by the task's plan; the phase applies the plan's record.
+    assert counts == {"derived": 2, "read": 2, "phase reads": 0}
     assert task.gradinit_plan.init_record["scales"] == json.loads(open(init_file).read())["scales"]
 
     # Another run of this process with the same settings, after the init file was written again: read again.
@@ -96,8 +116,28 @@ def test_one_run_resolves_its_plan_once_and_reads_its_init_file_once(tiny_data, 
     counts, plans = _counting(monkeypatch)
     again = plan_module.build_plan(convert_namespace_to_omegaconf(parse(
         argv + ["--gradinit-init-file", init_file, "--save-dir", str(tmp_path / "b")])).task)
-    assert counts["read"] == 1 and again is not task.gradinit_plan
+    assert counts["read"] == 2 and again is not task.gradinit_plan  # the parse-time check's and this one
     assert again.init_record["scales"] == saved["scales"]
+
+
+def test_no_module_keeps_plans():
+    """The plan is the task's (or its caller's): after plans are built, no module of the plugin holds one
+    (no cache between calls), and a plan is read by its typed fields only."""
+    import sys
+
+    built = [plan_module.build_plan(GradInitOptions(gradinit_iters=i, gradinit_train_lr=[5e-4],
+                                                    gradinit_train_max_tokens=300)) for i in (0, 2)]
+    assert built[0] != built[1]
+    held = []
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("fairseq_gradinit.fairseq_plugin"):
+            continue
+        for attr, value in vars(module).items():
+            inside = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple, set)) else ()
+            if isinstance(value, plan_module.RunPlan) or any(isinstance(v, plan_module.RunPlan) for v in inside):
+                held.append(f"{name}.{attr}")
+    assert held == []
+    assert not hasattr(plan_module.RunPlan, "__getattr__") and not hasattr(plan_module.RunPlan, "setting")
 
 
 def test_the_plan_says_whether_gradinit_is_on():
@@ -105,8 +145,8 @@ def test_the_plan_says_whether_gradinit_is_on():
     off = plan_module.build_plan(GradInitOptions(gradinit_iters=0, **common))
     on = plan_module.build_plan(GradInitOptions(gradinit_iters=3, **common))
     assert (off.enabled, off.computes, on.enabled, on.computes) == (False, False, True, True)
-    fields = {f.name for f in dataclasses.fields(plan_module.GradInitPlan)}
-    assert {"enabled", "computes", "init_record"} <= fields
+    fields = {f.name for f in dataclasses.fields(plan_module.RunPlan)}
+    assert {"enabled", "computes", "iters", "init_record"} <= fields
 
 
 def _walk(value, path, seen):

@@ -140,7 +140,7 @@ def test_only_the_boundary_turns_an_error_into_an_exit():
 
 def test_the_plan_is_built_in_one_place_per_entry_point_with_no_fallbacks():
     """A run's plan comes from the task (its ``gradinit_plan``, resolved once when the model is built and
-    reused by the criterion); the parse-time check and a fingerprint of a command line (no task) build
+    reused by the criterion); the parse-time checks and a fingerprint of a command line (no task) build
     their own. Nothing downstream rebuilds it."""
     from pathlib import Path
 
@@ -151,4 +151,5 @@ def test_the_plan_is_built_in_one_place_per_entry_point_with_no_fallbacks():
         for fn in (n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)):
             calls += [f"{path.stem}.{fn.name}" for n in ast.walk(fn)
                       if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "build_plan"]
-    assert sorted(calls) == ["hook.gradinit_plan", "plan.namespace_error", "provenance.gradinit_fingerprint"]
+    assert sorted(calls) == ["hook.gradinit_plan", "plan.legacy_task_parse_error", "plan.namespace_error",
+                            "provenance.gradinit_fingerprint"]

@@ -1,4 +1,4 @@
-"""A run's GradInit settings resolved once (GradInitPlan): the same plan from the command line and
+"""A run's GradInit settings resolved once (RunPlan): the same plan from the command line and
 from the task config, the phase run from a plan made by hand, and the single rules it relies on."""
 import json
 import math
@@ -16,8 +16,8 @@ from fairseq_gradinit.core import GradInitConfig, overlapping_pairs  # noqa: E40
 from fairseq_gradinit.core.batching import split_draw, tilde_rows  # noqa: E402
 from fairseq_gradinit.core.config import LOSS_CHANGE_BOUNDS, default_gamma  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.settings.options import GLOBAL_SETTINGS, GradInitOptions, PluginOptions  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.settings.plan import GradInitPlan, build_plan, namespace_error  # noqa: E402
-from fairseq_gradinit.fairseq_plugin.settings.restore import restore_source  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.plan import RunPlan, build_plan, namespace_error  # noqa: E402
+from fairseq_gradinit.fairseq_plugin.settings.restore import restore_path  # noqa: E402
 from fairseq_helpers import make_tiny_bin  # noqa: E402
 from fairseq_train import TINY_ONE_LAYER as TINY, parse  # noqa: E402
 
@@ -48,8 +48,7 @@ def test_the_command_line_and_the_task_config_give_one_plan(extra):
     ns = parse(["data-bin-not-read", "--task", "translation", *TINY, *extra])
     from_ns = build_plan(ns)
     from_cfg = build_plan(convert_namespace_to_omegaconf(ns).task)
-    assert json.dumps(dict(from_ns.settings), default=str, sort_keys=True) == \
-        json.dumps(dict(from_cfg.settings), default=str, sort_keys=True)
+    assert from_ns == from_cfg  # every resolved field
     assert from_ns.config == from_cfg.config
     assert (from_ns.max_tokens, from_ns.derived, from_ns.error, from_ns.config_error) == \
         (from_cfg.max_tokens, from_cfg.derived, from_cfg.error, from_cfg.config_error)
@@ -67,15 +66,17 @@ def test_the_parse_check_reports_the_plans_error():
     assert namespace_error(ns).startswith("argument --gradinit-max-tokens:")
 
 
-def test_a_plan_is_frozen_and_read_like_the_task_config():
+def test_a_plan_is_frozen_and_typed():
     plan = build_plan(GradInitOptions(gradinit_iters=2, gradinit_train_lr=[5e-4], gradinit_train_max_tokens=100))
-    assert plan.gradinit_iters == 2 and plan.enabled and plan.config.eta == 1e-3 and plan.max_tokens == 150
+    assert plan.iters == 2 and plan.enabled and plan.config.eta == 1e-3 and plan.max_tokens == 150
     with pytest.raises(AttributeError):  # a frozen dataclass
         plan.error = "x"
-    with pytest.raises(TypeError):
-        plan.settings["gradinit_iters"] = 3
     with pytest.raises(AttributeError):
-        _ = plan.gradinit_no_such_option
+        plan.training.data = "x"
+    with pytest.raises(TypeError):
+        plan.result_settings["gradinit_tied_embeddings"] = "per-use"
+    with pytest.raises(AttributeError):  # no setting is read by its option's name
+        _ = plan.gradinit_iters
 
 
 def test_the_phase_runs_from_a_plan_made_by_hand(tiny_data, tmp_path):
@@ -88,13 +89,13 @@ def test_the_phase_runs_from_a_plan_made_by_hand(tiny_data, tmp_path):
     model = task.build_model(cfg.model)
     criterion = task.build_criterion(cfg.criterion)
     assert task.gradinit_result is None  # GradInit off in the config: nothing ran yet
-    assert isinstance(task.gradinit_plan, GradInitPlan) and not task.gradinit_plan.enabled  # built with the model
+    assert isinstance(task.gradinit_plan, RunPlan) and not task.gradinit_plan.enabled  # built with the model
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     plan = build_plan(GradInitOptions(
         gradinit_iters=2, gradinit_train_lr=[5e-4], gradinit_train_max_tokens=300, gradinit_seed=3,
         gradinit_cpu=True, gradinit_save_dir=str(tmp_path / "out"), gradinit_train_subset="train",
         gradinit_valid_subset="valid", gradinit_checkpoint_interval=0))
-    assert isinstance(plan, GradInitPlan) and plan.error is None
+    assert isinstance(plan, RunPlan) and plan.error is None
     (tmp_path / "out").mkdir()
     result = task.run(plan, model, criterion)
     names = {n for n, _ in model.named_parameters(remove_duplicate=False)}
@@ -177,9 +178,9 @@ def test_the_restore_decision_is_the_save_dir_s_when_the_run_starts(tmp_path):
     settings = dict(gradinit_iters=2, gradinit_train_lr=[5e-4], gradinit_train_max_tokens=100,
                     gradinit_save_dir=str(tmp_path), gradinit_restore_file="checkpoint_last.pt")
     plan = build_plan(GradInitOptions(**settings))
-    assert restore_source(plan) is None
+    assert restore_path(plan.checkpoints) is None
     (tmp_path / "checkpoint_last.pt").write_bytes(b"x")
-    assert restore_source(plan) == str(tmp_path / "checkpoint_last.pt")
+    assert restore_path(plan.checkpoints) == str(tmp_path / "checkpoint_last.pt")
 
 
 def test_applying_an_init_file_measures_its_health_and_leaves_the_random_state(tiny_data, tmp_path):

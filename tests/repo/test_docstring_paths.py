@@ -80,7 +80,7 @@ def test_every_module_a_docstring_names_exists():
 
 def test_the_check_finds_a_moved_module():
     hook = ROOT / "fairseq_gradinit" / "fairseq_plugin" / "registration" / "hook.py"
-    assert broken_reference(target_parts(hook, "..settings.plan.GradInitPlan")) is False
-    assert broken_reference(target_parts(hook, ".plan.GradInitPlan")) is True  # plan is not beside hook
+    assert broken_reference(target_parts(hook, "..settings.plan.RunPlan")) is False
+    assert broken_reference(target_parts(hook, ".plan.RunPlan")) is True  # plan is not beside hook
     assert broken_reference(target_parts(hook, "..settings.plan.NoSuchName")) is True
     assert target_parts(hook, "torch.nn.Module") is None

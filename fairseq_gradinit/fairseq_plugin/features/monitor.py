@@ -57,12 +57,10 @@ BUG_LENGTH_MODULUS, BUG_LENGTH_RESIDUE = 128, 64
 
 def monitor_from_plan(plan) -> Optional["TrainingMonitor"]:
     """The monitor a run's plan asks for, or None when ``--gradinit-monitor-interval`` is 0."""
-    interval = plan.monitor_interval
-    if interval <= 0:
+    if plan.monitor_interval <= 0:
         return None
-    seed = plan.setting("gradinit_seed", 1)
-    return TrainingMonitor(interval=interval, path=os.path.join(str(plan.save_dir), MONITOR_JSONL),
-                           seed=int(seed) if isinstance(seed, int) else 1)
+    return TrainingMonitor(interval=plan.monitor_interval, path=os.path.join(plan.save_dir, MONITOR_JSONL),
+                           seed=plan.seed)
 
 
 # --------------------------------------------------------------------------------------------

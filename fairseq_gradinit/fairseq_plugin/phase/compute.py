@@ -43,7 +43,7 @@ from ..settings.init_file import (
     source_fingerprint,
     unscaled_tensors,
 )
-from ..settings.plan import GradInitPlan
+from ..settings.plan import RunPlan
 from ..settings.validation import first_error
 from .provenance import COMPARED_KEYS, INIT_FILE_KEYS, fingerprint_diff
 from .run import GRADINIT_JSON, GradInitRun, rank_world
@@ -113,7 +113,7 @@ def run_locked(run: GradInitRun, model):
     return compute(run, model)
 
 
-def _log_plan(plan: GradInitPlan, device, rank: int, world: int) -> None:
+def _log_plan(plan: RunPlan, device, rank: int, world: int) -> None:
     gcfg = plan.config
     logger.info(
         "gradinit: %d iterations on %s, optimizer=%s eta=%g gamma=%s tau=%g, objective after %d simulated step%s, "
@@ -200,7 +200,7 @@ def _scales(model, pairs: _DrawnPairs, run: GradInitRun, gcfg, *, resume, resume
     return result, health
 
 
-def _computable(plan: GradInitPlan, model):
+def _computable(plan: RunPlan, model):
     """The plan's GradInitConfig, after checking that it can compute on ``model``."""
     if plan.config is None:  # a plan built by hand: build_plan sets its error
         raise GradInitError(plan.config_error)

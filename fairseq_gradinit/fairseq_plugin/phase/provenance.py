@@ -28,7 +28,7 @@ from ...core.options import result_options
 from ...version import __version__
 from ..data.cfg import cfg_value
 from ..settings.options import RESULT_GLOBAL_SETTINGS, plugin_result_options
-from ..settings.plan import GradInitPlan, build_plan
+from ..settings.plan import RunPlan, build_plan
 
 #: Fingerprint keys that must agree for a saved result to be reused as if computed now.
 COMPARED_KEYS = ("model", "criterion", "seed", "data", "world_size", "gradinit")
@@ -52,18 +52,20 @@ _OTHER_DATA_TASK_KEYS = (
 _HASH_CHUNK = 1 << 20
 
 
-def gradinit_fingerprint(cfg) -> Dict[str, Any]:
+def gradinit_fingerprint(cfg, *, plan: Optional[RunPlan] = None) -> Dict[str, Any]:
     """The fingerprint of the GradInit run a full fairseq config describes.
 
     ``cfg`` is the omegaconf config of ``fairseq-train`` (``convert_namespace_to_omegaconf``);
     it reads ``cfg.task``, ``cfg.model``, ``cfg.criterion`` (when present), ``cfg.common.seed``
     and ``cfg.distributed_training.distributed_world_size``. Pass it before a model is built from
     it: fairseq writes derived model arguments (e.g. ``share_decoder_input_output_embed`` under
-    ``--share-all-embeddings``) into a legacy architecture's namespace while building.
+    ``--share-all-embeddings``) into a legacy architecture's namespace while building. ``plan``: the run's
+    plan where the caller has one (a task's), else resolved from ``cfg.task`` (a command line without a task).
     """
     return fingerprint(
         task_cfg=cfg.task, model_cfg=cfg.model, criterion_cfg=cfg_value(cfg, "criterion"),
-        seed=cfg.common.seed, world_size=cfg.distributed_training.distributed_world_size, plan=build_plan(cfg.task),
+        seed=cfg.common.seed, world_size=cfg.distributed_training.distributed_world_size,
+        plan=plan if plan is not None else build_plan(cfg.task),
     )
 
 
@@ -79,7 +81,7 @@ def fingerprint_from_args(argv: Sequence[str]) -> Dict[str, Any]:
     return gradinit_fingerprint(training_config(argv, defaults=True))
 
 
-def fingerprint(*, task_cfg, model_cfg, criterion_cfg, seed, world_size, plan: GradInitPlan,
+def fingerprint(*, task_cfg, model_cfg, criterion_cfg, seed, world_size, plan: RunPlan,
                 model_args: Optional[Mapping] = None) -> Dict[str, Any]:
     """The fingerprint from its parts (what the task calls with its own config nodes) and the
     run's resolved GradInit settings ``plan``.
@@ -208,24 +210,25 @@ def stable_fingerprint(fp: Mapping) -> Dict[str, Any]:
     return {**fp, "gradinit": {**gradinit, "resolved": resolved}}
 
 
-def gradinit_settings(plan: GradInitPlan) -> Dict[str, Any]:
+def gradinit_settings(plan: RunPlan) -> Dict[str, Any]:
     """What of the ``--gradinit-*`` options changes the result, resolved (``eta`` from ``--lr``,
     ``optimizer`` from ``--optimizer``, ``gamma`` from eta, tokens per iteration from
     ``--max-tokens``), so that a default and the same value given explicitly agree. Which options
     change the result is declared with them (``result`` of :func:`~fairseq_gradinit.core.config.option`);
     fairseq's settings that change GradInit's batches are :data:`~..settings.options.RESULT_GLOBAL_SETTINGS`.
-    ``plan``: the run's :class:`~..settings.plan.GradInitPlan`."""
+    ``plan``: the run's :class:`~..settings.plan.RunPlan`."""
     if plan.config is not None:
         config = plan.config.to_dict()
         resolved = {k: config[k] for k in result_options()}
         resolved["resolved_gamma"] = config["resolved_gamma"]
     else:  # e.g. GradInit off and --lr 0: nothing to resolve
         resolved = {"invalid": plan.config_error}
-    plugin = {name: _plain(plan.setting(name)) for name in plugin_result_options()
-              if name != "gradinit_max_tokens" and not _plugin_option_added_later_at_default(name, plan.setting(name))}
+    given = plan.result_settings
+    plugin = {name: _plain(given[name]) for name in plugin_result_options()
+              if name != "gradinit_max_tokens" and not _plugin_option_added_later_at_default(name, given[name])}
     for name in RESULT_GLOBAL_SETTINGS:
-        if plan.setting(name) is not None:  # recorded when set: fingerprints of runs without it stay as they were
-            plugin[name] = _plain(plan.setting(name))
+        if given[name] is not None:  # recorded when set: fingerprints of runs without it stay as they were
+            plugin[name] = _plain(given[name])
     return {"resolved": _plain(resolved), "plugin": plugin, "max_tokens": _plain(plan.max_tokens)}
 
 

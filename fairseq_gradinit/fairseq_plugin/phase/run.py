@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from ..data.batches import BatchSource
 from ..data.loss import MeanLoss
-from ..settings.plan import GradInitPlan
+from ..settings.plan import RunPlan
 from .state import state_path
 
 #: The file of a run's scales in ``--save-dir`` (never overwritten).
@@ -42,7 +42,7 @@ class GradInitRun:
     none). ``fingerprint`` is rank 0's (None on the other ranks).
     """
 
-    plan: GradInitPlan
+    plan: RunPlan
     fingerprint: Optional[Mapping[str, Any]]
     batches: Optional[BatchSource]
     loss_fn: MeanLoss

@@ -86,10 +86,9 @@ class TrainingProgress:
 
 def progress_from_plan(plan) -> Optional[TrainingProgress]:
     """The run's :class:`TrainingProgress`, or None when GradInit is off or the interval is 0."""
-    seconds = plan.setting("gradinit_progress_seconds", 0) or 0
-    max_update = plan.setting("gradinit_train_max_update", 0)
-    max_update = max_update if isinstance(max_update, int) and not isinstance(max_update, bool) else None
-    return TrainingProgress(float(seconds), max_update=max_update) if plan.enabled and seconds > 0 else None
+    if not plan.enabled or plan.progress_seconds <= 0:
+        return None
+    return TrainingProgress(plan.progress_seconds, max_update=plan.training.max_update)
 
 
 def summary_line(result_path: str, save_dir: str) -> Optional[str]:

@@ -5,8 +5,8 @@ GradInit runs in ``build_criterion``: ``fairseq-train`` calls ``task.build_model
 copies fp32 master weights, so training starts from exactly the GradInit weights. Inference
 entry points build the model with ``from_checkpoint=True`` (and never build the training
 criterion with a fresh model), so they never run it; nor does a run that resumes from a
-checkpoint. The task takes the run's plan (:class:`~..settings.plan.GradInitPlan`, resolved once per run and
-cached: the parse-time check made it) when it first needs it (building the model,
+checkpoint. The task takes the run's plan (:class:`~..settings.plan.RunPlan`, resolved once per run, the
+parse-time check resolves its own from the namespace) when it first needs it (building the model,
 :attr:`GradInitTaskMixin.gradinit_plan`): the cuDNN attention guard, the model checks, the per-use
 scales, the monitor, the run log, the batches and the phase read it, none reads the config. The task
 builds the run (:class:`~.run.GradInitRun`: data, its training batches a
@@ -35,8 +35,8 @@ from ..phase.lock import hold_save_dir
 from ..phase.provenance import fingerprint, model_arguments
 from ..phase.run import GRADINIT_JSON, GradInitRun, rank_world
 from ..phase.run_log import progress_from_plan, summarize_at_exit
-from ..settings.plan import GradInitPlan, build_plan, refuse_bad_values_when_parsed
-from ..settings.restore import restore_source
+from ..settings.plan import RunPlan, build_plan, refuse_bad_values_when_parsed
+from ..settings.restore import restore_path
 from ..settings.validation import require, valid_split_error
 from .compat import takes_keyword
 
@@ -75,7 +75,7 @@ class GradInitTaskMixin:
         self.gradinit_result = None
 
     @property
-    def gradinit_plan(self) -> GradInitPlan:
+    def gradinit_plan(self) -> RunPlan:
         """The run's settings, resolved once from the task config (:func:`~..settings.plan.build_plan`) when first
         needed: when the model is built, before anything reads a setting."""
         if self._gradinit_plan is None:
@@ -217,7 +217,7 @@ class GradInitTaskMixin:
             plan = self.gradinit_plan
             # Which checkpoint fairseq will restore: the save dir as the run starts (fairseq's own refusals
             # of --finetune-from-model combinations raise here, before the save dir is locked).
-            source = restore_source(plan)
+            source = restore_path(plan.checkpoints)
             self._gradinit_hold(plan)
             if source is not None:
                 require("resume", model, source, self)
@@ -242,7 +242,7 @@ class GradInitTaskMixin:
 
     # ------------------------------------------------------------------------------------
     @staticmethod
-    def _gradinit_hold(plan: GradInitPlan) -> None:
+    def _gradinit_hold(plan: RunPlan) -> None:
         """Refuse a plan with an error, or a training setup fairseq would trip over after the phase; where
         GradInit is on, hold the save dir's lock (:mod:`..phase.lock`) from here until the process ends: a
         second run into the folder stops."""
@@ -255,7 +255,7 @@ class GradInitTaskMixin:
             rank, world = rank_world()
             hold_save_dir(plan.save_dir, rank=rank, world=world)
 
-    def run(self, plan: GradInitPlan, model, criterion):
+    def run(self, plan: RunPlan, model, criterion):
         """Run GradInit (or apply ``--gradinit-init-file``) as ``plan`` says on ``model`` in place,
         with batches from this task's training data and the loss of ``criterion``, holding the save
         dir's lock until the process ends. Builds the run (:meth:`gradinit_run`), hands it to the phase
@@ -270,7 +270,7 @@ class GradInitTaskMixin:
             self.gradinit_result = run_locked(run, model)
             return self.gradinit_result
 
-    def gradinit_run(self, plan: GradInitPlan, model, criterion, *, criterion_cfg=None,
+    def gradinit_run(self, plan: RunPlan, model, criterion, *, criterion_cfg=None,
                      model_args=None) -> GradInitRun:
         """The :class:`~.run.GradInitRun` of this task under ``plan`` for ``model`` with the loss of
         ``criterion``: everything the phase needs from the task, as data, so that the phase never sees
@@ -281,7 +281,7 @@ class GradInitTaskMixin:
         current = None
         if rank == 0:  # the fingerprint: model arguments as given on the command line
             current = fingerprint(task_cfg=self.gradinit_cfg, model_cfg=None, criterion_cfg=criterion_cfg,
-                                  seed=plan.gradinit_seed, world_size=world, model_args=model_args, plan=plan)
+                                  seed=plan.seed, world_size=world, model_args=model_args, plan=plan)
         batches, batches_error = None, None
         # Batches where the phase draws them: to compute, and for the health check of an init file (rank 0).
         if plan.max_tokens and (plan.computes or (plan.init_file and rank == 0)):
@@ -296,13 +296,13 @@ class GradInitTaskMixin:
                            loss_fn=mean_loss_fn(criterion), criterion=criterion, valid_split_error=valid_error,
                            sdpa_guard=self.gradinit_sdpa_guard)
 
-    def gradinit_batches(self, model, max_tokens: int, *, plan: Optional[GradInitPlan] = None) -> BatchSource:
+    def gradinit_batches(self, model, max_tokens: int, *, plan: Optional[RunPlan] = None) -> BatchSource:
         """This task's training batches of ``max_tokens`` tokens for ``model`` under ``plan`` (default:
         :attr:`gradinit_plan`; its seed, ``--batch-size``, training split and ``--gradinit-pairs``), as data."""
         plan = plan or self.gradinit_plan
         authors = plan.config is not None and plan.config.pairs == "authors"
-        return batch_source(self, model, max_tokens=max_tokens, subset=plan.train_subset,
-                            batch_size=plan.train_batch_size, seed=plan.seed, authors=authors,
+        return batch_source(self, model, max_tokens=max_tokens, subset=plan.training.train_subset,
+                            batch_size=plan.training.batch_size, seed=plan.seed, authors=authors,
                             source_contrast=plan.source_contrast)
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,

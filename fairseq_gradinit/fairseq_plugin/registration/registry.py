@@ -16,7 +16,8 @@ from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.tasks import TASK_CLASS_NAMES, TASK_DATACLASS_REGISTRY, TASK_REGISTRY
 
 from ..settings.options import GradInitOptions
-from ..settings.validation import check_when_parsed, parse_check
+from ..settings.plan import legacy_task_parse_error
+from ..settings.validation import check_when_parsed
 from .hook import GradInitTaskMixin
 
 logger = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ def _legacy_add_args(cls, parser):
     super(cls, cls).add_args(parser)
     group = parser.add_argument_group("GradInit (not available for this task)")
     gen_parser_from_dataclass(group, GradInitOptions())
-    check_when_parsed(parser, parse_check("legacy task"))
+    check_when_parsed(parser, legacy_task_parse_error)
 
 
 def serve(name: str, task_cls: type, config: Optional[type], *, served: Optional[Tuple[type, type]] = None) -> type:

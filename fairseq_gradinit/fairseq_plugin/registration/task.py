@@ -19,7 +19,7 @@ from ..phase.run import GRADINIT_JSON
 from ..phase.run_log import LOG_LEVEL_ENV, quiet_fairseq_printouts
 from ..settings.option_values import gradinit_config_from_task, parse_scale_bounds, read_init_file
 from ..settings.options import GradInitOptions
-from ..settings.plan import GradInitPlan, build_plan, namespace_error
+from ..settings.plan import RunPlan, build_plan, namespace_error
 from ..settings.restore import restore_source, will_restore_checkpoint
 from ..settings.validation import gradinit_option_error, unsupported_setup_error
 from .hook import GradInitTaskMixin
@@ -28,7 +28,7 @@ from .registry import serve_all_tasks
 logger = logging.getLogger(__name__)
 
 __all__ = [
-    "GRADINIT_JSON", "GradInitError", "GradInitOptions", "GradInitPlan", "GradInitStop", "GradInitTaskMixin", "TranslationGradInitConfig",
+    "GRADINIT_JSON", "GradInitError", "GradInitOptions", "RunPlan", "GradInitStop", "GradInitTaskMixin", "TranslationGradInitConfig",
     "TranslationGradInitTask", "build_plan", "gradinit_config_from_task", "gradinit_option_error", "mean_loss_fn",
     "namespace_error", "parse_scale_bounds", "read_init_file", "restore_source", "unsupported_setup_error",
     "will_restore_checkpoint",

@@ -84,8 +84,3 @@ def gradinit_batch_tokens(cfg) -> Optional[int]:
         overlap = 0.5
     return int(round((2.0 - min(max(overlap, 0.0), 1.0)) * int(train)))
 
-
-def gradinit_enabled(cfg) -> bool:
-    """Whether GradInit runs or applies saved scales (``--gradinit-iters`` > 0 or an init file)."""
-    iters = cfg_value(cfg, "gradinit_iters", 0)
-    return bool((isinstance(iters, int) and iters > 0) or cfg_value(cfg, "gradinit_init_file"))

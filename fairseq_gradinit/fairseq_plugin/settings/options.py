@@ -198,10 +198,15 @@ class PluginOptions(FairseqDataclass):
     gradinit_adam_eps: Any = "${oc.select:optimizer.adam_eps,null}"
 
 
+def _config_path(interpolation: str) -> list:
+    """The config path of a global setting's interpolation (``${optimization.lr}``: ``["optimization", "lr"]``)."""
+    return re.sub(r"^\$\{(oc\.select:)?", "", interpolation).split(",")[0].rstrip("}").split(".")
+
+
 def _namespace_attribute(interpolation: str) -> str:
     """The ``fairseq-train`` namespace attribute of a global setting: the last name of its config
     path (``${optimization.lr}``: ``lr``), or the group of a ``_name`` (``optimizer._name``: ``optimizer``)."""
-    path = re.sub(r"^\$\{(oc\.select:)?", "", interpolation).split(",")[0].rstrip("}").split(".")
+    path = _config_path(interpolation)
     return path[-2] if path[-1] == "_name" else path[-1]
 
 
@@ -210,6 +215,17 @@ def _namespace_attribute(interpolation: str) -> str:
 #: config and a namespace give one plan, :mod:`.plan`).
 GLOBAL_SETTINGS = {f.name: _namespace_attribute(f.default) for f in dataclasses.fields(PluginOptions)
                    if isinstance(f.default, str) and f.default.startswith("${")}
+
+
+def fairseq_default(name: str):
+    """The default fairseq declares for the global setting ``name`` (``gradinit_save_dir``: its
+    ``checkpoint.save_dir``, ``checkpoints``): what a config that cannot resolve it would run with."""
+    import typing
+
+    from fairseq.dataclass.configs import FairseqConfig
+
+    group, key = _config_path(PluginOptions.__dataclass_fields__[name].default)
+    return typing.get_type_hints(FairseqConfig)[group].__dataclass_fields__[key].default
 
 
 def options_dataclass(specs=ENGINE_OPTIONS, name: str = "GradInitOptions"):

@@ -1,240 +1,267 @@
-"""A run's GradInit settings, resolved once: :class:`GradInitPlan`.
+"""A run's GradInit settings, resolved once: :class:`RunPlan`.
 
 Every ``--gradinit-*`` option and every global setting the plugin reads (``--lr``, ``--max-tokens``,
-``--save-dir``, ``--seed``, ...) is resolved here, from the task config of ``fairseq-train`` (whose
-``${...}`` interpolations carry the globals, :class:`~.options.PluginOptions`) or from a parsed
-``fairseq-train`` namespace (whose attributes :data:`~.options.GLOBAL_SETTINGS` names, read off the
-same interpolations). Both go through :func:`build_plan`; the check when the command line is parsed,
-the task's model checks, the cuDNN attention guard, the monitor, the run log, the batches, the checks
-before the phase, the fingerprint and the phase all read the plan.
+``--save-dir``, ``--seed``, ...) is resolved here into typed fields, from the task config of
+``fairseq-train`` (whose ``${...}`` interpolations carry the globals, :class:`~.options.PluginOptions`)
+or from a parsed ``fairseq-train`` namespace (whose attributes :data:`~.options.GLOBAL_SETTINGS` names,
+read off the same interpolations). The task builds its run's plan once, when it first needs it, and
+passes it to every check, feature, the fingerprint and the phase; the parse-time check resolves the
+namespace it refuses (:func:`namespace_error`), which gives an equal plan.
 
 This module translates fairseq's config into the plan: it is one of the few that read a config itself.
+Each option's default is its declaration's (:mod:`.options`); a global setting fairseq's config cannot
+resolve (a config built outside ``fairseq-train``) is unknown (None) unless fairseq declares a default
+the run would take.
 """
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import os
+import enum
 import types
-from collections import OrderedDict
 from typing import Any, Mapping, Optional, Tuple
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from ...core import GradInitConfig
 from .init_file import read_init_file
-from .option_values import (
-    derived_options,
-    gradinit_batch_tokens,
-    gradinit_config_from_task,
-    gradinit_enabled,
-    training_optimizer,
+from .option_values import derived_options, gradinit_batch_tokens, gradinit_config_from_task, training_optimizer
+from .options import GLOBAL_SETTINGS, RESULT_GLOBAL_SETTINGS, GradInitOptions, fairseq_default, plugin_result_options
+from .restore import Checkpointing, checkpointing
+from .validation import (
+    as_argument_error,
+    check_when_parsed,
+    first_error,
+    given_combination_errors,
+    given_value_errors,
 )
-from .options import GLOBAL_SETTINGS, GradInitOptions
-from .validation import as_argument_error, check_when_parsed, first_error
 
 #: Every field the plugin reads from a task config: the options and the global settings.
 SETTING_NAMES = tuple(f.name for f in dataclasses.fields(GradInitOptions) if f.name.startswith("gradinit_"))
 
 
 @dataclasses.dataclass(frozen=True)
-class GradInitPlan:
-    """What one run of the plugin does, resolved once.
+class TrainingFacts:
+    """fairseq's own settings of the run that the checks and features read (None: the config does not say)."""
 
-    ``settings`` holds every ``gradinit_*`` field (fairseq's globals included, unresolvable ones as
-    None) and is read like the task config: ``plan.gradinit_iters``. ``config`` is the resolved
-    engine configuration (eta from ``--lr``, gamma from eta, ...), None when it does not resolve;
-    ``error`` the first setting the run refuses, worded as argparse words its errors, or None.
-    """
+    optimizer: Optional[str]
+    #: ``--adam-betas``/``--adam-eps`` as fairseq holds them (checked, not parsed, here).
+    adam_betas: Any
+    adam_eps: Any
+    max_update: Optional[int]
+    batch_size: Optional[int]
+    data: Optional[str]
+    train_subset: str
+    valid_subsets: Tuple[str, ...]
+    disable_validation: bool
+    combine_valid_subsets: bool
+    skip_invalid_valid: bool
+    #: ``--max-tokens-valid`` (fairseq's default: ``--max-tokens``).
+    max_tokens_valid: Optional[int]
+    fp16: bool
+    memory_efficient_fp16: bool
+    bf16: bool
+    memory_efficient_bf16: bool
+    amp: bool
+    tpu: bool
+    cpu: bool
+    ddp_backend: str
+    model_parallel_size: int
+    pipeline_model_parallel: bool
 
-    settings: Mapping[str, Any]
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """What one run of the plugin does, resolved once; read by every check, feature, the fingerprint and
+    the phase. ``error`` is the first setting the run refuses, worded as argparse words its errors, or None."""
+
+    #: Whether GradInit runs or applies saved scales (``--gradinit-iters`` > 0 or an init file).
+    enabled: bool
+    #: Whether GradInit computes scales (``--gradinit-iters`` > 0 and no init file).
+    computes: bool
+    #: ``--gradinit-iters`` (0 where its value is refused: ``error`` says why).
+    iters: int
+    #: The resolved engine configuration (eta from ``--lr``, gamma from eta, ...), None where it does not
+    #: resolve (``config_error`` says why, e.g. GradInit off and ``--lr 0``: nothing to resolve).
     config: Optional[GradInitConfig]
-    #: Why ``config`` is None (e.g. GradInit off and ``--lr 0``: nothing to resolve).
     config_error: Optional[str]
     #: Tokens drawn per GradInit iteration (None: neither ``--gradinit-max-tokens`` nor ``--max-tokens``).
     max_tokens: Optional[int]
     #: The options derived from the training command because they were not given.
     derived: Tuple[str, ...]
-    error: Optional[str]
-    #: Whether GradInit runs or applies saved scales (``--gradinit-iters`` > 0 or an init file).
-    enabled: bool = False
-    #: Whether GradInit computes scales (``--gradinit-iters`` > 0 and no init file).
-    computes: bool = False
+    init_file: Optional[str]
+    init_clamp: Optional[str]
     #: The ``--gradinit-init-file`` as read (its ``gradinit.json``), None without one or where it cannot be
     #: read (``error`` says why): the phase applies these scales, read once.
-    init_record: Optional[Mapping[str, Any]] = None
-    #: The first refusal of the engine's options (:func:`~.option_values.gradinit_config_from_task`, ``--lr``
-    #: only where GradInit computes) and of the init file, as argparse words its errors: what the
-    #: ``settings`` checks report, found while the plan is resolved.
+    init_record: Optional[Mapping[str, Any]]
+    #: GradInit's output folder (``--save-dir``): its result, state, lock and the monitor's file.
+    save_dir: str
+    seed: int
+    #: Iterations between saves of the phase's state (0: never).
+    checkpoint_interval: int
+    tied_embeddings: str
+    #: Updates between the monitor's records (0: off).
+    monitor_interval: int
+    #: Validation also scored with dropout on.
+    valid_dropout_loss: bool
+    #: Validation also scored with rolled sources (``--gradinit-source-gap`` auto and on).
+    source_gap: bool
+    #: The weight of the source contrast in GradInit's objective (``--gradinit-source-contrast``; 0: off).
+    source_contrast: float
+    #: Seconds between the training's progress lines (0: off).
+    progress_seconds: float
+    #: ``--gradinit-cudnn-sdpa-guard`` (None: a config without the option).
+    cudnn_sdpa_guard: Optional[str]
+    #: ``--gradinit-precision``, the arithmetic of the phase's passes (also where the engine's config does
+    #: not resolve: the cuDNN attention guard reads it before the plan's error stops the run).
+    phase_precision: str
+    #: ``--gradinit-unstepped-uses`` (checked against the model once it exists).
+    unstepped_uses: Optional[str]
+    training: TrainingFacts
+    checkpoints: Checkpointing
+    #: The plugin's options and fairseq's settings declared as changing the result, as given (the
+    #: fingerprint records them: :func:`~.options.plugin_result_options`, :data:`~.options.RESULT_GLOBAL_SETTINGS`).
+    result_settings: Mapping[str, Any]
+    #: Every refusal of the option values found while resolving them (the ``settings`` checks report the
+    #: first), as argparse words its errors.
     option_errors: Tuple[str, ...] = ()
-
-    def __getattr__(self, name: str):
-        if name.startswith("gradinit_") and name in SETTING_NAMES:
-            return self.__dict__["settings"][name]
-        raise AttributeError(name)
-
-    def setting(self, name: str, default=None):
-        """The setting ``name`` (a ``gradinit_*`` field), or ``default`` where it is unset (None)."""
-        value = self.__dict__["settings"][name]
-        return default if value is None else value
-
-    @property
-    def init_file(self) -> Optional[str]:
-        return self.settings["gradinit_init_file"] or None
-
-    @property
-    def init_clamp(self) -> Optional[str]:
-        return self.settings["gradinit_init_clamp"] or None
-
-    @property
-    def save_dir(self) -> str:
-        return self.settings["gradinit_save_dir"] or "checkpoints"
-
-    @property
-    def seed(self) -> int:
-        return int(self.settings["gradinit_seed"] or 1)
-
-    @property
-    def tied_embeddings(self) -> str:
-        return str(self.settings["gradinit_tied_embeddings"] or "shared")
-
-    @property
-    def checkpoint_interval(self) -> int:
-        return int(self.settings["gradinit_checkpoint_interval"] or 0)
-
-    @property
-    def monitor_interval(self) -> int:
-        """``--gradinit-monitor-interval`` (0: monitor off; also for a value that is not an integer)."""
-        value = self.settings["gradinit_monitor_interval"]
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    @property
-    def valid_dropout_loss(self) -> bool:
-        """``--gradinit-valid-dropout-loss``: validation also scored with dropout on."""
-        return self.settings["gradinit_valid_dropout_loss"] is True
-
-    @property
-    def source_contrast(self) -> float:
-        """``--gradinit-source-contrast``: the weight of the source contrast in GradInit's objective (0: off)."""
-        return float(self.settings.get("gradinit_source_contrast") or 0.0)
-
-    @property
-    def source_gap(self) -> bool:
-        """``--gradinit-source-gap``: validation also scored with rolled sources (auto and on: yes)."""
-        return self.settings.get("gradinit_source_gap", "auto") != "off"
-
-    @property
-    def train_subset(self) -> Optional[str]:
-        return self.settings["gradinit_train_subset"]
-
-    @property
-    def train_batch_size(self) -> Optional[int]:
-        return self.settings["gradinit_train_batch_size"]
+    error: Optional[str] = None
 
     def device(self):
         """Where the phase runs: this machine's current GPU unless there is none or ``--cpu``."""
         import torch
 
-        if torch.cuda.is_available() and not self.settings["gradinit_cpu"]:
+        if torch.cuda.is_available() and not self.training.cpu:
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
 
-def plugin_settings(source) -> Mapping[str, Any]:
+def given_settings(source) -> types.SimpleNamespace:
     """Every ``gradinit_*`` field of a task config, or of a parsed ``fairseq-train`` namespace (its
-    global settings from the attributes :data:`~.options.GLOBAL_SETTINGS` names), read-only."""
+    global settings from the attributes :data:`~.options.GLOBAL_SETTINGS` names), as given: an option
+    the source lacks takes its declared default, a global setting it cannot resolve is None."""
     namespace = isinstance(source, argparse.Namespace)
+    declared = {f.name: f.default for f in dataclasses.fields(GradInitOptions)}
     out = {}
     for name in SETTING_NAMES:
+        absent = None if name in GLOBAL_SETTINGS else declared[name]
         try:
             value = getattr(source, GLOBAL_SETTINGS[name] if namespace and name in GLOBAL_SETTINGS else name)
-        except Exception:  # absent, or an interpolation omegaconf cannot resolve (a config built outside fairseq)
+        except AttributeError:
+            value = absent
+        except Exception:  # an interpolation omegaconf cannot resolve (a config built outside fairseq)
             value = None
         if isinstance(value, (DictConfig, ListConfig)):  # plain values: the plan holds no live config node
             value = OmegaConf.to_container(value, resolve=True)
         out[name] = None if isinstance(value, str) and value.startswith("${") else value
     # fairseq fills --max-tokens-valid from --max-tokens only after the command line is parsed: the
     # same rule here, so that the parse's plan and the task's are one
-    if out.get("gradinit_max_tokens_valid") is None:
-        out["gradinit_max_tokens_valid"] = out.get("gradinit_train_max_tokens")
+    if out["gradinit_max_tokens_valid"] is None:
+        out["gradinit_max_tokens_valid"] = out["gradinit_train_max_tokens"]
     if not namespace and out["gradinit_train_optimizer"] is None:
         out["gradinit_train_optimizer"] = training_optimizer(source)
-    return types.MappingProxyType(out)
+    return types.SimpleNamespace(**out)
 
 
-def build_plan(source) -> GradInitPlan:
+def build_plan(source) -> RunPlan:
     """The plan of the run a task config or a parsed namespace describes (never raises for bad
-    settings: ``plan.error`` says what is wrong). Which checkpoint ``fairseq-train`` will restore is
-    not a setting but a fact of the save dir when the run starts: :func:`~.restore.restore_source`
-    of the plan.
-
-    Resolved once per run: the plan is cached by the settings it came from (and the init file they
-    name, as it is on disk), so that the check when the command line is parsed, the task and the
-    fingerprint of one run get the same object."""
-    settings = plugin_settings(source)
-    key = _plan_key(settings)
-    plan = _PLANS.pop(key, None)
-    if plan is None:
-        plan = _resolve(settings)
-    _PLANS[key] = plan  # the most recent last
-    while len(_PLANS) > _CACHED_PLANS:
-        del _PLANS[next(iter(_PLANS))]
-    return plan
-
-
-#: Plans resolved in this process, by :func:`_plan_key` (a few: one per run, the latest kept).
-_PLANS: "OrderedDict[str, GradInitPlan]" = OrderedDict()
-_CACHED_PLANS = 8
-
-
-def _plan_key(settings: Mapping[str, Any]) -> str:
-    """What a plan depends on: the settings, and the init file's identity on disk (a file written
-    again between two runs of one process is read again)."""
-    path = settings["gradinit_init_file"]
+    settings: ``plan.error`` says what is wrong): the engine's config derived and the init file read,
+    once each. Which checkpoint ``fairseq-train`` will restore is not a setting but a fact of the save
+    dir when the run starts: :func:`~.restore.restore_path` of ``plan.checkpoints``."""
+    given = given_settings(source)
+    iters = given.gradinit_iters if _count(given.gradinit_iters) else 0
+    init_file = given.gradinit_init_file or None
+    errors = given_value_errors(given)
     try:
-        stat = os.stat(path) if path else None
-        disk = None if stat is None else (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-    except (OSError, TypeError, ValueError):
-        disk = "unreadable"
-    return json.dumps([dict(settings), disk], default=str, sort_keys=True)
-
-
-def _resolve(settings: Mapping[str, Any]) -> GradInitPlan:
-    """The plan of ``settings``: the engine's config derived and the init file read, once each; the
-    ``settings`` checks (:mod:`.validation`) then read the plan."""
-    view = types.SimpleNamespace(**settings)
-    iters = view.gradinit_iters
-    computes = isinstance(iters, int) and not isinstance(iters, bool) and iters > 0 and not view.gradinit_init_file
-    option_errors = []
-    try:
-        config, config_error = gradinit_config_from_task(view), None
+        config, config_error = gradinit_config_from_task(given), None
     except ValueError as e:
         config, config_error, refusal = None, str(e), e
-        if not (isinstance(iters, int) and iters > 0):  # --lr matters only when GradInit computes
+        if iters == 0:  # --lr matters only when GradInit computes
             try:
-                gradinit_config_from_task(view, lr_matters=False)
+                gradinit_config_from_task(given, lr_matters=False)
                 refusal = None
             except ValueError as other:
                 refusal = other
         if refusal is not None:
-            option_errors.append(as_argument_error(refusal, eta_from_lr=view.gradinit_eta is None))
+            errors.append(as_argument_error(refusal, eta_from_lr=given.gradinit_eta is None))
     init_record = None
-    if view.gradinit_init_file:
+    if init_file:
         try:
-            init_record = types.MappingProxyType(read_init_file(view.gradinit_init_file))
+            init_record = types.MappingProxyType(read_init_file(init_file))
         except ValueError as e:
-            option_errors.append(as_argument_error(e, eta_from_lr=False))
-    plan = GradInitPlan(settings=types.MappingProxyType(dict(settings)), config=config, config_error=config_error,
-                        max_tokens=gradinit_batch_tokens(view), derived=tuple(derived_options(view)), error=None,
-                        enabled=gradinit_enabled(view), computes=computes, init_record=init_record,
-                        option_errors=tuple(option_errors))
+            errors.append(as_argument_error(e, eta_from_lr=False))
+    errors += given_combination_errors(given)
+    plan = RunPlan(
+        enabled=iters > 0 or bool(init_file), computes=iters > 0 and not init_file, iters=iters,
+        config=config, config_error=config_error, max_tokens=gradinit_batch_tokens(given),
+        derived=tuple(derived_options(given)), init_file=init_file, init_clamp=given.gradinit_init_clamp or None,
+        init_record=init_record, save_dir=str(_known(given, "gradinit_save_dir")),
+        seed=int(_known(given, "gradinit_seed")),
+        checkpoint_interval=given.gradinit_checkpoint_interval if _count(given.gradinit_checkpoint_interval) else 0,
+        tied_embeddings=str(_text(given.gradinit_tied_embeddings)),
+        monitor_interval=given.gradinit_monitor_interval if _count(given.gradinit_monitor_interval) else 0,
+        valid_dropout_loss=given.gradinit_valid_dropout_loss is True,
+        source_gap=_text(given.gradinit_source_gap) != "off",
+        source_contrast=_weight(given.gradinit_source_contrast),
+        progress_seconds=float(given.gradinit_progress_seconds or 0),
+        cudnn_sdpa_guard=None if given.gradinit_cudnn_sdpa_guard is None else str(_text(given.gradinit_cudnn_sdpa_guard)),
+        phase_precision=str(_text(given.gradinit_precision)), unstepped_uses=given.gradinit_unstepped_uses,
+        training=_training_facts(given), checkpoints=checkpointing(given),
+        result_settings=types.MappingProxyType({name: getattr(given, name) for name in
+                                                plugin_result_options() + RESULT_GLOBAL_SETTINGS}),
+        option_errors=tuple(errors))
     return dataclasses.replace(plan, error=first_error("settings", plan))
+
+
+def _training_facts(given) -> TrainingFacts:
+    max_update = given.gradinit_train_max_update
+    mp = given.gradinit_model_parallel_size
+    betas = given.gradinit_adam_betas
+    return TrainingFacts(
+        # a config holds the betas as a list, a parsed namespace as a tuple: one plan from both
+        optimizer=given.gradinit_train_optimizer, adam_betas=tuple(betas) if isinstance(betas, list) else betas,
+        adam_eps=given.gradinit_adam_eps,
+        max_update=max_update if isinstance(max_update, int) and not isinstance(max_update, bool) else None,
+        batch_size=given.gradinit_train_batch_size, data=given.gradinit_data,
+        train_subset=str(_known(given, "gradinit_train_subset")),
+        valid_subsets=tuple(s for s in str(given.gradinit_valid_subset or "").split(",") if s),
+        disable_validation=given.gradinit_disable_validation is True,
+        combine_valid_subsets=given.gradinit_combine_valid_subsets is True,
+        skip_invalid_valid=given.gradinit_skip_invalid_valid is True,
+        max_tokens_valid=given.gradinit_max_tokens_valid,
+        fp16=given.gradinit_fp16 is True, memory_efficient_fp16=given.gradinit_memory_efficient_fp16 is True,
+        bf16=given.gradinit_bf16 is True, memory_efficient_bf16=given.gradinit_memory_efficient_bf16 is True,
+        amp=given.gradinit_amp is True, tpu=given.gradinit_tpu is True, cpu=bool(given.gradinit_cpu),
+        ddp_backend=str(_text(given.gradinit_ddp_backend) or ""),
+        model_parallel_size=mp if isinstance(mp, int) and not isinstance(mp, bool) else 1,
+        pipeline_model_parallel=given.gradinit_pipeline_model_parallel is True,
+    )
+
+
+def _count(value) -> bool:
+    """Whether ``value`` is an integer >= 0 (a count or an interval)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _weight(value) -> float:
+    """A non-negative float option as a number; anything else (refused by the value checks) as 0."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+
+
+def _text(value):
+    """A choice as its text (hydra hands fairseq's ChoiceEnum members)."""
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _known(given, name: str):
+    """A global setting, or fairseq's default for it where the config cannot resolve it."""
+    value = getattr(given, name)
+    return fairseq_default(name) if value is None else value
 
 
 def namespace_error(ns) -> Optional[str]:
     """What the parser refuses in a parsed ``fairseq-train`` namespace's plan: the ``--gradinit-*``
-    options and the settings GradInit cannot run with (:attr:`GradInitPlan.error`), then the training
+    options and the settings GradInit cannot run with (:attr:`RunPlan.error`), then the training
     setup fairseq would trip over after the phase (the ``training setup`` checks, which the task runs
     again before the phase for configs not parsed from a command line), or None."""
     if not hasattr(ns, "gradinit_iters"):
@@ -249,6 +276,14 @@ def parse_error(ns) -> Optional[str]:
     :func:`~.validation.check_every_parse`), then ``settings`` and ``training setup``
     (:func:`namespace_error`)."""
     return first_error("arguments", ns) or namespace_error(ns)
+
+
+def legacy_task_parse_error(ns) -> Optional[str]:
+    """What the parser of a task that declares its options with ``add_args`` refuses: the ``legacy
+    task`` checks of the namespace's plan."""
+    if not hasattr(ns, "gradinit_iters"):
+        return None
+    return first_error("legacy task", build_plan(ns), str(getattr(ns, "task", "?")))
 
 
 def refuse_bad_values_when_parsed(parser) -> None:

@@ -5,11 +5,12 @@ A check is a named function that returns what it refuses (a message that says wh
 
 - ``arguments``: a parsed ``fairseq-train`` namespace, first; the checks of the models and optimizers
   the plugin registers (:func:`check_every_parse`);
-- ``settings``: the run's ``--gradinit-*`` values and the global settings they depend on (a view of
-  the plan's settings; :func:`~.plan.build_plan` records the first refusal as ``plan.error``);
+- ``settings``: the run's plan as it is resolved: its ``--gradinit-*`` values (refused while they are
+  resolved, :func:`given_value_errors`) and the global settings they depend on
+  (:func:`~.plan.build_plan` records the first refusal as ``plan.error``);
 - ``training setup``: the plan's settings fairseq trips over only after the GradInit phase (the files
   they name), refused when parsed and again by the task before the phase;
-- ``legacy task``: a parsed namespace of a task that declares its options with ``add_args``;
+- ``legacy task``: the plan of a parsed namespace of a task that declares its options with ``add_args``;
 - ``model``: the freshly built model and the run's plan, before any work;
 - ``per-use scales``: the same, once the per-use multipliers of tied embeddings are installed;
 - ``resume``: the model, the checkpoint about to be restored and the task;
@@ -20,16 +21,16 @@ At parse time the parser refuses the first message the way it refuses its own ar
 (:func:`check_when_parsed`: ``error: ...``, exit status 2); at run time :func:`require` raises it as
 :class:`~..errors.GradInitError`, which the task's entry points end in one line (:mod:`..errors`).
 
-The parse-time and settings checks read a parsed namespace or a view of the settings as they come
-(:func:`~..data.cfg.cfg_value`); the checks from ``model`` on read the run's plan.
+The ``arguments`` checks and the value checks read a parsed namespace or the settings as given
+(:func:`~..data.cfg.cfg_value`); every other check reads the run's plan.
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import glob
 import importlib.util
+import math
 import os
 from typing import Callable, List, Mapping, Optional, Tuple
 
@@ -46,7 +47,6 @@ from ..data.files import unwritable_folder_reason
 from ..errors import GradInitError
 from ..features.tied import is_multiplier, multiplier_names, uncovered_ties
 from .init_file import compute_only_defaults
-from .option_values import gradinit_enabled
 from .options import GradInitOptions
 
 #: The points of a run where checks run, in order.
@@ -108,21 +108,6 @@ def require(when: str, *args) -> None:
         raise GradInitError(error)
 
 
-@functools.lru_cache(maxsize=None)
-def parse_check(*whens: str) -> Callable[..., Optional[str]]:
-    """One parse-time check running the checks under ``whens`` in turn (the same function for the
-    same points, so that :func:`check_when_parsed` adds it once)."""
-
-    def check(ns) -> Optional[str]:
-        for when in whens:
-            error = first_error(when, ns)
-            if error:
-                return error
-        return None
-
-    return check
-
-
 # -- settings: the --gradinit-* values, as argparse words its errors ---------------------------------
 def as_argument_error(error: ValueError, *, eta_from_lr: bool) -> str:
     """A refusal of a ``--gradinit-*`` value as argparse words it: 'argument --flag: ...'. A field of
@@ -148,85 +133,102 @@ def monitor_option_error(cfg) -> Optional[str]:
     return None
 
 
-@register_check("settings", "options")
-def gradinit_option_error(plan) -> Optional[str]:
-    """The first invalid ``--gradinit-*`` value of the run's ``plan`` (:class:`~.plan.GradInitPlan`) as
-    'argument --flag: ...', or None.
-
-    The ranges are those of :class:`GradInitConfig`; ``--lr`` is checked as GradInit's eta only when
-    GradInit computes (``--gradinit-iters`` > 0). The engine's refusal and the init file's were found
-    when the plan was resolved (``plan.option_errors``).
-    """
-    monitor_error = monitor_option_error(plan)
-    if monitor_error:
-        return monitor_error
-    iters = plan.gradinit_iters
+def given_value_errors(given) -> List[str]:
+    """The ``--gradinit-*`` values as given (``gradinit_*`` fields) that the run refuses, as
+    'argument --flag: ...', in the order they are reported: the monitor's interval, the iterations,
+    the tokens, the state's interval, and a clamp without an init file. The engine's refusal and the
+    init file's come next (found when the plan resolves them), then :func:`given_combination_errors`."""
+    errors = [e for e in (monitor_option_error(given),) if e]
+    iters = given.gradinit_iters
     if isinstance(iters, bool) or not isinstance(iters, int) or iters < 0:
-        return f"argument --gradinit-iters: invalid value {iters!r}: expected an integer >= 0 (0 = GradInit off)"
-    max_tokens = plan.gradinit_max_tokens
+        errors.append(f"argument --gradinit-iters: invalid value {iters!r}: expected an integer >= 0 (0 = GradInit off)")
+    max_tokens = given.gradinit_max_tokens
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
-        return f"argument --gradinit-max-tokens: invalid value {max_tokens!r}: expected an integer >= 1"
-    interval = getattr(plan, "gradinit_checkpoint_interval", 0)
+        errors.append(f"argument --gradinit-max-tokens: invalid value {max_tokens!r}: expected an integer >= 1")
+    interval = given.gradinit_checkpoint_interval
     if isinstance(interval, bool) or not isinstance(interval, int) or interval < 0:
-        return (f"argument --gradinit-checkpoint-interval: invalid value {interval!r}: expected an integer >= 0 "
-                "(0 = never)")
-    clamp = getattr(plan, "gradinit_init_clamp", None)
-    if clamp and not plan.gradinit_init_file:
-        return ("argument --gradinit-init-clamp: clamps the scales of --gradinit-init-file, and none is given: add "
-                "--gradinit-init-file PATH, or bound scales that GradInit computes with --gradinit-scale-bounds")
-    if plan.option_errors:
-        return plan.option_errors[0]
+        errors.append(f"argument --gradinit-checkpoint-interval: invalid value {interval!r}: expected an integer >= 0 "
+                      "(0 = never)")
+    contrast = getattr(given, "gradinit_source_contrast", 0.0)
+    if isinstance(contrast, bool) or not isinstance(contrast, (int, float)) or not 0 <= contrast < math.inf:
+        errors.append(f"argument --gradinit-source-contrast: invalid value {contrast!r}: expected a finite number >= 0 "
+                      "(0 = off)")
+    if given.gradinit_init_clamp and not given.gradinit_init_file:
+        errors.append("argument --gradinit-init-clamp: clamps the scales of --gradinit-init-file, and none is given: "
+                      "add --gradinit-init-file PATH, or bound scales that GradInit computes with "
+                      "--gradinit-scale-bounds")
+    return errors
+
+
+def given_combination_errors(given) -> List[str]:
+    """The refusals of the settings as given that come after the engine's and the init file's: the
+    clamp's bounds, and compute-only settings given with an init file (:func:`combination_error`)."""
+    errors = []
+    clamp = given.gradinit_init_clamp
     if clamp:
         try:
             parse_scale_bounds(clamp, flag="--gradinit-init-clamp")
         except ValueError as e:
-            return as_argument_error(e, eta_from_lr=False)
-    return combination_error(plan, defaults=compute_only_defaults(GradInitOptions))
+            errors.append(as_argument_error(e, eta_from_lr=False))
+    combination = combination_error(given, defaults=compute_only_defaults(GradInitOptions))
+    return errors + ([combination] if combination else [])
+
+
+@register_check("settings", "options")
+def gradinit_option_error(plan) -> Optional[str]:
+    """The first invalid ``--gradinit-*`` value of the run's ``plan`` (:class:`~.plan.RunPlan`) as
+    'argument --flag: ...', or None: found while the plan resolved them (``plan.option_errors``).
+
+    The ranges are those of :class:`GradInitConfig`; ``--lr`` is checked as GradInit's eta only when
+    GradInit computes (``--gradinit-iters`` > 0).
+    """
+    return plan.option_errors[0] if plan.option_errors else None
 
 
 def unsupported_setup_error(cfg) -> Optional[str]:
+    """Why GradInit cannot run in the distributed setup of a config (``gradinit_*`` fields), or None."""
+    mp = cfg_value(cfg, "gradinit_model_parallel_size", 1)
+    return _setup_error(ddp_backend=str(cfg_value(cfg, "gradinit_ddp_backend", "")),
+                        model_parallel_size=mp if isinstance(mp, int) else 1,
+                        pipeline=cfg_value(cfg, "gradinit_pipeline_model_parallel", False) is True)
+
+
+def _setup_error(*, ddp_backend: str, model_parallel_size: int, pipeline: bool) -> Optional[str]:
     """Why GradInit cannot run in this distributed setup (and what to do), or None."""
-    if str(cfg_value(cfg, "gradinit_ddp_backend", "")) == "fully_sharded":
+    if ddp_backend == "fully_sharded":
         return ("--ddp-backend fully_sharded is not supported with --gradinit-*: FSDP shards and flattens the "
                 "parameters GradInit scales. Use --ddp-backend pytorch_ddp, legacy_ddp or no_c10d, or drop "
                 "--gradinit-iters/--gradinit-init-file")
-    mp = cfg_value(cfg, "gradinit_model_parallel_size", 1)
-    if isinstance(mp, int) and mp > 1:
-        return (f"--model-parallel-size {mp} is not supported with --gradinit-*: model parallelism splits each "
-                "tensor across ranks and GradInit needs whole tensors. Use --model-parallel-size 1 (data "
+    if model_parallel_size > 1:
+        return (f"--model-parallel-size {model_parallel_size} is not supported with --gradinit-*: model parallelism "
+                "splits each tensor across ranks and GradInit needs whole tensors. Use --model-parallel-size 1 (data "
                 "parallel), or drop --gradinit-iters/--gradinit-init-file")
-    if cfg_value(cfg, "gradinit_pipeline_model_parallel", False) is True:
+    if pipeline:
         return ("--pipeline-model-parallel is not supported with --gradinit-*: GradInit needs the whole model on "
                 "each rank. Train data parallel (drop --pipeline-model-parallel), or drop "
                 "--gradinit-iters/--gradinit-init-file")
     return None
 
 
-def batch_setting_error(cfg) -> Optional[str]:
-    """Why GradInit cannot batch the training data with these settings, or None.
-
-    GradInit's batches hold a token budget (split into S and S~); ``--batch-size`` alone gives
-    none. A budget below the longest sentence is not an error: such sentences are skipped, as
-    fairseq-train's own training iterator skips them.
-    """
-    if cfg_value(cfg, "gradinit_init_file"):
-        return None
-    if not (cfg_value(cfg, "gradinit_max_tokens") or cfg_value(cfg, "gradinit_train_max_tokens")):
-        return ("argument --gradinit-max-tokens: GradInit draws batches of a number of tokens and none is set: "
-                "pass --max-tokens N (or --gradinit-max-tokens N; --batch-size alone is not enough)")
-    return None
-
-
 @register_check("settings", "distributed setup")
 def distributed_setup_check(plan) -> Optional[str]:
-    """:func:`unsupported_setup_error` where GradInit runs or applies scales."""
-    return unsupported_setup_error(plan) if plan.enabled else None
+    """The distributed setup, where GradInit runs or applies scales."""
+    if not plan.enabled:
+        return None
+    training = plan.training
+    return _setup_error(ddp_backend=training.ddp_backend, model_parallel_size=training.model_parallel_size,
+                        pipeline=training.pipeline_model_parallel)
 
 
 @register_check("settings", "batch tokens")
 def batch_tokens_check(plan) -> Optional[str]:
-    """:func:`batch_setting_error` where GradInit runs or applies scales."""
-    return batch_setting_error(plan) if plan.enabled else None
+    """Where GradInit computes, a token budget for its batches (split into S and S~); ``--batch-size``
+    alone gives none. A budget below the longest sentence is not an error: such sentences are skipped,
+    as fairseq-train's own training iterator skips them."""
+    if not plan.enabled or plan.init_file or plan.max_tokens is not None:
+        return None
+    return ("argument --gradinit-max-tokens: GradInit draws batches of a number of tokens and none is set: "
+            "pass --max-tokens N (or --gradinit-max-tokens N; --batch-size alone is not enough)")
 
 
 def combination_error(cfg, *, defaults: Mapping[str, object]) -> Optional[str]:
@@ -280,16 +282,16 @@ ADAM_LIKE = ("adam", "radam")
 
 
 def _optimizer_error(plan) -> Optional[str]:
-    optimizer = plan.setting("gradinit_train_optimizer")
+    optimizer = plan.training.optimizer
     if optimizer not in ADAM_LIKE:
         return None
-    betas = plan.setting("gradinit_adam_betas")
+    betas = plan.training.adam_betas
     if betas is not None:
         try:
             parse_betas(betas)
         except OptionValueError as e:
             return f"argument --adam-betas: {e.reason} (--optimizer {optimizer})"
-    eps = plan.setting("gradinit_adam_eps")
+    eps = plan.training.adam_eps
     if eps is not None and not (isinstance(eps, (int, float)) and not isinstance(eps, bool) and eps >= 0):
         return f"argument --adam-eps: invalid value {eps!r}: expected a number >= 0 (--optimizer {optimizer})"
     return None
@@ -297,8 +299,7 @@ def _optimizer_error(plan) -> Optional[str]:
 
 def _saves(plan) -> Optional[str]:
     """The save dir fairseq-train writes into, or None with --no-save."""
-    save_dir = plan.setting("gradinit_save_dir")
-    return None if not save_dir or plan.setting("gradinit_no_save") is True else str(save_dir)
+    return None if not plan.save_dir or plan.checkpoints.no_save else plan.save_dir
 
 
 def _save_dir_error(plan) -> Optional[str]:
@@ -315,8 +316,7 @@ def _save_dir_error(plan) -> Optional[str]:
 
 
 def _train_split_error(plan) -> Optional[str]:
-    data = plan.setting("gradinit_data")
-    subset = plan.setting("gradinit_train_subset") or "train"
+    data, subset = plan.training.data, plan.training.train_subset
     if not data:
         return None
     first = str(data).split(os.pathsep)[0]
@@ -352,9 +352,9 @@ def _checkpoint_paths_error(plan) -> Optional[str]:
     save_dir = _saves(plan)
     if save_dir is None or not os.path.isdir(save_dir):
         return None
-    suffix = plan.setting("gradinit_checkpoint_suffix", "")
-    names = [] if plan.setting("gradinit_no_last_checkpoints") is True else [f"checkpoint_last{suffix}.pt"]
-    if plan.setting("gradinit_disable_validation") is not True:
+    suffix = plan.checkpoints.suffix
+    names = [] if plan.checkpoints.no_last_checkpoints else [f"checkpoint_last{suffix}.pt"]
+    if not plan.training.disable_validation:
         names.append(f"checkpoint_best{suffix}.pt")
     for name in names:
         path = os.path.join(save_dir, name)
@@ -369,13 +369,12 @@ def _data_files_error(plan) -> Optional[str]:
     """A truncated or mismatched ``.idx``/``.bin`` pair of a split the run reads (the training split,
     and the validation splits unless ``--disable-validation``): fairseq fails on it only when a batch
     reaches the missing tokens, or with a traceback when it loads the split."""
-    data = plan.setting("gradinit_data")
-    if not data:
+    training = plan.training
+    if not training.data:
         return None
-    train = plan.setting("gradinit_train_subset") or "train"
-    valid = [] if plan.setting("gradinit_disable_validation") is True else \
-        [s for s in str(plan.setting("gradinit_valid_subset", "")).split(",") if s]
-    shards = [train] + (valid if plan.setting("gradinit_combine_valid_subsets") is True else [])
+    train, data = training.train_subset, training.data
+    valid = [] if training.disable_validation else list(training.valid_subsets)
+    shards = [train] + (valid if training.combine_valid_subsets else [])
     error = data_bin_error(str(data), [train] + valid, shards=shards)
     if error is None:
         return None
@@ -401,16 +400,16 @@ def valid_split_error(task, model, plan) -> Optional[str]:
     ``--max-tokens``), which fairseq batches without skipping, whatever the flag says. The splits are
     loaded here as fairseq-train loads them next. None with ``--disable-validation`` (all read from the
     run's ``plan``)."""
-    if plan.setting("gradinit_disable_validation", False) is True:
+    training = plan.training
+    if training.disable_validation:
         return None
-    skip = plan.setting("gradinit_skip_invalid_valid", False) is True
-    max_tokens = plan.setting("gradinit_max_tokens_valid")
+    skip, max_tokens = training.skip_invalid_valid, training.max_tokens_valid
     if skip and not max_tokens:
         return None
     from fairseq import utils
     from fairseq.data import data_utils
 
-    subsets = [s for s in str(plan.setting("gradinit_valid_subset", "") or "").split(",") if s]
+    subsets = training.valid_subsets
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
     for subset in subsets:
         try:
@@ -466,12 +465,12 @@ def precision_error(plan) -> Optional[str]:
     import torch
 
     for flag in ("fp16", "memory_efficient_fp16"):
-        if plan.setting(f"gradinit_{flag}", False) is True and not torch.cuda.is_available():
+        if getattr(plan.training, flag) and not torch.cuda.is_available():
             option = "--" + flag.replace("_", "-")
             return (f"{option}: fp16 training needs a CUDA GPU and this machine has none; fairseq-train would fail "
                     f"after the GradInit phase. Drop {option} to train in fp32 here, or run on a GPU")
-    if plan.setting("gradinit_tpu", False) is True and importlib.util.find_spec("torch_xla") is None:
-        given = [f for f in ("memory_efficient_bf16", "bf16") if plan.setting(f"gradinit_{f}", False) is True]
+    if plan.training.tpu and importlib.util.find_spec("torch_xla") is None:
+        given = [f for f in ("memory_efficient_bf16", "bf16") if getattr(plan.training, f)]
         if given:
             option = "--" + given[0].replace("_", "-")
             return (f"{option}: fairseq 0.12.3 trains bf16 only on a TPU ({option} turns on --tpu), which needs "
@@ -497,7 +496,7 @@ def unstepped_uses_check(model, plan) -> Optional[str]:
     work (when GradInit computes), as the run's ``plan`` says."""
     if not plan.computes:
         return None
-    return unstepped_uses_error(model, plan.setting("gradinit_unstepped_uses"), label="--gradinit-unstepped-uses ")
+    return unstepped_uses_error(model, plan.unstepped_uses, label="--gradinit-unstepped-uses ")
 
 
 @register_check("per-use scales", "tied embeddings")
@@ -593,11 +592,10 @@ def state_mismatch(model, saved: Mapping) -> Optional[str]:
 
 
 @register_check("legacy task", "dataclass config")
-def legacy_task_error(ns) -> Optional[str]:
-    interval = cfg_value(ns, "gradinit_monitor_interval", 0)
-    monitored = isinstance(interval, int) and not isinstance(interval, bool) and interval > 0
-    if hasattr(ns, "gradinit_iters") and (gradinit_enabled(ns) or monitored):
-        return (f"argument --task: task {getattr(ns, 'task', '?')!r} declares its options with "
+def legacy_task_error(plan, task: str = "?") -> Optional[str]:
+    """GradInit or its monitor asked of a task whose options are declared with ``add_args``."""
+    if plan.enabled or plan.monitor_interval > 0:
+        return (f"argument --task: task {task!r} declares its options with "
                 "add_args (no dataclass config), which --gradinit-iters/--gradinit-init-file/"
                 "--gradinit-monitor-interval does not "
                 "support; use a task with a dataclass config (e.g. translation, language_modeling, "
