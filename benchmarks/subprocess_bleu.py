@@ -228,15 +228,16 @@ def evaluate(args, extra: Sequence[str]) -> int:
         if args.path is None:
             raise EvaluationError("--path CHECKPOINT is required")
         evaluate_bleu.check_inputs(args)
-        cuda, fp16, device_note = evaluate_bleu.decode_device(args)
-        cmd = evaluate_bleu.build_generate_command(args, extra, cuda=cuda, fp16=fp16)
+        cuda, fp16, device_note = evaluate_bleu.decode_device(args.cpu, args.fp16)
+        config = evaluate_bleu.decode_config(args, extra, cuda=cuda, fp16=fp16)
+        cmd = config.command(args.generate_module)
         meter = DecodeMeter(subset_size(args.data, args.gen_subset), source_sizes(args.data, args.gen_subset),
                             chunk=args.rate_chunk)
         try:
             lines, err_lines, wall = run_generate(cmd, args.save_output, meter=meter, time_limit=args.time_limit,
                                                   progress_json=args.progress_json)
         except TimeLimitReached as stopped:
-            evaluate_bleu.write_stopped(args, cmd, stopped, fp16, device_note, meter)
+            evaluate_bleu.write_stopped(args, config, stopped, device_note, meter, command=cmd)
             raise
         parsed = evaluate_bleu.parse_generate_output(lines)
         if parsed.translate_seconds is None and err_lines:  # fairseq logged to stderr
@@ -244,7 +245,7 @@ def evaluate(args, extra: Sequence[str]) -> int:
             parsed.translate_seconds, parsed.n_translated = logged.translate_seconds, logged.n_translated
         ref_lines = evaluate_bleu.read_reference_file(args.ref) if args.ref is not None else None
         ids, hyps, refs = evaluate_bleu.pair_up(parsed, ref_lines)
-        scores = evaluate_bleu.score_bleu(hyps, refs, tokenize=args.tokenize, lowercase=args.lowercase)
+        scores = evaluate_bleu.score(hyps, refs, args.metric, tokenize=args.tokenize, lowercase=args.lowercase)
     except (EvaluationError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -258,9 +259,17 @@ def evaluate(args, extra: Sequence[str]) -> int:
     return 0
 
 
+def build_parser():
+    """gradinit-evaluate-bleu's options, and the module of the fairseq-generate command to run."""
+    parser = evaluate_bleu.build_parser()
+    parser.add_argument("--generate-module", default=evaluate_bleu.GENERATE_MODULE,
+                        help="the fairseq-generate module run as the command (fairseq_cli.generate: fairseq's own)")
+    return parser
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     own, extra = evaluate_bleu.split_passthrough(sys.argv[1:] if argv is None else argv)
-    return evaluate(evaluate_bleu.build_parser().parse_args(own), extra)
+    return evaluate(build_parser().parse_args(own), extra)
 
 
 if __name__ == "__main__":

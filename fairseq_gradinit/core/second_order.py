@@ -17,9 +17,9 @@ row, which autograd holds constant, drops out with its positions. Summed over a 
 divided by alpha_i (theta_i = alpha_i W_i), this is <(H v)_i, W_i>; it is exact, up to the order of
 floating-point sums.
 
-How: during the pass over S, ``torch.nn.functional.linear``, ``embedding`` and ``conv1d/2d/3d`` are replaced, in the
-calling thread only and restored after, by versions that record each use of an eligible tensor (its
-output Y, and the node whose gradient along the input's edge is dX). The first backward keeps dX
+How: during the pass over S, a torch function mode (:class:`_Recorder`, on the calling thread's mode stack for
+the pass only) records each use of an eligible tensor by ``torch.nn.functional.linear``, ``embedding`` and
+``conv1d/2d/3d`` (its output Y, and the node whose gradient along the input's edge is dX). The first backward keeps dX
 (a node hook); the double backward reduces a_Y and a_dX to their dots as it produces them (tensor
 hooks), so none of them is held to its end. Every recorded output also depends on a 0-d zero, the
 sink, added to its bias or its input: asking for the sink's gradient makes the double backward
@@ -34,19 +34,25 @@ full product. :func:`gradient_with_graph` checks this on the forward graph of ev
 from __future__ import annotations
 
 import contextlib
-import threading
+import functools
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from types import FunctionType
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from .runtime import check_loss
 
 __all__ = ["SecondOrderGraph", "gradient_with_graph", "hessian_vector_dots"]
 
-#: The functions of ``torch.nn.functional`` whose uses of a weight are recorded.
-_RECORDED = ("linear", "embedding", "conv1d", "conv2d", "conv3d")
+#: The functions whose uses of a weight are recorded, as a torch function mode receives them (the
+#: builtins ``F.linear`` and ``F.conv1d/2d/3d`` are, ``F.embedding`` is a Python function).
+_LINEAR, _EMBEDDING = torch._C._nn.linear, F.embedding
+_CONVS = (torch.conv1d, torch.conv2d, torch.conv3d)
+_CONV_ARGS = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+_EMBEDDING_ARGS = ("input", "weight", "padding_idx", "max_norm", "norm_type", "scale_grad_by_freq", "sparse")
 
 
 @dataclass
@@ -102,25 +108,64 @@ def _use_nodes(y: torch.Tensor, accumulator, inputs: Sequence[Optional[torch.Ten
     return w_nodes, x_edges[0] if len(x_edges) == 1 else False
 
 
-class _Recorder:
-    """Records the uses of the eligible tensors by ``F.linear``, ``F.embedding`` and ``F.conv1d/2d/3d`` in
-    one thread.
+def _never(*args) -> bool:
+    return False
 
-    ``torch.nn.functional``'s own functions (``multi_head_attention_forward``) and ``nn.Linear`` /
-    ``nn.Embedding`` look these functions up in the module at call time, so replacing them there
-    for the pass sees every such use; a use elsewhere is left unrecorded and found by the graph check.
+
+@functools.lru_cache(maxsize=None)
+def _unchecked(fn):
+    """``fn``, a Python function of ``torch.nn.functional``, without its own ``__torch_function__`` check.
+
+    A mode handles such a function with itself popped, so the function's body (``F.multi_head_attention_forward``'s
+    projections) would run unseen; this copy, called with the mode pushed again, runs the body under the mode
+    without dispatching to it a second time. Its globals are a snapshot of the module's, taken once.
+    """
+    scope = dict(fn.__globals__, has_torch_function=_never, has_torch_function_unary=_never,
+                 has_torch_function_variadic=_never)
+    clone = FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__, fn.__closure__)
+    clone.__kwdefaults__ = fn.__kwdefaults__
+    return clone
+
+
+def _bound(args, kwargs, names) -> Dict[str, object]:
+    """The arguments of a call by position or by name, by name."""
+    bound = dict(zip(names, args))
+    bound.update(kwargs or {})
+    return bound
+
+
+class _Recorder(TorchFunctionMode):
+    """Records the uses of the eligible tensors by ``F.linear``, ``F.embedding`` and ``F.conv1d/2d/3d``.
+
+    A torch function mode: it lives on the calling thread's mode stack while entered, so it sees these
+    functions however they were imported and changes nothing outside that thread and scope (an exception,
+    ``KeyboardInterrupt`` included, pops it on its way out). The bodies of ``torch.nn.functional``'s other
+    Python functions run under it too (:func:`_unchecked`), so that ``multi_head_attention_forward``'s
+    projections are seen; a use elsewhere is left unrecorded and found by the graph check.
     Every recorded output also depends on ``sink``, a 0-d zero: asking the double backward for the
     sink's gradient makes it compute the adjoint of every output, whatever else it is asked for.
     """
 
-    _lock = threading.Lock()
-
     def __init__(self, index: Dict[int, int], like: torch.Tensor):
+        super().__init__()
         self.index = index
         self.uses: List[_Use] = []
         self.accumulators: Dict[int, object] = {}
-        self.thread = threading.get_ident()
         self.sink = torch.zeros((), dtype=like.dtype, device=like.device, requires_grad=True)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is _LINEAR:
+            return self._linear(func, _bound(args, kwargs, ("input", "weight", "bias")))
+        if func in _CONVS:
+            return self._conv(func, _bound(args, kwargs, _CONV_ARGS))
+        if func is _EMBEDDING:
+            return self._embedding(func, _bound(args, kwargs, _EMBEDDING_ARGS))
+        if getattr(func, "__module__", None) == F.__name__ and "handle_torch_function" in getattr(
+                getattr(func, "__code__", None), "co_names", ()):
+            with self:
+                return _unchecked(func)(*args, **kwargs)
+        return func(*args, **kwargs)
 
     def _accumulator(self, weight: torch.Tensor):
         """The weight's gradient accumulator, one per weight and pass (its uses share it)."""
@@ -129,12 +174,12 @@ class _Recorder:
         return self.accumulators[id(weight)]
 
     def _mine(self, weight) -> Optional[int]:
-        if threading.get_ident() != self.thread or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
             return None
         return self.index.get(id(weight))
 
-    def _product(self, i, orig, input, weight, bias, rest, kwargs, bias_dim):
-        """Y = orig(input, weight, bias, *rest, **kwargs), an operator linear in the weight, recorded."""
+    def _product(self, i, orig, input, weight, bias, rest, bias_dim):
+        """Y = orig(input, weight, bias, **rest), an operator linear in the weight, recorded."""
         # Adding the 0-d zero leaves the values as they are; where it goes, it costs least:
         # into the bias, else into the input (whose gradient is dX either way).
         sink = self.sink.to(weight.dtype)
@@ -145,7 +190,7 @@ class _Recorder:
             input = input + sink
         else:
             b = sink.expand(weight.size(0))
-        y = orig(input, weight, b, *rest, **kwargs)
+        y = orig(input, weight, b, **rest)
         acc = self._accumulator(weight)
         nodes, x_edge = _use_nodes(y, acc, (input, b), input)
         if x_edge is False:
@@ -153,54 +198,37 @@ class _Recorder:
         self.uses.append(_Use(i, nodes, acc, y, y._version, bias=bias, bias_dim=bias_dim, x_edge=x_edge or None))
         return y
 
-    def linear(self, orig):
-        def linear(input, weight, bias=None):
-            i = self._mine(weight)
-            if i is None or weight.dim() != 2:
-                return orig(input, weight, bias)
-            return self._product(i, orig, input, weight, bias, (), {}, -1)
-        return linear
+    def _linear(self, orig, a):
+        input, weight, bias = a["input"], a["weight"], a.get("bias")
+        i = self._mine(weight)
+        if i is None or weight.dim() != 2:
+            return orig(input, weight, bias)
+        return self._product(i, orig, input, weight, bias, {}, -1)
 
-    def conv(self, orig):
-        def conv(input, weight, bias=None, *rest, **kwargs):
-            i = self._mine(weight)
-            if i is None:
-                return orig(input, weight, bias, *rest, **kwargs)
-            # batched input (N, C, ...): channels are dimension 1; unbatched (C, ...): dimension 0
-            return self._product(i, orig, input, weight, bias, rest, kwargs, 1 if input.dim() == weight.dim() else 0)
-        return conv
+    def _conv(self, orig, a):
+        input, weight, bias = a.pop("input"), a.pop("weight"), a.pop("bias", None)
+        i = self._mine(weight)
+        if i is None:
+            return orig(input, weight, bias, **a)
+        # batched input (N, C, ...): channels are dimension 1; unbatched (C, ...): dimension 0
+        return self._product(i, orig, input, weight, bias, a, 1 if input.dim() == weight.dim() else 0)
 
-    def embedding(self, orig):
-        def embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
-                      sparse=False):
-            i = self._mine(weight)
-            if i is None or max_norm is not None or scale_grad_by_freq or sparse:
-                # renormed rows and frequency-scaled gradients are not linear in the weight
-                return orig(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
-            y = orig(input, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
-            y = y + self.sink.to(y.dtype)
-            acc = self._accumulator(weight)
-            nodes, _ = _use_nodes(y, acc, (self.sink,), None)
-            mask = None
-            if padding_idx is not None:
-                pad = padding_idx + weight.size(0) if padding_idx < 0 else padding_idx
-                mask = (input != pad).unsqueeze(-1).to(y.dtype)
-            self.uses.append(_Use(i, nodes, acc, y, y._version, mask=mask))
+    def _embedding(self, orig, a):
+        input, weight, padding_idx = a.pop("input"), a.pop("weight"), a.get("padding_idx")
+        i = self._mine(weight)
+        y = orig(input, weight, **a)
+        if i is None or a.get("max_norm") is not None or a.get("scale_grad_by_freq") or a.get("sparse"):
+            # renormed rows and frequency-scaled gradients are not linear in the weight
             return y
-        return embedding
-
-    @contextlib.contextmanager
-    def recording(self) -> Iterator[None]:
-        with self._lock:  # one recording at a time per process: the functions are module globals
-            saved = {name: getattr(F, name) for name in _RECORDED}
-            for name, fn in saved.items():
-                wrap = self.linear if name == "linear" else self.embedding if name == "embedding" else self.conv
-                setattr(F, name, wrap(fn))
-            try:
-                yield
-            finally:
-                for name, fn in saved.items():
-                    setattr(F, name, fn)
+        y = y + self.sink.to(y.dtype)
+        acc = self._accumulator(weight)
+        nodes, _ = _use_nodes(y, acc, (self.sink,), None)
+        mask = None
+        if padding_idx is not None:
+            pad = padding_idx + weight.size(0) if padding_idx < 0 else padding_idx
+            mask = (input != pad).unsqueeze(-1).to(y.dtype)
+        self.uses.append(_Use(i, nodes, acc, y, y._version, mask=mask))
+        return y
 
 
 def _foreign(root, accumulators: Dict[int, int], ours: set) -> set:
@@ -243,7 +271,7 @@ def gradient_with_graph(model, loss_fn, batch, params: Sequence[torch.Tensor], e
     tensors recorded, and the first backward with its graph."""
     index = {id(p): i for i, (p, ok) in enumerate(zip(params, eligible)) if ok}
     rec = _Recorder(index, params[0])
-    with rec.recording() if index else contextlib.nullcontext():
+    with rec if index else contextlib.nullcontext():
         loss = check_loss(loss_fn(model, batch))
     uses = rec.uses
     if uses:

@@ -2,8 +2,9 @@
 
 - ``gradinit-prepare-corpus`` (:mod:`.prepare_corpus`): a raw parallel corpus to SentencePiece pieces and a
   fairseq data-bin.
-- ``gradinit-evaluate-bleu`` (:mod:`.evaluate_bleu`): fairseq-generate's decode (in this process,
-  :mod:`.inprocess_generate`) and sacreBLEU on a checkpoint.
+- ``gradinit-evaluate-bleu`` (:mod:`.evaluate_bleu`, the command and :mod:`.bleu_checks`): fairseq-generate's
+  decode in this process (:mod:`.bleu_decode`, :mod:`.inprocess_generate`) and sacreBLEU's BLEU or chrF
+  (:mod:`.bleu_score`) on a checkpoint.
 - ``gradinit-report`` (:mod:`.gradinit_report`): the per-layer report of a ``gradinit.json``.
 - ``gradinit-valid-loss-modes`` (:mod:`.valid_loss_modes`): a checkpoint's validation loss in eval and
   train mode.

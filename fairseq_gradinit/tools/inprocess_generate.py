@@ -1,14 +1,14 @@
 """fairseq-generate's decode of a binarized split, in this process, through fairseq's Python API.
 
-:class:`SplitDecoder` takes fairseq-generate's arguments and does with them what ``fairseq_cli.generate`` does,
-without printing: fairseq's own generation parser reads them (every option means what it means to
-fairseq-generate, ``--user-dir`` included), the task they name is set up, the ensemble is loaded onto it
-(:func:`fairseq.checkpoint_utils.load_model_ensemble`), the split is loaded with the checkpoint's task settings
-and batched by the task's iterator, and each batch is decoded by the task's generator (``task.build_generator``:
-a ``SequenceGenerator`` for beam search). Each sentence's strings are made as fairseq-generate makes its
-``S``/``T``/``H``/``D`` lines (``--remove-bpe``/``--post-process``, then the ``--tokenizer``/``--bpe`` decoder),
-from token lists read off the device once per batch (as :mod:`.host_generate` does). fairseq's own BLEU line is
-kept as well (``Generate SUBSET with beam=N: ...``).
+:class:`SplitDecoder` is built from a :class:`~.bleu_decode.DecodeConfig` and does what ``fairseq_cli.generate``
+does, without printing: fairseq's own generation parser reads the configuration's fairseq-generate arguments (the
+parser defines every option, the further ones included, and imports ``--user-dir``), the task they name is set up,
+the ensemble is loaded onto it (:func:`fairseq.checkpoint_utils.load_model_ensemble`), the split is loaded with the
+checkpoint's task settings and batched by the task's iterator, and each batch is decoded by the task's generator
+(``task.build_generator``: a ``SequenceGenerator`` for beam search). Each sentence's strings are made as
+fairseq-generate makes its ``S``/``T``/``H``/``D`` lines (``--remove-bpe``/``--post-process``, then the
+``--tokenizer``/``--bpe`` decoder), from token lists read off the device once per batch (as :mod:`.host_generate`
+does). fairseq's own BLEU line is kept as well (``Generate SUBSET with beam=N: ...``).
 """
 from __future__ import annotations
 
@@ -110,17 +110,18 @@ def symbols_to_strip(generator) -> set:
 
 
 class SplitDecoder:
-    """fairseq-generate's decode of ``--gen-subset``: constructing it loads the task, the ensemble and the split
+    """fairseq-generate's decode of ``config.gen_subset``: constructing it loads the task, the ensemble and the split
     (the start-up); :meth:`batches` decodes batch after batch. ``translate_seconds`` and ``generated_tokens`` are
     fairseq-generate's timer (the generator's calls only), ``n_translated`` its sentence count and
     :meth:`fairseq_bleu` its BLEU line's score."""
 
-    def __init__(self, argv: Sequence[str]):
+    def __init__(self, config):  # a bleu_decode.DecodeConfig (not imported: bleu_decode imports this module)
         import numpy as np
         import torch
         from fairseq import checkpoint_utils, scoring, tasks, utils
 
-        self.cfg = cfg = generation_config(argv)
+        self.config = config
+        self.cfg = cfg = generation_config(config.fairseq_args())
         # fairseq_cli.generate.main's checks
         assert cfg.common_eval.path is not None, "--path required for generation!"
         assert not cfg.generation.sampling or cfg.generation.nbest == cfg.generation.beam, \

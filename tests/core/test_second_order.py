@@ -341,3 +341,50 @@ def test_convolutions_match_a_plain_double_backward():
 
     assert covered_and_checked(model, loss_fn, batch) == {"c1.weight", "c2.weight", "c3.weight", "fc.weight"}
 
+
+
+def test_an_interrupt_mid_pass_leaves_torch_as_it_was():
+    """SIGINT between two recorded uses: the KeyboardInterrupt propagates, ``torch.nn.functional`` keeps its
+    functions, no torch function mode is left on the stack, and the next pass records as before."""
+    import signal
+
+    torch.manual_seed(0)
+    model = LinearTail()
+    params = list(model.parameters())
+    functions = {name: getattr(F, name) for name in ("linear", "embedding", "conv1d", "conv2d", "conv3d")}
+    modes = torch._C._len_torch_function_stack()
+
+    def interrupted(m, batch):
+        h = torch.tanh(m.a(batch))
+        signal.raise_signal(signal.SIGINT)  # the default handler raises at the next bytecode
+        return m.b(h).sum()
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            gradient_with_graph(model, interrupted, torch.randn(3, 5), params, [True] * len(params))
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert {name: getattr(F, name) for name in functions} == functions
+    assert torch._C._len_torch_function_stack() == modes
+    _, graph = gradient_with_graph(model, lambda m, b: m(b).pow(2).sum(), torch.randn(3, 5), params,
+                                   [True] * len(params))
+    assert len(graph.uses) == 2
+
+
+def test_uses_are_recorded_however_the_function_was_imported():
+    """A module that imported ``linear`` by name, and ``F.multi_head_attention_forward``'s own projections."""
+    from torch.nn.functional import linear
+
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(4, 2).double()
+    w = nn.Parameter(torch.randn(4, 4, dtype=torch.float64))
+    params = [w, mha.in_proj_weight, mha.out_proj.weight]
+
+    def loss_fn(m, x):
+        h = linear(x, w)
+        return m(h, h, h, need_weights=False)[0].pow(2).sum()
+
+    _, graph = gradient_with_graph(mha, loss_fn, torch.randn(3, 2, 4, dtype=torch.float64), params,
+                                   [True] * len(params))
+    assert graph.covered == {0, 1, 2}

@@ -24,7 +24,7 @@ FOREIGN_TEXT = {
     ("fairseq_gradinit/tools/train_vision/cli.py", "resume_run"),          # load_state_dict's RuntimeError
     ("fairseq_gradinit/tools/valid_loss_modes.py", "main"),                # load_state_dict's size mismatch
     ("fairseq_gradinit/fairseq_plugin/settings/validation.py", "resume_error"),  # torch.load's error and its C++ frames
-    ("fairseq_gradinit/tools/evaluate_bleu.py", "scoring_problem"),        # sacreBLEU's tokenizer errors, on one line
+    ("fairseq_gradinit/tools/bleu_score.py", "scoring_problem"),           # sacreBLEU's tokenizer errors, on one line
     ("fairseq_gradinit/tools/inprocess_generate.py", "__init__"),          # a fairseq scorer's build error, on one line
 }
 

@@ -56,16 +56,18 @@ def test_source_sizes_read_from_the_mmap_index(tmp_path):
 
 
 def test_fp16_and_gpu_batches_only_on_cuda(monkeypatch):
+    from fairseq_gradinit.tools import bleu_decode
+
     args = evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt", "--fp16"])
-    monkeypatch.setattr(evaluate_bleu, "cuda_available", lambda: False)
-    cuda, fp16, note = evaluate_bleu.decode_device(args)
+    monkeypatch.setattr(bleu_decode, "cuda_available", lambda: False)
+    cuda, fp16, note = evaluate_bleu.decode_device(args.cpu, args.fp16)
     assert (cuda, fp16) == (False, False) and "fp32" in note
-    cpu_cmd = evaluate_bleu.build_generate_command(args, [], cuda=cuda, fp16=fp16)
+    cpu_cmd = evaluate_bleu.decode_config(args, [], cuda=cuda, fp16=fp16).command()
     assert "--fp16" not in cpu_cmd and cpu_cmd[cpu_cmd.index("--max-tokens") + 1] == "4096"
-    monkeypatch.setattr(evaluate_bleu, "cuda_available", lambda: True)
-    cuda, fp16, note = evaluate_bleu.decode_device(args)
+    monkeypatch.setattr(bleu_decode, "cuda_available", lambda: True)
+    cuda, fp16, note = evaluate_bleu.decode_device(args.cpu, args.fp16)
     assert (cuda, fp16, note) == (True, True, None)
-    gpu_cmd = evaluate_bleu.build_generate_command(args, [], cuda=cuda, fp16=fp16)
+    gpu_cmd = evaluate_bleu.decode_config(args, [], cuda=cuda, fp16=fp16).command()
     assert "--fp16" in gpu_cmd
     assert gpu_cmd[gpu_cmd.index("--max-tokens") + 1] == str(evaluate_bleu.GPU_MAX_TOKENS)
     assert gpu_cmd[gpu_cmd.index("--batch-size") + 1] == str(evaluate_bleu.GPU_BATCH_SIZE)
@@ -73,7 +75,7 @@ def test_fp16_and_gpu_batches_only_on_cuda(monkeypatch):
     assert (f"batches of up to {evaluate_bleu.GPU_MAX_TOKENS:,} tokens and {evaluate_bleu.GPU_BATCH_SIZE:,} "
             "sentences on a GPU") in docs
     on_cpu = evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt", "--fp16", "--cpu"])
-    assert evaluate_bleu.decode_device(on_cpu)[1] is False  # --cpu wins even where CUDA exists
+    assert evaluate_bleu.decode_device(on_cpu.cpu, on_cpu.fp16)[1] is False  # --cpu wins even where CUDA exists
 
 
 FAST_GEN = ["--", "--max-len-a", "0", "--max-len-b", "3"]

@@ -97,7 +97,7 @@ def test_subset_size_and_source_sizes_come_from_fairseqs_dataset(tiny_data, chec
 
     args = evaluate_bleu.build_parser().parse_args([str(tiny_data), "--path", str(checkpoint), "--cpu",
                                                     "--user-dir", "fairseq_gradinit"])
-    decoder = SplitDecoder(evaluate_bleu.build_generate_command(args, [])[3:])
+    decoder = SplitDecoder(evaluate_bleu.decode_config(args, []))
     source = data_utils.load_indexed_dataset(str(tiny_data / "test.de-en.de"), decoder.src_dict)
     assert decoder.source_sizes == [int(n) for n in source.sizes] and len(decoder.source_sizes) == 40
     assert evaluate_bleu.subset_size(tiny_data, "test") == 40 == len(source)
@@ -107,7 +107,7 @@ def test_subset_size_and_source_sizes_come_from_fairseqs_dataset(tiny_data, chec
 def test_the_bleu_step_neither_runs_nor_scrapes_a_command():
     """No module of the BLEU step imports subprocess, struct or a thread queue, or matches H- lines of a stdout: the
     decode is fairseq's API in this process (parse_generate_output reads only a saved --from-output file)."""
-    for name in ("evaluate_bleu", "inprocess_generate"):
+    for name in ("evaluate_bleu", "bleu_decode", "bleu_score", "bleu_checks", "inprocess_generate"):
         source = (REPO / "fairseq_gradinit" / "tools" / f"{name}.py").read_text(encoding="utf-8")
         imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(source))
                     if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
@@ -128,3 +128,22 @@ def test_time_limit_stops_the_decode_where_it_is(tiny_data, checkpoint, tmp_path
     assert rc == 1 and "--time-limit 0.05 s reached" in err.strip().splitlines()[-1], err[-2000:]
     result = json.loads(out.read_text())
     assert result["bleu"] is None and result["decode"]["sentences_done"] == 0
+
+
+def test_chrf_scores_the_decoded_sentences(tiny_data, checkpoint, tmp_path, capsys):
+    """--metric chrf on a decode in this process: chrF of the saved hypotheses against their references, with
+    sacreBLEU's chrF signature."""
+    from sacrebleu.metrics import CHRF
+
+    out, saved = tmp_path / "chrf.json", tmp_path / "gen.txt"
+    rc = evaluate_bleu.main([str(tiny_data), "--path", str(checkpoint), "--cpu", "--user-dir", "gradinit",
+                             "--beam", "2", "--metric", "chrf", "--output-json", str(out), "--save-output", str(saved),
+                             "--", "--max-len-a", "0", "--max-len-b", "3"])
+    assert rc == 0, capsys.readouterr().err[-3000:]
+    result = json.loads(out.read_text())
+    hyps, refs = saved_lines(saved)
+    ids = sorted(hyps)
+    expected = CHRF()
+    assert result["chrf"] == round(expected.corpus_score([hyps[i] for i in ids], [[refs[i] for i in ids]]).score, 4)
+    assert result["metric"] == "chrf" and result["signature"] == str(expected.get_signature())
+    assert result["bleu"] is None and result["n_sentences"] == 40 and result["decode"]["sentences_done"] == 40

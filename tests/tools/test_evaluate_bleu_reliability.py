@@ -163,13 +163,14 @@ def test_a_fairseq_scorer_that_cannot_be_built_stops_before_the_model_loads(tiny
         pass
     from fairseq import checkpoint_utils
 
+    from fairseq_gradinit.tools.bleu_decode import DecodeConfig
     from fairseq_gradinit.tools.inprocess_generate import ArgumentsRefused, SplitDecoder
 
     loaded = []
     monkeypatch.setattr(checkpoint_utils, "load_model_ensemble", lambda *a, **k: loaded.append(a) or pytest.fail("loaded"))
     with pytest.raises(ArgumentsRefused) as exc:
-        SplitDecoder([str(tiny_data), "--path", str(tmp_path / "model.pt"), "--gen-subset", "test", "--cpu",
-                      "--scoring", "sacrebleu", "--sacrebleu-tokenizer", "ja-mecab"])
+        SplitDecoder(DecodeConfig(tiny_data, tmp_path / "model.pt", cpu=True,
+                                  fairseq_options=("--scoring", "sacrebleu", "--sacrebleu-tokenizer", "ja-mecab")))
     assert str(exc.value).startswith("--scoring sacrebleu: RuntimeError: Japanese tokenization requires extra")
     assert "\n" not in str(exc.value) and exc.value.code == 1 and loaded == []
 

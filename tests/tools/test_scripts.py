@@ -117,12 +117,73 @@ def test_evaluate_bleu_main_from_saved_output(tmp_path, capsys):
     assert summary.startswith(f"BLEU {result['bleu']:.2f} | test | beam 5 | 3 sents")
 
 
+def test_the_metric_table_scores_bleu_and_chrf_with_their_signatures():
+    """Each row of the table gives the score under its name and ``score``, and sacreBLEU's signature of that metric."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    from fairseq_gradinit.tools import bleu_score
+
+    hyps = ["the cat sat on the mat", "the dog is sleeping."]
+    refs = ["the cat sits on the mat", "the dog is sleeping."]
+    assert sorted(bleu_score.METRICS) == ["bleu", "chrf"]
+    for name, metric in (("bleu", BLEU()), ("chrf", CHRF())):
+        result = bleu_score.score(hyps, refs, name)
+        expected = metric.corpus_score(hyps, [refs])
+        assert result[name] == result["score"] == round(expected.score, 4) and result["metric"] == name
+        assert result["signature"] == str(metric.get_signature()) and result[f"{name}_string"] == str(expected)
+    assert "nc:6" in bleu_score.score(hyps, refs, "chrf")["signature"]
+    assert bleu_score.score(hyps, refs, "chrf")["chrf"] != bleu_score.score(hyps, refs, "bleu")["bleu"]
+    assert bleu_score.scoring_problem("13a", False, "chrf").startswith("argument --tokenize: --metric chrf takes no")
+    assert bleu_score.scoring_problem(None, True, "chrf") is None
+
+
+def test_evaluate_bleu_main_scores_chrf(tmp_path, capsys):
+    """--metric chrf, end to end from a saved output: the result holds chrF, its signature and no BLEU, and the
+    summary names it; a word tokenizer with chrF is one argument error."""
+    from sacrebleu.metrics import CHRF
+
+    out_file = tmp_path / "generate-test.txt"
+    out_file.write_text(GENERATE_OUTPUT, encoding="utf-8")
+    json_path = tmp_path / "chrf.json"
+    assert evaluate_bleu.main([str(tmp_path), "--from-output", str(out_file), "--metric", "chrf",
+                               "--output-json", str(json_path)]) == 0
+    result = json.loads(json_path.read_text(encoding="utf-8"))
+    parsed = evaluate_bleu.parse_generate_output(GENERATE_OUTPUT.splitlines())
+    _, hyps, refs = evaluate_bleu.pair_up(parsed)
+    expected = CHRF()
+    assert result["chrf"] == result["score"] == round(expected.corpus_score(hyps, [refs]).score, 4)
+    assert result["metric"] == "chrf" and result["bleu"] is None and result["distinct_hypotheses"] == 3
+    assert result["signature"] == str(expected.get_signature()) and result["n_sentences"] == 3
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith(f"chrF2 {result['chrf']:.2f} | test | beam 5")
+    with pytest.raises(SystemExit) as exc:
+        evaluate_bleu.main([str(tmp_path), "--from-output", str(out_file), "--metric", "chrf", "--tokenize", "13a",
+                            "--output-json", str(tmp_path / "no.json")])
+    assert exc.value.code == 2 and "--metric chrf takes no tokenizer" in capsys.readouterr().err
+    assert not (tmp_path / "no.json").exists()
+
+
+def test_the_decode_is_a_config_object_with_no_hidden_option(capsys):
+    """The decode is described by a DecodeConfig (no command line handed on); the command it records is the same
+    decode as a command, and gradinit-evaluate-bleu has no hidden --generate-module any more."""
+    from fairseq_gradinit.tools.bleu_decode import GENERATE_MODULE, DecodeConfig
+
+    config = DecodeConfig.for_device(True, data=Path("data"), path=Path("ck.pt"), fp16=True,
+                                     fairseq_options=["--lenpen", "0.6"])
+    assert (config.max_tokens, config.batch_size) == (evaluate_bleu.GPU_MAX_TOKENS, evaluate_bleu.GPU_BATCH_SIZE)
+    assert config.command() == [sys.executable, "-m", GENERATE_MODULE, *config.fairseq_args()]
+    assert config.fairseq_args()[-2:] == ["--lenpen", "0.6"] and "--fp16" in config.fairseq_args()
+    assert config.batches()["batch_size"] == evaluate_bleu.GPU_BATCH_SIZE
+    with pytest.raises(SystemExit):
+        evaluate_bleu.build_parser().parse_args(["data", "--generate-module", "fairseq_cli.generate"])
+    assert "unrecognized arguments: --generate-module" in capsys.readouterr().err
+
+
 def test_build_generate_command_and_passthrough(tmp_path):
     own, extra = evaluate_bleu.split_passthrough(
         ["data", "--path", "ck.pt", "--cpu", "--", "--lenpen", "0.6", "--nbest", "1"])
     assert extra == ["--lenpen", "0.6", "--nbest", "1"]
     args = evaluate_bleu.build_parser().parse_args(own + ["--batch-size", "32", "--user-dir", "gradinit"])
-    cmd = evaluate_bleu.build_generate_command(args, extra)
+    cmd = evaluate_bleu.decode_config(args, extra).command()
     assert cmd[:4] == [sys.executable, "-m", "fairseq_gradinit.tools.host_generate", "data"]
     assert cmd[cmd.index("--num-workers") + 1] == "0"  # no data-loader process to outlive a stop
     joined = " ".join(cmd)
@@ -132,16 +193,16 @@ def test_build_generate_command_and_passthrough(tmp_path):
     assert "--max-tokens" not in cmd  # only batch size was requested
     assert cmd[cmd.index("--required-batch-size-multiple") + 1] == "1"
     assert cmd[cmd.index("--user-dir") + 1] == str(REPO_ROOT / "fairseq_gradinit")
-    default = evaluate_bleu.build_generate_command(
-        evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]), [])
+    default = evaluate_bleu.decode_config(
+        evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]), [], cuda=False).command()
     assert default[default.index("--max-tokens") + 1] == "4096"
-    custom = evaluate_bleu.build_generate_command(
+    custom = evaluate_bleu.decode_config(
         evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]),
-        ["--required-batch-size-multiple", "8"])
+        ["--required-batch-size-multiple", "8"]).command()
     assert custom.count("--required-batch-size-multiple") == 1 and custom[-1] == "8"
-    workers = evaluate_bleu.build_generate_command(
+    workers = evaluate_bleu.decode_config(
         evaluate_bleu.build_parser().parse_args(["data", "--path", "ck.pt"]), ["--num-workers", "2"])
-    assert workers.count("--num-workers") == 1 and evaluate_bleu.batch_settings(workers)["num_workers"] == 2
+    assert workers.command().count("--num-workers") == 1 and workers.batches()["num_workers"] == 2
 
 
 def test_subset_size_reads_mmap_index_header(tmp_path):
