@@ -70,7 +70,7 @@ def test_the_stored_verdicts_name_encoder_silencing_where_the_stored_blocks_show
     """The reason in each stored gradinit.json agrees with the rule applied to its stored blocks (phases computed
     before the rule existed have no such reason; the rule is recomputed for them)."""
     th = HealthThresholds().max_encoder_quieting_ratio
-    for arm, (health, gap, _) in _phases().items():
+    for arm, (health, _, _) in _phases().items():
         blocks = [BlockGradient(b["name"], b["rms_after"], b.get("rms_before")) for b in health["blocks"]]
         silencing = encoder_silencing(blocks)
         named = any(r.startswith("the encoder's blocks are") for r in health["reasons"])
