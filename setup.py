@@ -39,7 +39,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "gradinit-user-dir=fairseq_gradinit.fairseq_plugin.registration.user_dir:run",
+            "gradinit-user-dir=fairseq_gradinit.tools.user_dir:run",
             "gradinit-prepare-corpus=fairseq_gradinit.tools.prepare_corpus:run",
             "gradinit-evaluate-bleu=fairseq_gradinit.tools.evaluate_bleu:run",
             "gradinit-report=fairseq_gradinit.tools.gradinit_report:run",

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import fairseq_gradinit
-from fairseq_gradinit.fairseq_plugin.registration.user_dir import user_dir
+from fairseq_gradinit.tools.user_dir import user_dir
 from fairseq_gradinit.moved import MOVED
 from lab.study.arms import Arm
 from lab.study.plan import BLEU_MODULE, ArmPlan, StudyConfig
@@ -74,7 +74,7 @@ def test_scripts_are_wrappers_of_the_console_scripts():
         if spec in targets:
             wrapped.add(spec)
             assert len(path.read_text().splitlines()) < 12, f"{path.name} is more than a wrapper"
-    assert targets - wrapped == {"fairseq_gradinit.fairseq_plugin.registration.user_dir:run"}
+    assert targets - wrapped == {"fairseq_gradinit.tools.user_dir:run"}
 
 
 def test_study_runs_its_bleu_step_from_the_installed_package(tmp_path):
