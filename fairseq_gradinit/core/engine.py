@@ -25,6 +25,7 @@ from torch import nn
 from .batching import BatchPair, authors_pairs, cycle_iterable, overlapping_pairs
 from .config import GradInitConfig
 from .distributed import DataParallelGroup
+from .errors import OptionNamer, keyword_name
 from .heap import heap_kept
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam
@@ -675,6 +676,7 @@ def gradinit(
     state: Optional[dict] = None,
     checkpoint: Optional[Callable[[dict], None]] = None,
     checkpoint_interval: int = 0,
+    option_name: OptionNamer = keyword_name,
     **overrides,
 ) -> GradInitResult:
     """Learn one scale per parameter tensor of ``model`` with GradInit and apply it in place.
@@ -693,6 +695,8 @@ def gradinit(
             settings: the run continues after its last iteration, and ``batches`` must continue
             where that run's stopped (pair number ``len(state["history"]) + 1`` first).
         checkpoint: called with :meth:`GradInit.state_dict` every ``checkpoint_interval`` iterations.
+        option_name: how a warning names an option to change (default: the keyword, ``iters=...``; a
+            command-line front end passes :func:`~.errors.flag_name`).
 
     Returns:
         A :class:`GradInitResult`. The model then holds alpha_i * W_i; its train/eval flags and
@@ -739,7 +743,7 @@ def gradinit(
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped,
                 format_duration(wall))
     advice = no_objective_advice([r.branch for r in result.history], [r.grad_norm for r in result.history],
-                                 engine.gamma, config.norm_p)
+                                 engine.gamma, config.norm_p, option_name)
     if advice:
         logger.warning(advice)
     return result
