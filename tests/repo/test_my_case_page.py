@@ -55,7 +55,7 @@ def test_every_gradinit_flag_on_the_page_is_an_option_of_the_plugin_with_a_value
     assert named
     for flag, value in named:
         assert flag in specs, flag
-        if value and not value.startswith("-") and specs[flag].kind not in ("bool",):
+        if value and not value.startswith("-") and not value.isupper():  # N, K: a placeholder in prose
             specs[flag].parse(value)
 
 
