@@ -732,16 +732,14 @@ def gradinit(
         run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
                        callback=callback, name="GradInit", log_seconds=config.log_seconds,
                        start=len(engine.history), every=every)
-    wall = time.perf_counter() - start
-    result = GradInitResult(
-        scales=engine.scaled.scales_dict(),
-        config=config,
-        history=engine.history,
-        wall_time=wall,
-        aliases=engine.scaled.aliases,
-        world_size=engine.dist.world_size,
-        gamma=engine.gamma,
-    )
+    return _finished(engine, config, time.perf_counter() - start, option_name)
+
+
+def _finished(engine: GradInit, config: GradInitConfig, wall: float, option_name: OptionNamer) -> GradInitResult:
+    """The result of a finished run, with its health verdict, its summary line and the warning it deserves."""
+    result = GradInitResult(scales=engine.scaled.scales_dict(), config=config, history=engine.history,
+                            wall_time=wall, aliases=engine.scaled.aliases, world_size=engine.dist.world_size,
+                            gamma=engine.gamma)
     # The health check from the scales and the phase alone, at no cost (no pass over the model): the vision API
     # and the fairseq plugin replace it by theirs, which also measure the LayerNorm gains and the blocks.
     result.health = scale_verdict(result.scales, config=config, history=result.history, gamma=engine.gamma)
