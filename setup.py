@@ -39,13 +39,11 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "gradinit-user-dir=fairseq_gradinit.fairseq_plugin.registration.user_dir:run",
+            "gradinit-user-dir=fairseq_gradinit.tools.user_dir:run",
             "gradinit-prepare-corpus=fairseq_gradinit.tools.prepare_corpus:run",
             "gradinit-evaluate-bleu=fairseq_gradinit.tools.evaluate_bleu:run",
             "gradinit-report=fairseq_gradinit.tools.gradinit_report:run",
             "gradinit-valid-loss-modes=fairseq_gradinit.tools.valid_loss_modes:run",
-            "gradinit-study=fairseq_gradinit.moved:study",
-            "gradinit-study-table=fairseq_gradinit.moved:study_table",
             "gradinit-plot-curves=fairseq_gradinit.tools.plot_curves:run",
             "gradinit-train-vision=fairseq_gradinit.tools.train_vision.cli:run",
             "gradinit-compare-vision=fairseq_gradinit.tools.compare_vision:run",

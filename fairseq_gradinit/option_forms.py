@@ -1,6 +1,6 @@
 """The engine's options (:func:`~fairseq_gradinit.core.options.options_of`) in the forms the commands and
-the docs use: ``argparse`` flags (:func:`add_arguments`, for ``scripts/train_vision.py``) and Markdown tables
-(:func:`markdown_table`, for ``docs/options.md`` and the fairseq plugin's table). Kept out of the engine, which
+the docs use: ``argparse`` flags (:func:`add_arguments`, for ``scripts/train_vision.py``) and Markdown lists
+(:func:`markdown_table`, for ``docs/options.md`` and the fairseq plugin's list). Kept out of the engine, which
 is pure PyTorch and parses option values itself (:meth:`~fairseq_gradinit.core.options.OptionSpec.parse`)."""
 from __future__ import annotations
 
@@ -49,8 +49,9 @@ EXPERIMENTAL_NOTE = (
 
 
 def markdown_table(specs: Iterable[OptionSpec], *, prefix: str = "--gradinit-", keyword: bool = False) -> str:
-    """The options as Markdown tables (flag or keyword, default, what it does): the established ones,
-    then those marked ``experimental`` under :data:`EXPERIMENTAL_NOTE`."""
+    """The options as a Markdown reference, one list item per option (flag or keyword, default, what it does;
+    a table would hold cells of several hundred characters): the established ones, then those marked
+    ``experimental`` under :data:`EXPERIMENTAL_NOTE`."""
     specs = list(specs)
     stable = [s for s in specs if not s.experimental]
     experimental = [s for s in specs if s.experimental]
@@ -61,11 +62,11 @@ def markdown_table(specs: Iterable[OptionSpec], *, prefix: str = "--gradinit-", 
 
 
 def _table(specs: List[OptionSpec], *, prefix: str, keyword: bool) -> str:
-    rows = ["| option | default | what it does |", "|---|---|---|"]
+    rows = []
     for spec in specs:
         name = spec.name if keyword else spec.flag(prefix)
         if spec.choices and not keyword:
             name += " {" + ",".join(spec.choices) + "}"
         default = spec.default_text or (repr(spec.default) if keyword else (spec.to_text(spec.default) or "none"))
-        rows.append(f"| `{name}` | {default} | {spec.about.replace('|', chr(92) + '|')} |")
+        rows.append(f"- `{name}` (default: {default}): {spec.about}")
     return "\n".join(rows) + "\n"

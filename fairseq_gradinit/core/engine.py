@@ -25,6 +25,8 @@ from torch import nn
 from .batching import BatchPair, authors_pairs, cycle_iterable, overlapping_pairs
 from .config import GradInitConfig
 from .distributed import DataParallelGroup
+from .errors import OptionNamer, keyword_name
+from .health import scale_verdict
 from .heap import heap_kept
 from .modes import gradinit_mode, math_attention, unwrap_model
 from .optim import ScaleAdam
@@ -68,8 +70,10 @@ class GradInitResult:
     #: Names that share a tensor with a key of ``scales`` (tied parameters).
     aliases: Dict[str, List[str]] = field(default_factory=dict)
     world_size: int = 1
-    #: The health check of the scales (:class:`~.health.ScaleHealth`) where the caller ran it (the
-    #: vision API does; the fairseq plugin stores it in gradinit.json).
+    #: The health check of the scales (:class:`~.health.ScaleHealth`): :func:`gradinit` judges the scales and
+    #: the phase (``health.verdict``, ``health.reasons``); the vision API replaces it by its check on a batch,
+    #: which also measures the LayerNorm gains and the blocks, and the fairseq plugin stores its own in
+    #: gradinit.json.
     health: Optional[Any] = None
     #: The gamma the run used (measured on the first batch with ``config.gamma_init_factor``).
     gamma: Optional[float] = None
@@ -675,6 +679,7 @@ def gradinit(
     state: Optional[dict] = None,
     checkpoint: Optional[Callable[[dict], None]] = None,
     checkpoint_interval: int = 0,
+    option_name: OptionNamer = keyword_name,
     **overrides,
 ) -> GradInitResult:
     """Learn one scale per parameter tensor of ``model`` with GradInit and apply it in place.
@@ -693,9 +698,12 @@ def gradinit(
             settings: the run continues after its last iteration, and ``batches`` must continue
             where that run's stopped (pair number ``len(state["history"]) + 1`` first).
         checkpoint: called with :meth:`GradInit.state_dict` every ``checkpoint_interval`` iterations.
+        option_name: how a warning names an option to change (default: the keyword, ``iters=...``; a
+            command-line front end passes :func:`~.errors.flag_name`).
 
     Returns:
-        A :class:`GradInitResult`. The model then holds alpha_i * W_i; its train/eval flags and
+        A :class:`GradInitResult`, with ``health``, the verdict on the learned scales and the phase
+        (:func:`~.health.scale_verdict`). The model then holds alpha_i * W_i; its train/eval flags and
         normalization buffers are as before. If an exception interrupts the run (also
         ``FloatingPointError`` when every iteration was skipped), the model holds exactly the
         weights it was given.
@@ -724,22 +732,23 @@ def gradinit(
         run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
                        callback=callback, name="GradInit", log_seconds=config.log_seconds,
                        start=len(engine.history), every=every)
-    wall = time.perf_counter() - start
-    result = GradInitResult(
-        scales=engine.scaled.scales_dict(),
-        config=config,
-        history=engine.history,
-        wall_time=wall,
-        aliases=engine.scaled.aliases,
-        world_size=engine.dist.world_size,
-        gamma=engine.gamma,
-    )
+    return _finished(engine, config, time.perf_counter() - start, option_name)
+
+
+def _finished(engine: GradInit, config: GradInitConfig, wall: float, option_name: OptionNamer) -> GradInitResult:
+    """The result of a finished run, with its health verdict, its summary line and the warning it deserves."""
+    result = GradInitResult(scales=engine.scaled.scales_dict(), config=config, history=engine.history,
+                            wall_time=wall, aliases=engine.scaled.aliases, world_size=engine.dist.world_size,
+                            gamma=engine.gamma)
+    # The health check from the scales and the phase alone, at no cost (no pass over the model): the vision API
+    # and the fairseq plugin replace it by theirs, which also measure the LayerNorm gains and the blocks.
+    result.health = scale_verdict(result.scales, config=config, history=result.history, gamma=engine.gamma)
     # The one measured time of the phase: gradinit.json's wall_time and the plugin's summary line say the same.
     logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %s",
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped,
                 format_duration(wall))
     advice = no_objective_advice([r.branch for r in result.history], [r.grad_norm for r in result.history],
-                                 engine.gamma, config.norm_p)
+                                 engine.gamma, config.norm_p, option_name)
     if advice:
         logger.warning(advice)
     return result

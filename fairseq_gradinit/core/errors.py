@@ -1,9 +1,11 @@
 """The errors of invalid settings, with their parts as attributes: :class:`ConfigError` (a field of a config
 dataclass of the engine) and :class:`OptionValueError` (a value given for a command-line option). Front ends
-word them from the attributes, never by taking their text apart."""
+word them from the attributes, never by taking their text apart. A message that tells the user which option to
+change names it as the interface they used does (:data:`OptionNamer`: :func:`keyword_name` for a Python caller,
+:func:`flag_name` for the command line)."""
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 
 class ConfigError(ValueError):
@@ -41,3 +43,17 @@ class OptionValueError(ValueError):
 
 def _rebuild_option_error(flag, detail, reason, sep):
     return OptionValueError(flag, detail, reason=reason, sep=sep)
+
+
+#: How a message names an option (a config field, ``"iters"``) for the interface the user called.
+OptionNamer = Callable[[str], str]
+
+
+def keyword_name(name: str) -> str:
+    """A Python caller's name of the option ``name``: the keyword argument (``iters=...``)."""
+    return f"{name}=..."
+
+
+def flag_name(name: str, prefix: str = "--gradinit-") -> str:
+    """The command line's name of the option ``name``: its flag (``--gradinit-iters``)."""
+    return prefix + name.replace("_", "-")

@@ -261,7 +261,8 @@ class ScaleHealth:
 
     #: "ok" or "degenerate".
     verdict: str
-    #: Why it is degenerate, one sentence each (empty when ok).
+    #: Why it is degenerate, one line each under 200 characters with one example (empty when ok); the details
+    #: (every tensor, block and pair, the phase's numbers) are in the fields below and in ``to_dict()``.
     reasons: List[str]
     #: Weight tensors (not ``*.bias``) at their lower bound: name -> (scale, lower bound).
     floor_weights: Dict[str, Tuple[float, float]]
@@ -437,12 +438,11 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
     allowed = max(th.floor_allowance, th.floor_fraction * n_w)
     if len(floor_w) > allowed:
         reasons.append(f"{len(floor_w)} of {n_w} weight tensors are at their lower bound (more than "
-                       f"{allowed:g} allowed), e.g. {', '.join(list(floor_w)[:3])}: they start switched off and "
-                       "are regrown by the optimizer at the full learning rate")
+                       f"{allowed:g} allowed), e.g. {next(iter(floor_w))}: they start switched off")
     if small and norms is None:
-        shown = ", ".join(f"{n} x{v:.3g}" for n, v in sorted(small.items(), key=lambda kv: kv[1])[:3])
-        reasons.append(f"{len(small)} LayerNorm weights scaled below {th.min_layer_norm_scale:g} ({shown}): the "
-                       "LayerNorm after each of them sees a shrunk input and amplifies it (gains not measured)")
+        name, value = min(small.items(), key=lambda kv: kv[1])
+        reasons.append(f"{len(small)} LayerNorm weights scaled below {th.min_layer_norm_scale:g}, e.g. {name} "
+                       f"x{value:.3g}: the next LayerNorm amplifies its shrunk input (gains not measured)")
     if norms is not None:
         high = []
         for n in norms:
@@ -453,15 +453,11 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
                 continue
             high.append(n)
         if high:
-            high.sort(key=lambda n: -n.gain_after)
-            fmt = lambda n: (f"{n.name} {n.gain_after:.3g}" + (  # noqa: E731
-                f" (before {n.gain_before:.3g})" if n.gain_before is not None else ""))
+            top = max(high, key=lambda n: n.gain_after)
             reasons.append(f"{len(high)} LayerNorms amplify their input by a gain |gamma|/sigma above "
                            f"{th.max_gain:g}" + (f" and {th.max_gain_ratio:g} times their gain before the scales"
                                                  if any(n.gain_before is not None for n in high) else "")
-                           + f": {'; '.join(fmt(n) for n in high[:3])}"
-                           + (" (their input std was shrunk by the scales of the layers before them)"
-                              if small else ""))
+                           + f", the highest {top.name} {top.gain_after:.3g}")
     off = pairs_switched_off(scales, lows, th.pair_floor_factor, pairs=pairs)
     reasons += shock_reasons(blocks, phase, off, th)
     return ScaleHealth(verdict=DEGENERATE if reasons else OK, reasons=reasons, floor_weights=floor_w,
@@ -501,20 +497,17 @@ def shock_reasons(blocks: Optional[List[BlockGradient]], phase: Optional[PhaseHe
                        "may learn to ignore its source (watch src_gap; docs/health.md#encoder-silenced)")
     quiet = [b for b in blocks or () if b.quieting is not None and b.quieting >= th.max_block_quieting]
     if quiet:
-        quiet.sort(key=lambda b: -b.quieting)
+        top = max(quiet, key=lambda b: b.quieting)
         reasons.append(f"{len(quiet)} blocks have a gradient rms at least {th.max_block_quieting:g} times below "
-                       "the same model's before the scales (" + ", ".join(f"{b.name} {b.quieting:.3g}x"
-                                                                        for b in quiet[:4])
-                       + "): the scales were not chosen for their first steps; they stay still, then take "
-                         "full-lr Adam steps without a warmup")
+                       f"the same model's before the scales, e.g. {top.name} {top.quieting:.3g}x: they stay still "
+                       "at first")
     if phase is not None:
         reasons += _phase_reasons(phase, th)
     if pairs:
-        shown = ", ".join(f"{a.rsplit('.', 2)[0]} {a.split('.')[-2]}&{b.split('.')[-2]} ({x:.3g}, {y:.3g})"
-                          for a, b, x, y in pairs[:3])
+        a, b, _, _ = pairs[0]
         reasons.append(f"{len(pairs)} multiplicative pairs are switched off together (both scales within "
-                       f"{th.pair_floor_factor:g} times their lower bound: {shown}): each branch starts at the "
-                       "product of two tiny scales")
+                       f"{th.pair_floor_factor:g} times their lower bound), e.g. {a.rsplit('.', 2)[0]} "
+                       f"{a.split('.')[-2]}&{b.split('.')[-2]}")
     return reasons
 
 
@@ -547,10 +540,8 @@ def _phase_reasons(phase: PhaseHealth, th: HealthThresholds) -> List[str]:
     why = [f"{phase.constraint} of {phase.objective + phase.constraint} iterations were constraint "
            f"iterations ({100 * share:.0f}%, more than {100 * th.max_constraint_share:.0f}%)"]
     if ratio is not None and ratio > th.max_initial_norm_ratio:
-        why.append(f"||g|| at iteration 1 was {ratio:.3g} times gamma ({phase.first_grad_norm:.5g} against "
-                   f"{phase.gamma:.5g}; more than {th.max_initial_norm_ratio:g})")
-    return ["the phase was constraint-bound: " + " and ".join(why) + "; the scales mostly learned to cut ||g||, "
-            "not the loss after one step (a larger gamma, e.g. --gradinit-gamma-init-factor, lets it optimize)"]
+        why.append(f"||g|| at iteration 1 was {ratio:.3g} times gamma")
+    return ["the phase was constraint-bound: " + " and ".join(why) + ": the scales mostly cut ||g||"]
 
 
 def phase_health(history: Optional[Sequence[Any]], gamma: Optional[float]) -> Optional[PhaseHealth]:

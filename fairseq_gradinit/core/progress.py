@@ -6,6 +6,8 @@ import math
 import time
 from typing import Callable, Optional, Sequence
 
+from .errors import OptionNamer, keyword_name
+
 
 def format_duration(seconds: float) -> str:
     """Seconds under a minute as ``<s>s``, under an hour as ``<m>m<ss>s``, else ``<h>h<mm>m`` (rounded)."""
@@ -50,9 +52,10 @@ class ProgressClock:
 
 
 def no_objective_advice(branches: Sequence[str], grad_norms: Sequence[Optional[float]], gamma: float,
-                        norm_p: int) -> Optional[str]:
+                        norm_p: int, option_name: OptionNamer = keyword_name) -> Optional[str]:
     """The warning a GradInit run deserves when no objective iteration ran (``None`` otherwise): every
-    iteration only pushed ||g|| down towards gamma, so the loss after a step was never optimized."""
+    iteration only pushed ||g|| down towards gamma, so the loss after a step was never optimized. The options
+    to change are named by ``option_name`` (a Python caller's keywords by default)."""
     if "objective" in branches or "constraint" not in branches:
         return None
     norms = [g for g, b in zip(grad_norms, branches) if b == "constraint" and g is not None and math.isfinite(g)]
@@ -61,4 +64,5 @@ def no_objective_advice(branches: Sequence[str], grad_norms: Sequence[Optional[f
     which = f" and {skipped} skipped" if skipped else ""
     # one line under 300 characters with the log's own prefix: what happened, then what to do
     return (f"gradinit: no objective iteration ran: {n} constraint iterations{which}{trend}, so the loss after one "
-            "step was never optimized; run more iterations (--gradinit-iters) or raise gamma (--gradinit-gamma)")
+            f"step was never optimized; run more iterations ({option_name('iters')}) or raise gamma "
+            f"({option_name('gamma')})")

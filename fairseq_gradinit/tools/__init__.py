@@ -10,4 +10,6 @@
   train mode.
 - ``gradinit-plot-curves`` (:mod:`.plot_curves`): training curves of fairseq-train logs.
 - ``gradinit-train-vision`` (:mod:`.train_vision`): the paper's CIFAR recipe with GradInit or MetaInit.
+- ``gradinit-user-dir`` (:mod:`.user_dir`): the installed package's folder, for ``fairseq-train --user-dir``
+  (it imports neither fairseq nor the plugin).
 """

@@ -38,17 +38,36 @@ def split_argv(argv: Sequence[str]) -> Tuple[List[str], List[str]]:
     if "--" not in argv and ("-h" in argv or "--help" in argv):
         return argv, []  # the parser prints the help and exits 0
     if "--" not in argv:
-        raise SystemExit("error: put the fairseq-train arguments after '--', e.g. "
-                         "gradinit_report.py --gradinit-json G --out O -- DATA --arch transformer_iwslt_de_en ...")
+        raise SystemExit(f"{COMMAND}: error: put the fairseq-train arguments after '--', e.g. "
+                         f"{COMMAND} --gradinit-json G --out O -- DATA --arch transformer_iwslt_de_en ...")
     i = argv.index("--")
     return argv[:i], argv[i + 1:]
 
 
 
 
+#: What ``--help`` says after the options: the fairseq-train command line that follows ``--``.
+AFTER_DASHES = """after --: the fairseq-train command line of the run (its data-bin, --arch, the model's options,
+--seed, --max-tokens ...), e.g.
+  gradinit-report --gradinit-json runs/g/gradinit.json --out report/g -- \\
+      data-bin/debian-ui-de-en/bin --arch transformer_iwslt_de_en --share-all-embeddings --seed 1 --cpu
+The same --seed rebuilds the same initial weights, --max-tokens sets the report's minibatch size, and
+--gradinit-* options are ignored."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The epilog as written; an option's default appended where its help does not already state it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if "(default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return text + " (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = argparse.ArgumentParser(prog=COMMAND, description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                formatter_class=_HelpFormatter, epilog=AFTER_DASHES)
     p.add_argument("--gradinit-json", required=True, help="gradinit.json with the learned scales")
     p.add_argument("--out", required=True, help="output prefix: writes OUT.json and OUT.png")
     p.add_argument("--batches", type=int_at_least(2), default=8, help="k, minibatches the gradient std is taken over")
@@ -64,6 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--health-only", action="store_true",
                    help="only the health check: OUT.json holds the 'health' block as gradinit.json stores it "
                         "(measured on GradInit's last S batch), no per-tensor report and no OUT.png")
+    # argparse's own usage, with the part after `--` that it cannot know about
+    p.usage = p.format_usage().split(" ", 1)[1].rstrip() + " -- DATA [fairseq-train options ...]"
     return p
 
 

@@ -30,7 +30,7 @@ COMMAND = "gradinit-valid-loss-modes"
 
 
 def get_args_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog=COMMAND, description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("data", help="fairseq data-bin directory")
     p.add_argument("--path", required=True, help="checkpoint file")
     p.add_argument("--subset", default="valid", help="split to evaluate (default: valid)")

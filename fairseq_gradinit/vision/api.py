@@ -7,6 +7,7 @@ cross-entropy loss for ``(input, target)`` batches and show a progress bar.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import logging
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple, Union
 
@@ -368,7 +369,17 @@ def _with_progress(desc: str, total: Optional[int], progress: bool, callback: Op
             callback(rec)
 
     try:
-        return run(on_record)
+        with _log_above(bar):
+            return run(on_record)
     finally:
         if bar is not None:
             bar.close()
+
+
+def _log_above(bar) -> contextlib.AbstractContextManager:
+    """While ``bar`` is shown, the root logger's console lines are written above it, not onto its line."""
+    if bar is None:
+        return contextlib.nullcontext()
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm(tqdm_class=type(bar))

@@ -137,8 +137,8 @@ def test_the_engines_defaults_are_the_authors_recipe_plus_the_listed_differences
         else:
             assert ours == theirs and type(ours) is type(theirs), name
     assert engine == authors.config(**{name: ENGINE[name] for name in AUTHORS_DIFFERENCES})
-    # docs/options.md names the same differences
-    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "options.md").read_text(encoding="utf-8").split())
+    # docs/contributing.md names the same differences
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "contributing.md").read_text(encoding="utf-8").split())
     said = re.search(r"The engine's own defaults, those of `GradInitConfig\(\)`, are the `authors-iwslt14` recipe's "
                      r"values \(written once, in `fairseq_gradinit/core/recipe_values.py`\) except (.*?), which", page)
     assert said and set(re.findall(r"`(\w+)`", said.group(1))) == set(AUTHORS_DIFFERENCES)

@@ -128,8 +128,8 @@ def test_research_settings_are_listed_apart_in_the_tables():
     stable, note, rest = table.partition(EXPERIMENTAL_NOTE)
     assert note
     for spec in specs:
-        assert (f"| `{spec.name}` |" in rest) == (spec.name in research)
-        assert (f"| `{spec.name}` |" in stable) == (spec.name not in research)
+        assert (f"- `{spec.name}` (default: " in rest) == (spec.name in research)
+        assert (f"- `{spec.name}` (default: " in stable) == (spec.name not in research)
     assert EXPERIMENTAL_NOTE not in markdown_table([s for s in specs if not s.experimental])
 
 

@@ -11,6 +11,7 @@ from torch import nn
 
 from fairseq_gradinit.core import GradInitConfig, gradinit
 from fairseq_gradinit.core import progress
+from fairseq_gradinit.core.errors import flag_name
 from fairseq_gradinit.core.progress import ProgressClock, format_duration, no_objective_advice
 
 
@@ -97,8 +98,9 @@ def test_summary_warns_when_no_objective_iteration_ran(caplog):
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1
     assert warnings[0].startswith("gradinit: no objective iteration ran: 6 constraint iterations (|g|_1 ")
-    assert "against gamma 1e-09" in warnings[0] and "--gradinit-iters" in warnings[0]
-    assert "--gradinit-gamma" in warnings[0]
+    # a Python caller is told the keywords to change (the plugin passes flag_name: tests/plugin)
+    assert "against gamma 1e-09" in warnings[0] and "(iters=...)" in warnings[0] and "(gamma=...)" in warnings[0]
+    assert "--gradinit" not in warnings[0]
     # with the log's prefix (date, level, logger) the line stays under 300 characters
     name = next(r.name for r in caplog.records if r.levelno == logging.WARNING)
     assert len(f"2026-01-01 00:00:00 | WARNING | {name} | {warnings[0]}") <= 300
@@ -114,6 +116,8 @@ def test_summary_warns_when_no_objective_iteration_ran(caplog):
 def test_advice_counts_only_iterations_that_were_not_skipped():
     text = no_objective_advice(["constraint", "skipped", "constraint"], [5.0, None, 3.0], 1.0, 2)
     assert "no objective iteration ran: 2 constraint iterations and 1 skipped (|g|_2 5 -> 3 against gamma 1)" in text
+    flags = no_objective_advice(["constraint"], [5.0], 1.0, 2, flag_name)
+    assert "(--gradinit-iters)" in flags and "(--gradinit-gamma)" in flags and "=..." not in flags
     assert no_objective_advice(["skipped"], [None], 1.0, 2) is None
     assert no_objective_advice(["constraint", "objective"], [5.0, 0.5], 1.0, 2) is None
 

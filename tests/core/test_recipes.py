@@ -162,12 +162,12 @@ def test_the_python_api_page_states_the_recipes():
     assert recipe("paper-cifar10").settings["batch_size"] == 128 and "128-image batches" in page
 
 
-def test_the_options_page_states_the_one_derivation():
+def test_the_contributing_page_states_the_one_derivation():
     from pathlib import Path
 
     from fairseq_gradinit.core.config import ETA_PER_LR, LOSS_CHANGE_BOUNDS
 
-    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "options.md").read_text(encoding="utf-8").split())
+    page = " ".join((Path(__file__).resolve().parents[2] / "docs" / "contributing.md").read_text(encoding="utf-8").split())
     assert set(ETA_PER_LR) == set(LOSS_CHANGE_BOUNDS) == {"engine", "fairseq"}
     assert ("Eta and gamma, when they are not given, come from one function for every front end, "
             "`first_step(optimizer, lr, rule=...)` in `core/config.py`") in page

@@ -333,7 +333,7 @@ def test_study_end_to_end_on_cpu(tiny_bin, tmp_path):
 
     bleu = json.loads((out / "bleu.json").read_text())
     assert bleu["update"] == 4 and bleu["beam"] == 5
-    from fairseq_gradinit.fairseq_plugin.registration.user_dir import user_dir
+    from fairseq_gradinit.tools.user_dir import user_dir
 
     bleu_cmd = (out / "arms" / "gA" / "bleu.log").read_text().splitlines()[0]  # the installed package's BLEU step
     assert " -m fairseq_gradinit.tools.evaluate_bleu " in bleu_cmd and f"--user-dir {user_dir()} " in bleu_cmd

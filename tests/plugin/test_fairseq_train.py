@@ -23,7 +23,7 @@ from fairseq_gradinit.fairseq_plugin.registration.task import (  # noqa: E402
     gradinit_config_from_task,
     will_restore_checkpoint,
 )
-from fairseq_gradinit.fairseq_plugin.registration.user_dir import user_dir  # noqa: E402
+from fairseq_gradinit.tools.user_dir import user_dir  # noqa: E402
 
 from fairseq_helpers import REPO, free_port, run_ranks  # noqa: E402
 from fairseq_train import (  # noqa: E402

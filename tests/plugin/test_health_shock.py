@@ -195,6 +195,10 @@ def test_the_collapsed_d512_scales_are_flagged_for_all_three(d512):
             ("encoder.layers.5", "fc1")} <= pairs and len(pairs) == 11
     assert "11 multiplicative pairs are switched off together" in text
     assert health.verdict == DEGENERATE
+    # each reason is one line a user reads whole, with one example; every detail is in gradinit.json's block
+    assert len(health.reasons) >= 4 and all(len(r) < 200 and "\n" not in r for r in health.reasons), health.reasons
+    d = health.to_dict()
+    assert len(d["pairs_off"]) == 11 and d["phase"]["first_grad_norm"] and d["floor"]["weights"]["names"]
 
 
 def test_the_docs_quote_the_stored_d512_measurement():

@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 
 import fairseq_gradinit
-from fairseq_gradinit.fairseq_plugin.registration.user_dir import user_dir
-from fairseq_gradinit.moved import MOVED
+from fairseq_gradinit.tools.user_dir import user_dir
 from lab.study.arms import Arm
 from lab.study.plan import BLEU_MODULE, ArmPlan, StudyConfig
 from lab.study.runner import bleu_arm_command
@@ -58,7 +57,7 @@ def target(spec: str):
 
 def test_every_readme_command_is_a_console_script_with_an_importable_function():
     listed, scripts = readme_commands(), console_scripts()
-    assert set(listed) == set(scripts) - set(MOVED), "README's command list and setup.py's console_scripts differ"
+    assert set(listed) == set(scripts), "README's command list and setup.py's console_scripts differ"
     for name, wrapper in listed.items():
         assert callable(target(scripts[name])), name
         if wrapper is not None:  # `python scripts/NAME.py` runs the same function
@@ -74,7 +73,7 @@ def test_scripts_are_wrappers_of_the_console_scripts():
         if spec in targets:
             wrapped.add(spec)
             assert len(path.read_text().splitlines()) < 12, f"{path.name} is more than a wrapper"
-    assert targets - wrapped == {"fairseq_gradinit.fairseq_plugin.registration.user_dir:run"}
+    assert targets - wrapped == {"fairseq_gradinit.tools.user_dir:run"}
 
 
 def test_study_runs_its_bleu_step_from_the_installed_package(tmp_path):
@@ -130,12 +129,9 @@ def test_tests_and_code_name_behaviour_not_tracker_numbers():
     assert found == []
 
 
-@pytest.mark.parametrize("command", sorted(MOVED))
-def test_a_moved_command_says_in_one_line_where_it_went(command, capsys):
-    """Commands that moved to the research lab stay installed as one line that names the new command."""
-    assert console_scripts()[command].startswith("fairseq_gradinit.moved:")
-    assert target(console_scripts()[command])() == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"run `{MOVED[command]} ARGS`" in err and "lab/README.md" in err
-    module = MOVED[command].split()[-1]
-    assert (REPO / (module.replace(".", "/") + ".py")).is_file() or (REPO / module.replace(".", "/")).is_dir()
+def test_the_lab_commands_are_not_installed():
+    """The study runner and its table are the research lab's (`python -m lab.study`, `python -m lab.study_table`
+    from a checkout): no console script and no scripts/ wrapper of them."""
+    assert not [name for name in console_scripts() if name.startswith("gradinit-study")]
+    assert not list((REPO / "scripts").glob("study*.py"))
+    assert (REPO / "lab" / "study_table.py").is_file() and (REPO / "lab" / "study").is_dir()

@@ -171,36 +171,45 @@ def test_the_sentences_under_the_table_are_the_stored_runs():
             "source length + 10)") in page
 
 
-def test_the_quick_start_timing_sentence_is_the_stored_run():
-    import json
+def _timing_row(record: str) -> str:
+    """The row of docs/fairseq.md's table of quick-start timings that links the stored run ``record``."""
+    rows = [line for line in (REPO / "docs" / "fairseq.md").read_text(encoding="utf-8").splitlines()
+            if line.startswith("| ") and f"](../lab/record/{record}/" in line]
+    assert len(rows) == 1, record
+    return rows[0]
+
+
+def _log_span(record: Path) -> float:
     from datetime import datetime
 
-    record = REPO / "lab" / "record" / "quickstart-translation"
     stamps = [datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
               for line in (record / "train.log").read_text(encoding="utf-8").splitlines() if line[:2] == "20"]
+    return (stamps[-1] - stamps[0]).total_seconds()
+
+
+def test_the_quick_start_timing_row_is_the_stored_run():
+    import json
+
+    record = REPO / "lab" / "record" / "quickstart-translation"
     info = json.loads((record / "gradinit.json").read_text(encoding="utf-8"))
-    page = _flat(REPO / "docs" / "fairseq.md")
-    span = (stamps[-1] - stamps[0]).total_seconds()
-    assert f"step 2's log runs {span:.0f} s from its first line to its last" in page
-    assert f"{info['wall_time']:.0f} s of them the {info['iterations']} GradInit iterations, all objective" in page
+    row = _timing_row("quickstart-translation")
+    assert f"log {_log_span(record):.0f} s, GradInit {info['wall_time']:.0f} s" in row
+    assert f"| {info['fingerprint']['version']} |" in row
     assert info["num_objective"] == info["iterations"] == 20
 
 
-def test_the_idle_quick_start_timing_is_the_stored_run():
+def test_the_idle_quick_start_timing_row_is_the_stored_run():
     import json
     import re
-    from datetime import datetime
 
     record = REPO / "lab" / "record" / "quickstart-translation-idle"
-    stamps = [datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
-              for line in (record / "train.log").read_text(encoding="utf-8").splitlines() if line[:2] == "20"]
     info = json.loads((record / "gradinit.json").read_text(encoding="utf-8"))
     steps = [float(x) for x in re.findall(r"step\d ([\d.]+) s", (record / "times.txt").read_text(encoding="utf-8"))]
-    page = _flat(REPO / "docs" / "fairseq.md")
-    assert f"the three steps as written took {steps[0]:.0f} s, {steps[1]:.0f} s and {steps[2]:.0f} s" in page
-    span = (stamps[-1] - stamps[0]).total_seconds()
-    assert f"step 2's log runs {span:.0f} s from its first line to its last, {info['wall_time']:.0f} s of them the " \
-           f"{info['iterations']} GradInit iterations" in page
+    row = _timing_row("quickstart-translation-idle")
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[2] == f"{steps[0]:.0f} s" and cells[4] == f"{steps[2]:.0f} s"
+    assert cells[3] == f"{steps[1]:.0f} s (log {_log_span(record):.0f} s, GradInit {info['wall_time']:.0f} s)"
+    assert cells[1] == info["fingerprint"]["version"] and info["num_objective"] == info["iterations"] == 20
     assert "PyTorch uses" not in (record / "train.log").read_text(encoding="utf-8")  # idle: PyTorch's threads
 
 

@@ -159,18 +159,18 @@ def test_train_vision_output_dir_that_cannot_be_written_is_found_before_the_data
 
 
 def test_every_row_of_the_doc_section_names_a_test_that_exists():
-    """docs/reliability.md's section on the commands' paths: each row's test is a test function of the
+    """docs/reliability.md's section on the commands' paths: each item's test is a test function of the
     file it names (this file when it names none)."""
     import re
 
     root = Path(__file__).resolve().parents[2]
     doc = (root / "docs" / "reliability.md").read_text(encoding="utf-8")
     section = doc[doc.index("## Paths a command writes, and files it reads"):]
-    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| input")]
+    rows = [line for line in section.splitlines() if line.startswith("  - test")]  # each item's test
     assert len(rows) >= 15
     previous = []
     for row in rows:
-        cell = row.rstrip(" |").rsplit(" | ", 1)[-1]
+        cell = row.split(": ", 1)[1]
         names = re.findall(r"`(?:(tests/[\w./]+)::)?(test_\w+)`", cell) or previous
         assert names, row
         for file, name in names:

@@ -1,4 +1,5 @@
 """fairseq_gradinit.vision: gradinit / metainit on registry models and torchvision models."""
+import logging
 import math
 import os
 import subprocess
@@ -436,3 +437,15 @@ def test_apply_scales_refuses_negative_and_zero_weight_scales_and_allows_zero_bi
         assert_unchanged(model, before)  # refused before any tensor changed
     assert apply_scales(model, {"0.bias": 0.0, "3.weight": 0.5}) == ["0.bias", "3.weight"]
     assert not model[0].bias.detach().any() and torch.equal(model[3].weight.detach(), before["3.weight"] * 0.5)
+
+
+def test_a_warning_names_the_keywords_of_the_python_call(caplog):
+    """No objective iteration ran (gamma far below ||g||): the warning names gradinit()'s keywords, not the
+    plugin's flags."""
+    caplog.set_level(logging.WARNING, logger="fairseq_gradinit")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 5))
+    gradinit(model, batches(n=4), gamma=1e-9, iters=3, optimizer="adam", eta=1e-3, progress=True)
+    advice = [r.getMessage() for r in caplog.records if r.getMessage().startswith("gradinit: no objective iteration")]
+    assert len(advice) == 1 and "(iters=...)" in advice[0] and "(gamma=...)" in advice[0]
+    assert "--gradinit" not in caplog.text

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from ...core import apply_scales, gradinit, summarize_scales
 from ...core.health import snapshot_weights
-from ...core.errors import OptionValueError
+from ...core.errors import OptionValueError, flag_name
 from ...core.scales import scales_error
 from ..data.files import atomic_write_json, remove_stale_temp_files, write_result
 from ..errors import GradInitError
@@ -188,7 +188,7 @@ def _scales(model, pairs: _DrawnPairs, run: GradInitRun, gcfg, *, resume, resume
     with multipliers_as_parameters(model, multipliers):
         try:
             result = gradinit(model, pairs, run.loss_fn, gcfg, state=resume, checkpoint=checkpoint,
-                              checkpoint_interval=interval)
+                              checkpoint_interval=interval, option_name=flag_name)
         except ValueError as e:
             if resume is None:
                 raise

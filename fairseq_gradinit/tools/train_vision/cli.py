@@ -74,7 +74,7 @@ def seed(text: str) -> int:
 
 def get_args_parser(add_help: bool = True) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train a CIFAR-style classifier with GradInit / MetaInit / "
-                                "baseline initializations (GradInit paper recipe)", add_help=add_help,
+                                "baseline initializations (the GradInit paper's recipe).", add_help=add_help,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_model_and_data_arguments(p)
     add_training_arguments(p)
