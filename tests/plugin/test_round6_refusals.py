@@ -29,3 +29,40 @@ def test_an_init_file_scale_that_float32_makes_zero_or_inf_is_refused_when_parse
     with pytest.raises(ValueError, match=f"--gradinit-init-file {path}: the scale .* of "
                                          f"'encoder.layers.0.fc1.weight' {words}"):
         read_init_file(str(path))
+
+
+def test_scales_whose_gradient_is_not_finite_are_never_written_or_applied(tmp_path):
+    from fairseq_gradinit.fairseq_plugin.features.health_report import nonfinite_blocks
+    from fairseq_gradinit.fairseq_plugin.phase.compute import _refuse_nonfinite_final_scales
+
+    health = {"blocks": [{"name": "encoder.layers.0", "rms_after": 0.5},
+                         {"name": "decoder.layers.1", "rms_after": float("nan")},
+                         {"name": "decoder.output", "rms_after": math.inf}]}
+    assert nonfinite_blocks(health) == ["decoder.layers.1", "decoder.output"]
+    # before: written and applied; training then died in fairseq's "gradients are Nan/Inf" traceback
+    with pytest.raises(GradInitError, match=r"the loss gradient at the final scales is not finite on the last "
+                                            r"GradInit batch \(in 2 blocks.*gradinit.json was not written and "
+                                            r"training did not start. Lower --gradinit-lr"):
+        _refuse_nonfinite_final_scales(health, str(tmp_path / "gradinit.json"), 0, 1)
+    _refuse_nonfinite_final_scales({"blocks": health["blocks"][:1]}, "x", 0, 1)
+    _refuse_nonfinite_final_scales({"verdict": "unknown"}, "x", 0, 1)  # the health check failed: nothing to judge
+
+
+def test_the_simulated_adam_betas_are_said_where_they_are_not_the_trainings():
+    from fairseq_gradinit.core import GradInitConfig
+    from fairseq_gradinit.fairseq_plugin.phase.compute import simulated_betas_note
+
+    def plan(betas, optimizer="adam"):
+        values = {"gradinit_adam_betas": betas, "gradinit_train_optimizer": optimizer}
+        return types.SimpleNamespace(setting=lambda name, default=None: values.get(name) or default)
+
+    cfg = GradInitConfig(lookahead_steps=4)
+    # before: (0.9, 0.98) simulated without a word under --adam-betas '(0.9, 0.999)'
+    assert simulated_betas_note(plan("(0.9, 0.999)"), cfg) == (
+        "the objective simulates 4 Adam steps with betas (0.9, 0.98) (--gradinit-lookahead-betas), not the "
+        "training's --adam-betas (0.9, 0.999); pass --gradinit-lookahead-betas '(0.9, 0.999)' to simulate the "
+        "steps training takes")
+    assert simulated_betas_note(plan(None), cfg) is not None  # fairseq's default (0.9, 0.999)
+    assert simulated_betas_note(plan("(0.9, 0.98)"), cfg) is None
+    assert simulated_betas_note(plan("(0.9, 0.999)", "sgd"), cfg) is None
+    assert simulated_betas_note(plan("(0.9, 0.999)"), GradInitConfig(lookahead_steps=1)) is None
