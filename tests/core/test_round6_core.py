@@ -1,0 +1,23 @@
+"""Numbers the phase's dtype cannot resolve and parameters GradInit cannot scale, refused before any work:
+issue 51, cases 4 and 17. docs/reliability.md ("Numbers that do not survive their dtype, damaged saved states
+...")."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+
+def _same(a: nn.Module, b: nn.Module) -> bool:
+    return all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_a_finite_difference_step_below_float32s_resolution_is_refused():
+    from fairseq_gradinit.core import GradInitConfig
+
+    # before: accepted; the difference was exactly 0 and every scale stayed at 1.0
+    with pytest.raises(ValueError, match=r"fd_eps.*1e-30.*expected a number in \[1\.19e-07, 1\) with "
+                                         r"constraint_grad='finite_difference'"):
+        GradInitConfig(constraint_grad="finite_difference", fd_eps=1e-30)
+    GradInitConfig(constraint_grad="finite_difference", fd_eps=1e-4)
+    GradInitConfig(constraint_grad="exact", fd_eps=1e-30)  # not used by the exact gradient
