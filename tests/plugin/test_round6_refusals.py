@@ -66,3 +66,60 @@ def test_the_simulated_adam_betas_are_said_where_they_are_not_the_trainings():
     assert simulated_betas_note(plan("(0.9, 0.98)"), cfg) is None
     assert simulated_betas_note(plan("(0.9, 0.999)", "sgd"), cfg) is None
     assert simulated_betas_note(plan("(0.9, 0.999)"), GradInitConfig(lookahead_steps=1)) is None
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--checkpoint-activations"], "argument --checkpoint-activations: not allowed with --gradinit-iters 5: GradInit "
+                                   "differentiates gradients"),
+    (["--offload-activations"], "argument --offload-activations: not allowed with --gradinit-iters 5"),
+    (["--seed", "-1"], "argument --seed: invalid value -1: expected an integer in [0, 4294967295]"),
+    (["--seed", "4294967296"], "argument --seed: invalid value 4294967296: expected an integer in [0, 4294967295]"),
+    (["--save-dir", "/tmp/" + "s" * 300], "argument --save-dir /tmp/sss"),
+    (["--gradinit-constraint-grad", "finite_difference", "--gradinit-fd-eps", "1e-30"],
+     "argument --gradinit-fd-eps: invalid value 1e-30"),
+])
+def test_settings_that_fail_before_or_in_the_first_iteration_are_refused_when_parsed(extra, expected, capsys):
+    argv = ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--gradinit-iters", "5"]
+    # before: a traceback (fairseq's checkpointing, numpy's seed, fairseq's save-dir check) or scales all 1.0
+    with pytest.raises(SystemExit) as exc:
+        _parse(argv + extra)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {expected}" in err, err[-600:]
+    assert err.count("error:") == 1 and "Traceback" not in err
+    _parse(["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", *extra[:1]]
+           if extra[0] in ("--checkpoint-activations", "--offload-activations") else
+           ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3"])  # GradInit off: fairseq's
+
+
+def test_data_a_run_cannot_read_as_asked_is_refused_when_parsed(tiny_data, tmp_path, capsys):
+    base = ["--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--gradinit-iters", "5"]
+    with pytest.raises(SystemExit):  # before: fairseq's traceback once the plugin had loaded
+        _parse([str(tiny_data), *base, "--dataset-impl", "raw"])
+    assert "error: argument --dataset-impl: raw reads text files, but" in capsys.readouterr().err
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "dict.de.txt").write_text("hallo 3\n")
+    (two / "dict.en.txt").write_text("hello 3\n")
+    with pytest.raises(SystemExit):  # TINY_MODEL shares all embeddings
+        _parse([str(two), *base, "--source-lang", "de", "--target-lang", "en"])
+    assert "error: argument --share-all-embeddings: " in capsys.readouterr().err
+
+
+def test_a_dictionary_shorter_than_the_ids_of_the_split_is_refused_when_parsed(tiny_data, tmp_path, capsys):
+    import shutil
+
+    data = tmp_path / "bin"
+    shutil.copytree(tiny_data, data)
+    for lang in ("de", "en"):  # the joined dictionary, cut to 10 entries: the split's ids go far beyond
+        path = data / f"dict.{lang}.txt"
+        path.write_text("".join(path.read_text(encoding="utf-8").splitlines(keepends=True)[:10]), encoding="utf-8")
+    base = ["--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--gradinit-iters", "5"]
+    # before: an IndexError inside the phase
+    with pytest.raises(SystemExit):
+        _parse([str(data), *base])
+    err = capsys.readouterr().err
+    assert "error: argument data: " in err and "but " + str(data / "dict.") in err and \
+        "gives only 14 ids (10 entries and 4 special symbols): it is not the dictionary the split was binarized " \
+        "with; GradInit and training read it: binarize the split again with fairseq-preprocess" in err, err[-800:]
+    _parse([str(tiny_data), *base])  # the intact data-bin passes

@@ -43,6 +43,7 @@ from ..data.binarized import data_bin_error
 from ..data.cfg import cfg_value
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
 from ..data.files import unwritable_folder_reason
+from ...paths import name_too_long
 from ..errors import GradInitError
 from ..features.tied import is_multiplier, multiplier_names, uncovered_ties
 from .init_file import compute_only_defaults
@@ -602,4 +603,86 @@ def legacy_task_error(ns) -> Optional[str]:
                 "--gradinit-monitor-interval does not "
                 "support; use a task with a dataclass config (e.g. translation, language_modeling, "
                 "masked_lm) or drop the --gradinit-* options")
+    return None
+
+
+# -- settings the phase or fairseq-train trip over before any work (issue 51) ------------------------
+#: numpy's seeds, which fairseq-train sets from --seed before anything else.
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def _computing_iters(ns) -> int:
+    """``--gradinit-iters`` where GradInit computes scales (no init file), else 0."""
+    iters = cfg_value(ns, "gradinit_iters", 0)
+    if isinstance(iters, bool) or not isinstance(iters, int) or cfg_value(ns, "gradinit_init_file"):
+        return 0
+    return max(iters, 0)
+
+
+@register_check("arguments", "activation checkpointing")
+def activation_checkpointing_error(ns) -> Optional[str]:
+    """--checkpoint-activations/--offload-activations with --gradinit-iters: GradInit differentiates a
+    gradient (a second-order pass), which fairseq's activation checkpointing refuses in the first iteration."""
+    iters = _computing_iters(ns)
+    for flag in ("checkpoint_activations", "offload_activations"):
+        if iters and getattr(ns, flag, False) is True:
+            return (f"argument --{flag.replace('_', '-')}: not allowed with --gradinit-iters {iters}: GradInit "
+                    "differentiates gradients (a second-order pass), which activation checkpointing cannot "
+                    "(fairseq: 'Checkpointing is not compatible with .grad()'); compute the scales without it, then "
+                    "train with it from them: --gradinit-init-file SAVE_DIR/gradinit.json")
+    return None
+
+
+@register_check("arguments", "data layout")
+def data_layout_error(ns) -> Optional[str]:
+    """``--dataset-impl raw`` on a binarized data-bin, and ``--share-all-embeddings`` on two different
+    dictionaries: fairseq fails on them only after the plugin has loaded (a traceback), or inside the phase."""
+    if not _computing_iters(ns):
+        return None
+    data = str(getattr(ns, "data", "") or "").split(os.pathsep)[0]
+    if not data or not os.path.isdir(data):
+        return None
+    train = getattr(ns, "train_subset", None) or "train"
+    if str(getattr(ns, "dataset_impl", None) or "") == "raw" and \
+            glob.glob(os.path.join(glob.escape(data), glob.escape(train) + "*.bin")):
+        return (f"argument --dataset-impl: raw reads text files, but {data} holds the binarized split '{train}' "
+                f"({train}*.bin); drop --dataset-impl raw (fairseq finds the binarized layout itself)")
+    src, tgt = getattr(ns, "source_lang", None), getattr(ns, "target_lang", None)
+    if getattr(ns, "share_all_embeddings", False) is True and src and tgt:
+        paths = [os.path.join(data, f"dict.{lang}.txt") for lang in (src, tgt)]
+        if all(os.path.isfile(p) for p in paths):
+            with open(paths[0], "rb") as a, open(paths[1], "rb") as b:
+                if a.read() != b.read():
+                    return (f"argument --share-all-embeddings: {paths[0]} and {paths[1]} are different dictionaries, "
+                            "and one embedding matrix cannot serve both; binarize the data with "
+                            "fairseq-preprocess --joined-dictionary, or drop --share-all-embeddings")
+    return None
+
+
+@register_check("training setup", "seed")
+def seed_check(plan) -> Optional[str]:
+    """A --seed numpy refuses (fairseq-train seeds numpy with it first): its traceback, before any work."""
+    seed = plan.setting("gradinit_seed") if plan.enabled else None
+    lo, hi = SEED_RANGE
+    if isinstance(seed, int) and not isinstance(seed, bool) and not lo <= seed <= hi:
+        return (f"argument --seed: invalid value {seed}: expected an integer in [{lo}, {hi}] (fairseq-train seeds "
+                "numpy with it, and GradInit draws its batches from it)")
+    return None
+
+
+@register_check("training setup", "save dir name")
+def save_dir_name_check(plan) -> Optional[str]:
+    """A --save-dir that cannot be created: a name longer than the file system allows, or a folder to be
+    created where nothing can be written (fairseq-train's own check fails there with an OSError traceback)."""
+    save_dir = _saves(plan) if plan.enabled else None
+    if save_dir is None:
+        return None
+    too_long = name_too_long("argument --save-dir", save_dir)
+    if too_long:
+        return too_long
+    reason = unwritable_folder_reason(save_dir)
+    # Only a folder still to be created: an existing one is read (e.g. by the per-layer report) without writing.
+    if reason and "cannot be written" in reason and not os.path.exists(save_dir):
+        return (f"argument --save-dir: {save_dir} {reason}, and fairseq-train creates it before any work: give a "
+                "folder you can write")
     return None
