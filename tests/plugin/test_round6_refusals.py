@@ -123,3 +123,17 @@ def test_a_dictionary_shorter_than_the_ids_of_the_split_is_refused_when_parsed(t
         "gives only 14 ids (10 entries and 4 special symbols): it is not the dictionary the split was binarized " \
         "with; GradInit and training read it: binarize the split again with fairseq-preprocess" in err, err[-800:]
     _parse([str(tiny_data), *base])  # the intact data-bin passes
+
+
+def test_a_report_input_without_config_or_with_a_history_that_is_no_list(tmp_path):
+    from fairseq_gradinit.fairseq_plugin.analysis import report as rep
+
+    saved = {"scales": {"w": 0.5}, "history": [{"iteration": 1, "loss_s": 2.0, "grad_norm": 3.0}]}
+    # before: compared with p=2 for lack of the optimizer, and reported as "NOT reproduced"
+    check = rep.check_first_iteration(None, saved)
+    assert check["done"] is False and "has no 'config'" in check["reason"]
+    path = tmp_path / "gradinit.json"
+    path.write_text(json.dumps({**saved, "history": "ten"}))
+    # before: a TypeError traceback
+    with pytest.raises(ValueError, match=f"--gradinit-json {path}: its field 'history' is str"):
+        rep.read_report_input(str(path))

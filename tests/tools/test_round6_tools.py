@@ -1,0 +1,28 @@
+"""Issue 51's cases in the commands: a full disk while saving, arguments checked before any training, class
+folders that differ, a resume with other settings, a --path that is no checkpoint. docs/reliability.md
+("Numbers that do not survive their dtype, damaged saved states ...")."""
+import argparse
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from fairseq_gradinit.paths import save_atomic
+
+
+def test_valid_loss_modes_refuses_a_path_that_is_no_checkpoint(tmp_path, capsys):
+    from fairseq_gradinit.checkpoints import checkpoint_file_error
+    from fairseq_gradinit.tools import valid_loss_modes
+
+    path = tmp_path / "gradinit.json"
+    path.write_text('{"scales": {}}')
+    # before: a traceback from torch.load
+    with pytest.raises(SystemExit) as e:
+        valid_loss_modes.main([str(tmp_path), "--path", str(path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --path: {path} is JSON, not a checkpoint that torch.save wrote" in err and "Traceback" not in err
+    assert checkpoint_file_error(path) is not None
+    (tmp_path / "empty.pt").write_bytes(b"")
+    assert checkpoint_file_error(tmp_path / "empty.pt") == "is empty"
