@@ -137,3 +137,18 @@ def test_a_report_input_without_config_or_with_a_history_that_is_no_list(tmp_pat
     # before: a TypeError traceback
     with pytest.raises(ValueError, match=f"--gradinit-json {path}: its field 'history' is str"):
         rep.read_report_input(str(path))
+
+
+def test_gradinit_json_of_a_phase_with_skipped_iterations_is_strict_json(tmp_path):
+    from fairseq_gradinit.fairseq_plugin.data.files import atomic_write_json
+
+    path = tmp_path / "gradinit.json"
+    history = [{"iteration": 1, "branch": "skipped", "loss_s": float("nan"), "grad_norm": math.inf},
+               {"iteration": 2, "branch": "objective", "loss_s": 2.0, "grad_norm": 1.0}]
+    atomic_write_json(str(path), {"scales": {"w": 0.5}, "history": history})
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    saved = json.loads(path.read_text(), parse_constant=refuse)
+    assert saved["history"][0]["loss_s"] is None and saved["history"][0]["grad_norm"] is None
