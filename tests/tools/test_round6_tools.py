@@ -11,6 +11,24 @@ import pytest
 from fairseq_gradinit.paths import save_atomic
 
 
+def test_a_failed_torch_save_is_an_oserror_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import shutil
+
+    def torch_save_on_a_full_disk(f):
+        Path(f).write_bytes(b"PK\x03\x04partial")
+        raise RuntimeError("[enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: shutil._ntuple_diskusage(100, 100, 0))
+    # before: torch's RuntimeError (the handler caught only OSError), and checkpoint.pt.tmp left behind
+    with pytest.raises(OSError) as e:
+        save_atomic(torch_save_on_a_full_disk, tmp_path / "checkpoint.pt")
+    assert e.value.errno == errno.ENOSPC and "No space left on device" in str(e.value)
+    assert os.listdir(tmp_path) == []
+    save_atomic(lambda f: Path(f).write_text("ok"), tmp_path / "checkpoint.pt")
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]
+
+
 def test_valid_loss_modes_refuses_a_path_that_is_no_checkpoint(tmp_path, capsys):
     from fairseq_gradinit.checkpoints import checkpoint_file_error
     from fairseq_gradinit.tools import valid_loss_modes
