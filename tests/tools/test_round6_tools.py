@@ -29,6 +29,27 @@ def test_a_failed_torch_save_is_an_oserror_and_leaves_no_temporary_file(tmp_path
     assert os.listdir(tmp_path) == ["checkpoint.pt"]
 
 
+def test_compare_vision_and_plot_curves_check_their_arguments_before_any_training(tmp_path, capsys):
+    from fairseq_gradinit.tools import compare_vision, plot_curves
+    from fairseq_gradinit.tools.train_vision.errors import UsageError
+
+    # before: the whole Kaiming run trained, then the GradInit run refused -5 (and suggested None)
+    with pytest.raises(SystemExit) as e:
+        compare_vision.get_args_parser().parse_args(["--gradinit-iters", "-5"])
+    assert e.value.code == 2 and "argument --gradinit-iters: invalid value" in capsys.readouterr().err
+    for flag, value, words in (("--json", f"{tmp_path}/", "is a folder"), ("--plot", str(tmp_path / "x.json"),
+                                                                           "writes a PNG file there")):
+        args, _ = compare_vision.get_args_parser().parse_known_args(["--output-dir", str(tmp_path / "out"),
+                                                                     flag, value])
+        with pytest.raises(UsageError, match=words):
+            compare_vision.check_outputs(args)
+    # before: a ValueError traceback from Path.with_name
+    for out in (".", "/", "", "runs/"):
+        with pytest.raises(SystemExit) as e:
+            plot_curves.build_parser().parse_args(["--run", f"a={tmp_path}/log", "--out", out])
+        assert e.value.code == 2 and "names a folder, not a file prefix" in capsys.readouterr().err
+
+
 def test_valid_loss_modes_refuses_a_path_that_is_no_checkpoint(tmp_path, capsys):
     from fairseq_gradinit.checkpoints import checkpoint_file_error
     from fairseq_gradinit.tools import valid_loss_modes
