@@ -152,3 +152,25 @@ def test_gradinit_json_of_a_phase_with_skipped_iterations_is_strict_json(tmp_pat
 
     saved = json.loads(path.read_text(), parse_constant=refuse)
     assert saved["history"][0]["loss_s"] is None and saved["history"][0]["grad_norm"] is None
+
+
+def test_a_second_ctrl_c_while_the_lock_is_released_at_exit_prints_no_traceback(tmp_path, monkeypatch):
+    import signal
+
+    from fairseq_gradinit.fairseq_plugin.phase import lock
+
+    calls = []
+
+    def release(*taken):
+        calls.append(taken)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the second Ctrl-C, ~10 ms after the first
+
+    monkeypatch.setattr(lock, "_release", release)
+    monkeypatch.setitem(lock._HELD, "a", ("a.lock", 3))
+    monkeypatch.setitem(lock._HELD, "b", ("b.lock", 4))
+    handler = signal.getsignal(signal.SIGINT)
+    # before: "Exception ignored in atexit callback release_save_dirs ... KeyboardInterrupt"
+    lock._release_at_exit()
+    assert not lock._HELD and len(calls) == 2
+    assert signal.getsignal(signal.SIGINT) is handler
