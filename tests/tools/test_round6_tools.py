@@ -89,3 +89,19 @@ def test_valid_loss_modes_refuses_a_path_that_is_no_checkpoint(tmp_path, capsys)
     assert checkpoint_file_error(path) is not None
     (tmp_path / "empty.pt").write_bytes(b"")
     assert checkpoint_file_error(tmp_path / "empty.pt") == "is empty"
+
+
+def test_the_docs_section_of_issue_51_names_tests_that_exist():
+    """Each row of docs/reliability.md's section on numbers, damaged states, ignored options and full disks
+    names the test that checks it, in a file it names."""
+    import re
+
+    repo = Path(__file__).resolve().parents[2]
+    doc = (repo / "docs" / "reliability.md").read_text(encoding="utf-8")
+    section = doc.split("## Numbers that do not survive their dtype, damaged saved states")[1].split("\n## ")[0]
+    named = re.findall(r"tests/((?:\w+/)?test_\w+\.py)::(test_\w+)", section)
+    assert len(named) >= 14
+    missing = [f"{f}::{n}" for f, n in named if f"def {n}(" not in (repo / "tests" / f).read_text(encoding="utf-8")]
+    assert not missing, missing
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| input")]
+    assert len(rows) >= 13 and all(re.search(r"\| `tests/[^|]*test_\w+`[^|]*\|$", row) for row in rows), rows
