@@ -174,3 +174,18 @@ def test_a_second_ctrl_c_while_the_lock_is_released_at_exit_prints_no_traceback(
     lock._release_at_exit()
     assert not lock._HELD and len(calls) == 2
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_data_path_that_does_not_exist_is_one_line_when_the_task_is_set_up(tmp_path):
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_gradinit.fairseq_plugin.errors import GradInitStop
+
+    missing = tmp_path / "nope"
+    cfg = convert_namespace_to_omegaconf(_parse([str(missing), "--task", "translation_gradinit", *TINY_MODEL,
+                                                 "--lr", "1e-3", "--gradinit-iters", "5"]))
+    # before: a 20-line FileNotFoundError traceback from the task's setup, after the plugin had loaded
+    with pytest.raises(GradInitStop, match=f"gradinit: error: argument data: {missing} does not exist; give the "
+                                           "data-bin folder that fairseq-preprocess wrote"):
+        tasks.setup_task(cfg.task)

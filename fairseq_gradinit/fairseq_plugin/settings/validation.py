@@ -10,6 +10,7 @@ A check is a named function that returns what it refuses (a message that says wh
 - ``training setup``: the plan's settings fairseq trips over only after the GradInit phase (the files
   they name), refused when parsed and again by the task before the phase;
 - ``legacy task``: a parsed namespace of a task that declares its options with ``add_args``;
+- ``task setup``: the task config, when fairseq sets the task up (before it reads its data);
 - ``model``: the freshly built model and the run's plan, before any work;
 - ``per-use scales``: the same, once the per-use multipliers of tied embeddings are installed;
 - ``resume``: the model, the checkpoint about to be restored and the task;
@@ -51,7 +52,8 @@ from .option_values import gradinit_enabled
 from .options import GradInitOptions
 
 #: The points of a run where checks run, in order.
-WHEN = ("arguments", "settings", "training setup", "legacy task", "model", "per-use scales", "resume", "phase")
+WHEN = ("arguments", "settings", "training setup", "legacy task", "task setup", "model", "per-use scales", "resume",
+        "phase")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,12 +308,19 @@ def _save_dir_error(plan) -> Optional[str]:
     save_dir = _saves(plan)
     if save_dir is None:
         return None
+    too_long = name_too_long("argument --save-dir", save_dir)
+    if too_long:  # fairseq-train's own check of the folder fails on it with an OSError traceback
+        return too_long
     reason = unwritable_folder_reason(save_dir)
-    # Only a file in the way: permissions (and CUDA for --fp16) belong to the machine that runs the
-    # command, while the same command line is also parsed elsewhere (study plans, the per-layer report).
+    # Only a file in the way, or a folder still to be created where nothing can be written: the permissions of
+    # an existing folder (and CUDA for --fp16) belong to the machine that runs the command, while the same
+    # command line is also parsed elsewhere (study plans, the per-layer report of a run it only reads).
     if reason and "not a folder" in reason:
         return f"argument --save-dir: {save_dir} {reason}; GradInit's result and the checkpoints go there: give a " \
                "folder you can write"
+    if reason and "cannot be written" in reason and not os.path.exists(save_dir):
+        return (f"argument --save-dir: {save_dir} {reason}, and fairseq-train creates it before any work: give a "
+                "folder you can write")
     return None
 
 
@@ -659,10 +668,10 @@ def data_layout_error(ns) -> Optional[str]:
     return None
 
 
-@register_check("training setup", "seed")
-def seed_check(plan) -> Optional[str]:
+@register_check("arguments", "seed")
+def seed_error(ns) -> Optional[str]:
     """A --seed numpy refuses (fairseq-train seeds numpy with it first): its traceback, before any work."""
-    seed = plan.setting("gradinit_seed") if plan.enabled else None
+    seed = getattr(ns, "seed", None) if gradinit_enabled(ns) else None
     lo, hi = SEED_RANGE
     if isinstance(seed, int) and not isinstance(seed, bool) and not lo <= seed <= hi:
         return (f"argument --seed: invalid value {seed}: expected an integer in [{lo}, {hi}] (fairseq-train seeds "
@@ -670,19 +679,17 @@ def seed_check(plan) -> Optional[str]:
     return None
 
 
-@register_check("training setup", "save dir name")
-def save_dir_name_check(plan) -> Optional[str]:
-    """A --save-dir that cannot be created: a name longer than the file system allows, or a folder to be
-    created where nothing can be written (fairseq-train's own check fails there with an OSError traceback)."""
-    save_dir = _saves(plan) if plan.enabled else None
-    if save_dir is None:
+@register_check("task setup", "data path")
+def data_path_check(cfg) -> Optional[str]:
+    """A data path that does not exist where GradInit computes: the task's setup would fail reading its
+    dictionaries with a traceback once the plugin has loaded. Checked when the task is set up, not when parsed:
+    a command line is also parsed where its data is not (study plans, tests)."""
+    if not _computing_iters(cfg):
         return None
-    too_long = name_too_long("argument --save-dir", save_dir)
-    if too_long:
-        return too_long
-    reason = unwritable_folder_reason(save_dir)
-    # Only a folder still to be created: an existing one is read (e.g. by the per-layer report) without writing.
-    if reason and "cannot be written" in reason and not os.path.exists(save_dir):
-        return (f"argument --save-dir: {save_dir} {reason}, and fairseq-train creates it before any work: give a "
-                "folder you can write")
-    return None
+    data = str(getattr(cfg, "data", "") or "")
+    missing = [p for p in data.split(os.pathsep) if p and not os.path.isdir(p)]
+    if not missing:
+        return None
+    what = "is a file, not a folder" if os.path.exists(missing[0]) else "does not exist"
+    return (f"argument data: {missing[0]} {what}; give the data-bin folder that fairseq-preprocess wrote "
+            "(its --destdir)")
