@@ -1,4 +1,4 @@
-"""A saved GradInit state is checked as a whole before a run resumes from it (issue 51, case 2): shapes,
+"""A saved GradInit state is checked as a whole before a run resumes from it: shapes,
 signs, keys and finiteness. docs/reliability.md ("Numbers that do not survive their dtype, damaged saved
 states ...")."""
 import copy

@@ -1,5 +1,4 @@
-"""Scales are checked in the dtype they are applied in, and a tied tensor gets one scale: issue 51, cases 1
-and 11. docs/reliability.md ("Numbers that do not survive their dtype, damaged saved states ...")."""
+"""Scales are checked in the dtype they are applied in, and a tied tensor gets one scale. docs/reliability.md ("Numbers that do not survive their dtype, damaged saved states ...")."""
 import copy
 
 import pytest

@@ -615,7 +615,7 @@ def legacy_task_error(ns) -> Optional[str]:
     return None
 
 
-# -- settings the phase or fairseq-train trip over before any work (issue 51) ------------------------
+# -- settings the phase or fairseq-train trip over before any work ------------------------------------
 #: numpy's seeds, which fairseq-train sets from --seed before anything else.
 SEED_RANGE = (0, 2**32 - 1)
 

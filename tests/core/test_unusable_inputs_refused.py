@@ -1,5 +1,4 @@
-"""Numbers the phase's dtype cannot resolve and parameters GradInit cannot scale, refused before any work:
-issue 51, cases 4 and 17. docs/reliability.md ("Numbers that do not survive their dtype, damaged saved states
+"""Numbers the phase's dtype cannot resolve and parameters GradInit cannot scale, refused before any work. docs/reliability.md ("Numbers that do not survive their dtype, damaged saved states
 ...")."""
 import copy
 

@@ -1,4 +1,4 @@
-"""Issue 51's cases in the fairseq plugin: scales that float32 makes 0 or inf, scales whose gradient is not
+"""The fairseq plugin refuses, in one line and before any work: scales that float32 makes 0 or inf, scales whose gradient is not
 finite, the simulated Adam betas, settings fairseq trips over before any work, a report input without its
 config or with a history that is no list, strict JSON, a second Ctrl-C at exit. docs/reliability.md
 ("Numbers that do not survive their dtype, damaged saved states ...")."""

@@ -1,4 +1,4 @@
-"""Issue 51's cases in the commands: a full disk while saving, arguments checked before any training, class
+"""The commands, in one line and before their work: a full disk while saving, arguments checked before any training, class
 folders that differ, a resume with other settings, a --path that is no checkpoint. docs/reliability.md
 ("Numbers that do not survive their dtype, damaged saved states ...")."""
 import argparse
