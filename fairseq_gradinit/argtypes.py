@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import ast
 import math
+import os
 from typing import Any, Callable, Optional
 
 from .core.errors import OptionValueError
@@ -67,3 +68,15 @@ def parse_betas(value: Any) -> tuple:
         expected = "expected two numbers in [0, 1), like '(0.9, 0.98)'"
         raise OptionValueError("--adam-betas", f"{value!r}: {expected}", reason=expected)
     return betas
+
+
+def output_prefix(text: str):
+    """An ``--out`` prefix that names a file (``PREFIX.json`` and the like are written beside it), as a
+    :class:`~pathlib.Path`; an empty one, ``.``, ``..``, ``/`` or one ending in a separator is refused."""
+    from pathlib import Path
+
+    if not text or text.endswith(("/", os.sep)) or Path(text).name in ("", ".", ".."):
+        example = os.path.join(text or ".", "curves")
+        raise argparse.ArgumentTypeError(f"{text!r} names a folder, not a file prefix: give a prefix such as "
+                                         f"{example!r} (it writes PREFIX.json, PREFIX.md and PREFIX.png)")
+    return Path(text)

@@ -27,3 +27,25 @@ def trusted_loading_env(env: Mapping[str, str]) -> Dict[str, str]:
     if "TORCH_FORCE_WEIGHTS_ONLY_LOAD" not in out:
         out.setdefault("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
     return out
+
+
+def checkpoint_file_error(path) -> str | None:
+    """Why the file at ``path`` is no torch checkpoint (empty, text such as a ``gradinit.json``, another kind of
+    binary file, or a cut-off zip archive), or None; read from its first bytes, before fairseq loads it."""
+    import zipfile
+
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "is empty"
+    if head == b"PK\x03\x04":  # torch.save's zip format: a cut-off file has no central directory
+        try:
+            with zipfile.ZipFile(path) as z:
+                z.namelist()
+        except (zipfile.BadZipFile, OSError) as e:
+            return f"is truncated or damaged ({e})"
+        return None
+    if head[:1] == b"\x80":  # torch's legacy format: a pickle (protocol >= 2)
+        return None
+    kind = "JSON" if head.lstrip()[:1] in (b"{", b"[") else "not a torch checkpoint"
+    return f"is {kind}, not a checkpoint that torch.save wrote" if kind == "JSON" else f"is {kind}"

@@ -345,3 +345,43 @@ def write_json(path: PathLike, obj: Any, *, command: Optional[str] = None, inden
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def save_atomic(save: Any, path: PathLike) -> None:
+    """``save(tmp)`` (e.g. ``lambda f: torch.save(obj, f)``) into a temporary file beside ``path``, then
+    moved over ``path``; the temporary file is removed whatever fails. torch reports a failed write (a full
+    disk) as ``RuntimeError`` ('PytorchStreamWriter failed writing file ...'): it is raised as the
+    ``OSError`` it is (``No space left on device`` where the disk is full), which the commands report in one
+    line. Every writer of a torch file in the package goes through here."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    os.close(fd)
+    try:
+        try:
+            save(tmp)
+        except RuntimeError as e:
+            raise write_failure(e, path) from None
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp creates it 0600: the permissions of an ordinary open()
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def write_failure(error: RuntimeError, path: PathLike) -> OSError:
+    """The ``OSError`` behind torch's ``RuntimeError`` of a failed write of ``path``: ``ENOSPC`` where the
+    disk holds less than a megabyte, else ``EIO`` with torch's words."""
+    import errno
+    import shutil
+
+    try:
+        full = shutil.disk_usage(os.path.dirname(os.path.abspath(os.fspath(path)))).free < (1 << 20)
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+    return OSError(errno.EIO, f"writing failed ({type(error).__name__}: {error})", os.fspath(path))

@@ -426,6 +426,11 @@ class GradInitConfig:
             invalid(self, "constraint_grad", f"one of {CONSTRAINT_GRADS}")
         if not (is_positive(self.fd_eps) and self.fd_eps < 1):
             invalid(self, "fd_eps", "a number in (0, 1)")
+        fd_floor = torch.finfo(torch.float32).eps  # the phase's dtype: a finite difference needs fp32 (below)
+        if self.constraint_grad == "finite_difference" and self.fd_eps < fd_floor:
+            invalid(self, "fd_eps", f"a number in [{fd_floor:.3g}, 1) with constraint_grad='finite_difference': a "
+                                    "relative step below float32's resolution leaves the weights as they are, so "
+                                    "the difference is 0 and no scale moves")
         if self.precision not in PRECISIONS:
             invalid(self, "precision", f"one of {PRECISIONS}")
         if self.precision != "fp32" and self.constraint_grad == "finite_difference":

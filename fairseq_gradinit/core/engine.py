@@ -36,6 +36,7 @@ from .random_state import capture_random_state, random_state_problem, restore_ra
 from .runtime import LossFn, check_inputs, check_loss, gradients, resolve_config, run_iterations
 from .scales import FlatViews, ScaledParameters
 from .second_order import SecondOrderGraph, gradient_with_graph, hessian_vector_dots
+from .state_check import state_values_problem
 from .uses import UnsteppedUses
 
 logger = logging.getLogger(__name__)
@@ -636,6 +637,10 @@ class GradInit:
         diff = sorted(k for k in set(own_cfg) | set(state["config"]) if own_cfg.get(k) != state["config"].get(k))
         if diff:
             raise ValueError(f"the GradInit state was saved with other settings: {', '.join(diff)}")
+        damaged = state_values_problem(state, len(self.scaled.names), IterationRecord,
+                                       separate_constraint=self.adam_constraint is not self.adam)
+        if damaged:
+            raise ValueError(f"the GradInit state is damaged: {damaged}")
         with torch.no_grad():
             self.alpha.copy_(state["alpha"].to(self.alpha))
         self.adam.load_state_dict(state["adam"])

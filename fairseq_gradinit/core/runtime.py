@@ -49,6 +49,26 @@ def check_inputs(model: Any, loss_fn: Any) -> None:
         raise ValueError(f"model must be an nn.Module, got {type(model).__name__}")
     if not callable(loss_fn):
         raise ValueError("loss_fn must be callable as loss_fn(model, batch) -> scalar loss tensor")
+    error = unsupported_parameter_error(model)
+    if error:
+        raise ValueError(error)
+
+
+def unsupported_parameter_error(model: nn.Module) -> Optional[str]:
+    """Why a trainable parameter of ``model`` cannot get a scale, or None: a complex tensor (a real scale
+    and the norms of its gradient are not defined on it here), or the weight of an ``nn.Embedding`` /
+    ``nn.EmbeddingBag`` with ``sparse=True`` (its gradient is sparse, which the second-order pass cannot take)."""
+    for module_name, module in model.named_modules():
+        if isinstance(module, (nn.Embedding, nn.EmbeddingBag)) and module.sparse and module.weight.requires_grad:
+            name = f"{module_name}.weight" if module_name else "weight"
+            return (f"parameter {name!r} is the weight of an {type(module).__name__} with sparse=True, whose gradient "
+                    "is sparse; GradInit differentiates gradients, which sparse ones cannot be: build it with "
+                    "sparse=False for GradInit (its scaled weights then serve a sparse one as well)")
+    for name, p in model.named_parameters():
+        if p.requires_grad and p.is_complex():
+            return (f"parameter {name!r} is a complex tensor ({p.dtype}); GradInit learns real scales of real "
+                    "tensors: store it as two real tensors (real and imaginary parts)")
+    return None
 
 
 def nothing_done_error(name: str, completed: int, total: Optional[int]) -> Optional[str]:

@@ -338,18 +338,25 @@ class ScaledParameters:
         return {n: v for n, v, k in zip(self.names, values, self.scaled.tolist()) if k}
 
 
-def scales_error(scales: Mapping[str, float]) -> Optional[str]:
+def scales_error(scales: Mapping[str, float], dtype: Optional[torch.dtype] = None) -> Optional[str]:
     """Why ``scales`` (name -> scale) cannot be applied to a model, or None; every reader of saved
     scales checks them with this one rule.
 
     A scale must be a finite number > 0: a negative one flips the tensor's sign, and a zero one
     starts the tensor all zero. Biases (named ``*.bias``) may be 0, since bounds such as the
     authors' ``('bias', 0, None)`` let GradInit drive them there, and fairseq starts its biases at 0.
+    With ``dtype`` (the dtype the scales will be applied in), a scale must also stay finite and, unless it
+    is 0, above 0 in that dtype (:func:`scale_dtype_error`).
     """
     bad = [k for k, v in scales.items()
            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)]
     if bad:
         return f"scales that are not finite numbers: {bad[:5]}"
+    if dtype is not None:
+        for name, value in scales.items():
+            error = scale_dtype_error(name, value, dtype)
+            if error:
+                return error
     negative = [k for k, v in scales.items() if v < 0]
     if negative:
         return (f"{len(negative)} negative scales, e.g. {negative[:5]}: a GradInit scale is >= 0 "
@@ -360,6 +367,54 @@ def scales_error(scales: Mapping[str, float]) -> Optional[str]:
         return (f"{len(zero)} scales of 0 on tensors that are not biases, e.g. {zero[:5]}: they would start the "
                 "model with those weights all zero (only biases may be scaled to 0); recompute the scales "
                 "with a minimum above 0 for these tensors")
+    return None
+
+
+def scale_dtype_error(name: str, value: float, dtype: torch.dtype) -> Optional[str]:
+    """Why the finite scale ``value`` of ``name`` does not survive ``dtype``, the dtype of the tensor it
+    multiplies, or None: one that becomes inf there (the weight would be inf), or one > 0 that becomes 0
+    there (the weight would be all zero, which the rule of :func:`scales_error` refuses on a weight)."""
+    if not dtype.is_floating_point or value == 0:
+        return None
+    cast = float(torch.tensor(float(value), dtype=dtype))
+    if math.isinf(cast):
+        return (f"the scale {value:g} of {name!r} is inf in {dtype} (the largest is {torch.finfo(dtype).max:g}), "
+                "the dtype it is applied in; these scales were not written by GradInit or were edited: recompute them")
+    if cast == 0:
+        return (f"the scale {value:g} of {name!r} is 0 in {dtype} (the smallest above 0 is "
+                f"{torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps:g}), the dtype it is applied in, "
+                "and would make that tensor all zero; these scales were not written by GradInit or were edited: "
+                "recompute them")
+    return None
+
+
+def _product_error(name: str, value: float, p: torch.Tensor, scaled: torch.Tensor) -> Optional[str]:
+    """Why ``scaled`` = ``value`` * ``p`` in ``p``'s dtype is no usable weight, or None: values that
+    overflow to inf, or a tensor with values that underflows to all zeros (a bias scaled by 0 may be zero)."""
+    error = scale_dtype_error(name, value, p.dtype)
+    if error:
+        return error
+    if not bool(torch.isfinite(scaled).all()) and bool(torch.isfinite(p).all()):
+        return (f"the scale {value:g} of {name!r} makes values of that tensor overflow to inf in {p.dtype}, "
+                "the dtype it is applied in; these scales were not written by GradInit or were edited: recompute them")
+    if value != 0 and not bool(scaled.count_nonzero()) and bool(p.count_nonzero()):
+        return (f"the scale {value:g} of {name!r} makes that tensor all zero in {p.dtype}, the dtype it is applied "
+                "in; these scales were not written by GradInit or were edited: recompute them")
+    return None
+
+
+def _alias_conflicts(by_name: Mapping[str, nn.Parameter], scales: Mapping[str, float]) -> Optional[str]:
+    """Why ``scales`` gives one tensor, under two of its names (tied weights), two different scales, or None."""
+    first: Dict[int, tuple] = {}
+    for name, value in scales.items():
+        p = by_name.get(name)
+        if p is None:
+            continue
+        seen = first.setdefault(id(p), (name, value))
+        if float(seen[1]) != float(value):
+            return (f"{seen[0]!r} and {name!r} are names of one tied tensor, but the scales give it "
+                    f"{float(seen[1]):g} and {float(value):g}; a tensor gets one scale: give its names the same "
+                    "scale, or only one of them")
     return None
 
 
@@ -392,6 +447,9 @@ def apply_scales(model: nn.Module, scales: Mapping[str, float], *, strict: bool 
     if missing and strict:
         raise ValueError(f"scales name parameters the model does not have: {missing[:5]}"
                          f"{' ...' if len(missing) > 5 else ''}; was the result computed for this architecture?")
+    conflict = _alias_conflicts(by_name, scales)
+    if conflict:
+        raise ValueError(f"cannot apply these scales: {conflict}")
     done, staged = set(), []
     for name, value in scales.items():  # every product first: a failure leaves the model as it was given
         p = by_name.get(name)
@@ -403,7 +461,11 @@ def apply_scales(model: nn.Module, scales: Mapping[str, float], *, strict: bool 
         if p.is_inference() and not torch.is_inference_mode_enabled():
             raise ValueError(f"cannot apply these scales: {name!r} is an inference tensor (made under "
                              "torch.inference_mode()), which cannot be changed in place outside it")
-        staged.append((name, p, p.detach() * float(value)))
+        scaled = p.detach() * float(value)
+        error = _product_error(name, float(value), p.detach(), scaled)
+        if error:
+            raise ValueError(f"cannot apply these scales: {error}")
+        staged.append((name, p, scaled))
         done.add(id(p))
     for _, p, scaled in staged:  # then all or nothing: a copy of equal shape and dtype does not fail
         p.copy_(scaled)

@@ -63,7 +63,7 @@ def get_args_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", default=128, type=positive_int, help="training batch size (also GradInit's |S|)")
     p.add_argument("--steps", default=120, type=positive_int, help="training steps of each run (one cosine "
                    "schedule; at most one pass over the training data)")
-    p.add_argument("--gradinit-iters", default=39, type=int, help="GradInit iterations")
+    p.add_argument("--gradinit-iters", default=39, type=positive_int, help="GradInit iterations")
     p.add_argument("--test-batches", default=10, type=positive_int, help="test batches of 256 images scored after training")
     p.add_argument("--log-interval", default=10, type=positive_int, help="a point of the curves every this many steps")
     p.add_argument("--seed", default=0, type=seed, help="random seed of both runs")
@@ -117,6 +117,13 @@ def check_outputs(args) -> None:
             raise UsageError(f"--output-dir {args.output_dir}: {folder} holds {whose}; {COMMAND} replaces only its own "
                              "runs: give --output-dir another path, or move that folder away yourself")
     json_path, png_path = output_paths(args)
+    for flag, path, suffix in (("--json", json_path, ".json"), ("--plot", png_path, ".png")):
+        if str(getattr(args, flag[2:]) or "").endswith(("/", os.sep)) or Path(path).is_dir():
+            raise UsageError(f"{flag} {path} is a folder; give the file to write, e.g. "
+                             f"{os.path.join(str(path), 'compare' + suffix)}")
+        if Path(path).suffix.lower() != suffix:
+            raise UsageError(f"{flag} {path}: {COMMAND} writes a {suffix[1:].upper()} file there; give a name ending "
+                             f"in {suffix}")
     inputs = {"--data-dir": args.data_dir}
     try:
         check_output("--json", json_path, json_result("a comparison of gradinit-compare-vision", "runs", "title",

@@ -48,6 +48,7 @@ from ..curves import (  # noqa: F401  (re-exported: this module's API)
     plot_panels,
     plot_png,
 )
+from ..argtypes import output_prefix
 from ..paths import OutputError, check_output, header_line, json_result, png_output, text_output, write_json
 from ..quiet import quiet_command
 
@@ -91,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a run label and its fairseq-train log file; repeat for several runs")
     p.add_argument("--monitor", action="append", default=[], type=parse_run_spec, metavar="LABEL=PATH",
                    help="a run label (one of --run) and the monitor.jsonl its --gradinit-monitor-interval wrote")
-    p.add_argument("--out", type=Path, default=Path("curves"),
+    p.add_argument("--out", type=output_prefix, default=Path("curves"),
                    help="output prefix: writes PREFIX.json, PREFIX.md and PREFIX.png")
     p.add_argument("--metric", default="loss",
                    help="validation statistic to extract (loss, nll_loss, ppl, ...)")

@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 from ..argtypes import positive_int
+from ..checkpoints import checkpoint_file_error
 from ..paths import OutputError, check_output, json_result, json_text, write_json
 from ..quiet import quiet_command
 
@@ -81,6 +82,9 @@ def main(argv=None) -> dict:
     ckpt = Path(args.path)
     if not ckpt.is_file():
         raise SystemExit(f"checkpoint not found: {ckpt}")
+    problem = checkpoint_file_error(ckpt)
+    if problem:
+        parser.error(f"argument --path: {ckpt} {problem}: give a checkpoint_*.pt that fairseq-train saved")
     error = data_error(Path(args.data), args.subset)
     if error:
         parser.error(error)

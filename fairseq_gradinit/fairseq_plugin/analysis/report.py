@@ -34,7 +34,7 @@ from ..features.groups import transformer_place
 from ..features.health_report import FAIRSEQ_STRUCTURE, batch_size, log_health
 from ..features.tied import apply_multiplier_scales
 from ..registration.hook import GradInitTaskMixin
-from ..settings.init_file import saved_gamma
+from ..settings.init_file import field_problem, saved_gamma
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,9 @@ def check_first_iteration(fm: FairseqModel, saved: dict, *, rtol_loss: float = 1
     conf = saved.get("config") or {}
     if not hist or hist[0].get("loss_s") is None:
         return {"done": False, "reason": "the gradinit.json has no first-iteration record"}
+    if not conf:  # the norm p and step_params of the record are the config's: without it nothing is comparable
+        return {"done": False, "reason": "the gradinit.json has no 'config' (the GradInit settings that say which "
+                                         "norm and tensors its first-iteration record used), so it is not compared"}
     if int(saved.get("world_size", 1)) != 1:
         return {"done": False, "reason": "GradInit ran on several ranks (the record averages their shards)"}
     written_by = (saved.get("fingerprint") or {}).get("version")
@@ -298,6 +301,23 @@ def plot_report(tensors: Sequence[dict], path: str, *, title: str = "", dpi: int
     plt.close(fig)
 
 
+def read_report_input(gradinit_json: str) -> dict:
+    """The ``gradinit.json`` at ``gradinit_json``, or ``ValueError`` naming the file: not JSON, no scales, or a
+    field that is not what the plugin writes (e.g. a ``history`` that is not a list)."""
+    try:
+        with open(gradinit_json, encoding="utf-8") as f:
+            saved = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--gradinit-json {gradinit_json} is not a JSON file ({e}); give the gradinit.json a "
+                         "--gradinit-iters run wrote") from None
+    if not isinstance(saved, dict) or "scales" not in saved:
+        raise ValueError(f"{gradinit_json} has no 'scales' entry: is it a gradinit.json?")
+    problem = field_problem(saved)
+    if problem:
+        raise ValueError(f"--gradinit-json {gradinit_json}: {problem}")
+    return saved
+
+
 def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: int = 8, mode: str = "train",
                seed: Optional[int] = None, check: bool = True, device: Optional[str] = None,
                health: bool = True, health_only: bool = False) -> dict:
@@ -305,10 +325,7 @@ def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: in
     report (see :func:`~fairseq_gradinit.core.report.init_report`). With ``health``, also the
     ``health`` block of the ``gradinit.json`` (:func:`~..features.health_report.health_of_saved`); with
     ``health_only``, only that. Returns a JSON-ready dict."""
-    with open(gradinit_json) as f:
-        saved = json.load(f)
-    if "scales" not in saved:
-        raise ValueError(f"{gradinit_json} has no 'scales' entry: is it a gradinit.json?")
+    saved = read_report_input(gradinit_json)
     start = time.time()
     fm = build_training_model(train_argv, device=device)
     seed = int(fm.cfg.common.seed if seed is None else seed)

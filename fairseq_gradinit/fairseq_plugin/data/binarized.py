@@ -96,7 +96,32 @@ def binarized_pair_error(idx_path: str) -> Optional[str]:
         state = "truncated" if have < need else "longer than its index says"
         return (f"{bin_path} holds {have} bytes, but {os.path.basename(idx_path)} describes {need} ({count} samples): "
                 f"it is {state}, or the two files come from different binarizations")
-    return None
+    return token_range_error(idx_path, bin_path, head[17]) if head.startswith(MMAP_MAGIC) and have else None
+
+
+#: fairseq's integer token type codes (``indexed_dataset._code_to_dtype``).
+TOKEN_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 8: np.uint16, 9: np.uint32,
+                10: np.uint64}
+#: The symbols a fairseq ``Dictionary`` holds before the entries of its file (bos, pad, eos, unk).
+SPECIAL_SYMBOLS = 4
+
+
+def token_range_error(idx_path: str, bin_path: str, code: int) -> Optional[str]:
+    """Why the tokens of ``bin_path`` do not fit the dictionary the split is read with (``dict.LANG.txt`` of a
+    ``SPLIT.SRC-TGT.LANG`` file, else ``dict.txt``, beside it): an id at or beyond its size, which fairseq meets as
+    an ``IndexError`` inside the phase or training; None where they fit or no dictionary is found."""
+    folder, parts = os.path.dirname(idx_path), os.path.basename(idx_path)[: -len(".idx")].split(".")
+    dictionary = os.path.join(folder, f"dict.{parts[-1]}.txt" if len(parts) >= 3 else "dict.txt")
+    if code not in TOKEN_DTYPES or not os.path.isfile(dictionary):
+        return None
+    with open(dictionary, "rb") as f:
+        entries = sum(1 for _ in f)
+    top = int(np.memmap(bin_path, dtype=TOKEN_DTYPES[code], mode="r").max())
+    size = SPECIAL_SYMBOLS + entries
+    if top < size:
+        return None
+    return (f"{bin_path} holds the token id {top}, but {dictionary} gives only {size} ids ({entries} entries and "
+            f"{SPECIAL_SYMBOLS} special symbols): it is not the dictionary the split was binarized with")
 
 
 def split_index_files(folder: str, split: str, *, shards: bool) -> Iterator[str]:

@@ -9,6 +9,7 @@ knows no model family: :data:`FAIRSEQ_STRUCTURE` gives it fairseq's blocks and m
 from __future__ import annotations
 
 import logging
+import math
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
@@ -58,6 +59,15 @@ def measure_health(model, scales: Mapping[str, float], criterion, sample: Any, *
     if sample is not None:
         out["batch"] = batch_size(sample)
     return out
+
+
+def nonfinite_blocks(health: Optional[Mapping[str, Any]]) -> list:
+    """The blocks of a ``health`` block (:func:`measure_health`) whose gradient at the scales is not finite
+    on the batch measured (a NaN or inf loss gives NaN gradients): training from these scales stops at its
+    first update with NaN/Inf gradients. Empty where no gradient was measured."""
+    blocks = (health or {}).get("blocks") or []
+    return [b.get("name") for b in blocks if isinstance(b, Mapping)
+            and not (isinstance(b.get("rms_after"), (int, float)) and math.isfinite(b["rms_after"]))]
 
 
 def batch_size(sample: Mapping[str, Any]) -> dict:

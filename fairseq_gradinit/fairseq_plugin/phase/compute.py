@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ...argtypes import parse_betas
 from ...core import apply_scales, gradinit, summarize_scales
 from ...core.health import snapshot_weights
 from ...core.errors import OptionValueError, flag_name
@@ -27,7 +28,7 @@ from ...core.scales import scales_error
 from ..data.files import atomic_write_json, remove_stale_temp_files, write_result
 from ..errors import GradInitError
 from ..features.groups import transformer_group
-from ..features.health_report import measure_health
+from ..features.health_report import measure_health, nonfinite_blocks
 from ..features.tied import (
     apply_multiplier_scales,
     effective_use_scales,
@@ -121,9 +122,31 @@ def _log_plan(plan: RunPlan, device, rank: int, world: int) -> None:
         gcfg.eta, f"{gcfg.resolved_gamma:g}" if gcfg.resolved_gamma is not None else
         f"{gcfg.gamma_init_factor:g} x ||g|| at the init", gcfg.lr, gcfg.lookahead_steps,
         "s" if gcfg.lookahead_steps > 1 else "", plan.max_tokens, 100 * gcfg.overlap, gcfg.pairs, rank, world)
+    note = simulated_betas_note(plan, gcfg)
+    if note:
+        logger.warning("gradinit: WARNING: %s", note)
     settings = {k: v for k, v in gcfg.to_dict().items() if k != "param_filter"}
     logger.debug("gradinit: settings (%s derived from the training command): %s",
                 ", ".join(plan.derived) or "none", json.dumps(settings, default=str))
+
+
+def simulated_betas_note(plan: GradInitPlan, gcfg) -> Optional[str]:
+    """Which Adam betas the objective's simulated training steps use, and why, where they are not the
+    training's ``--adam-betas`` (None where they are, or where no Adam step is simulated): eta and the
+    optimizer come from the training command, the simulated steps' betas from --gradinit-lookahead-betas."""
+    if gcfg.optimizer != "adam" or gcfg.lookahead_steps <= 1 or \
+            plan.setting("gradinit_train_optimizer") not in ("adam", "radam"):
+        return None
+    try:
+        train = parse_betas(plan.setting("gradinit_adam_betas", "(0.9, 0.999)"))
+    except ValueError:
+        return None
+    simulated = tuple(float(b) for b in gcfg.lookahead_betas)
+    if train == simulated:
+        return None
+    return (f"the objective simulates {gcfg.lookahead_steps} Adam steps with betas {simulated} "
+            f"(--gradinit-lookahead-betas), not the training's --adam-betas {train}; pass --gradinit-lookahead-betas "
+            f"'{train}' to simulate the steps training takes")
 
 
 def _write(path: str, out: dict, resume_path: str) -> None:
@@ -264,6 +287,7 @@ def compute(run: GradInitRun, model):
                 model.to(orig_device)
                 if use_cuda:
                     torch.cuda.empty_cache()
+            _refuse_nonfinite_final_scales(health, path, rank, world)
             summary = log_summary(result.scales)
             if rank == 0:
                 out = result.to_dict()
@@ -277,6 +301,23 @@ def compute(run: GradInitRun, model):
                 f"iteration {pairs.drawn} of {gcfg.iters}"
             raise _stopped(e, done, path, resume_path, saves.saved_at) from None
     return result
+
+
+def _refuse_nonfinite_final_scales(health: Optional[dict], path: str, rank: int, world: int) -> None:
+    """Stop (every rank: rank 0 measured and decides) when the gradient at the final scales is not finite on
+    the last GradInit batch: these scales would be written and applied, then training would die at its first
+    update in fairseq's "gradients are Nan/Inf" traceback."""
+    box = [None]
+    blocks = nonfinite_blocks(health) if rank == 0 else []
+    if blocks:
+        box = [f"GradInit: the loss gradient at the final scales is not finite on the last GradInit batch (in "
+               f"{len(blocks)} blocks, e.g. {blocks[:3]}), so training would stop at its first update with NaN/Inf "
+               f"gradients; {path} was not written and training did not start. Lower --gradinit-lr, or set "
+               "--gradinit-max-scale"]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    if box[0] is not None:
+        raise GradInitError(box[0])
 
 
 def _saved_phase_state(path: str, state: dict, current: Optional[dict], failed: list) -> bool:

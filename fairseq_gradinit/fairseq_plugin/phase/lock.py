@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import logging
 import os
+import signal
 from typing import Dict, Iterator, Optional
 
 from ...locks import FolderBusy, release_lock, take_lock
@@ -76,7 +77,28 @@ def release_save_dirs() -> None:
         _release(*_HELD.popitem()[1])
 
 
-atexit.register(release_save_dirs)
+def _release_at_exit() -> None:
+    """:func:`release_save_dirs` when the process ends, with Ctrl-C ignored meanwhile: a second Ctrl-C right
+    after the one that stopped the run (the shell sends one per key press) must not end in an "Exception
+    ignored in atexit callback ... KeyboardInterrupt" traceback. A lock whose release it cut short is given
+    back by the operating system with the process, and its file is taken over by the next run."""
+    previous = None
+    try:
+        try:
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        except ValueError:  # not the main thread
+            pass
+        release_save_dirs()
+    except KeyboardInterrupt:  # arrived before SIGINT was ignored: finish the release quietly
+        with contextlib.suppress(KeyboardInterrupt, OSError):
+            release_save_dirs()
+    finally:
+        if previous is not None:
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signal.SIGINT, previous)
+
+
+atexit.register(_release_at_exit)
 
 
 def hold_save_dir(directory: str, *, rank: int = 0, world: int = 1) -> None:

@@ -62,6 +62,13 @@ class GradInitTaskMixin:
         super().add_args(parser)
         refuse_bad_values_when_parsed(parser)
 
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        # Before the task reads its data: a data path that does not exist is one line, not fairseq's traceback.
+        with one_line_exit():
+            require("task setup", cfg)
+        return super().setup_task(cfg, **kwargs)
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._gradinit_plan = None

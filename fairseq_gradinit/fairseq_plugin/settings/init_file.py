@@ -13,6 +13,8 @@ import json
 import os
 from typing import Mapping, Optional
 
+import torch
+
 from ...core.errors import OptionValueError
 from ...core.scales import scales_error
 
@@ -56,7 +58,8 @@ def read_init_file(path: str, *, flag: str = "--gradinit-init-file") -> dict:
     if not isinstance(scales, dict) or not scales:
         raise refused("has no 'scales' (expected the gradinit.json that a --gradinit-iters run writes into its "
                       "--save-dir)")
-    error = scales_error(scales) or field_problem(saved)
+    # the plugin applies them to the fp32 model it builds: a scale that float32 makes inf or 0 is refused here
+    error = scales_error(scales, torch.float32) or field_problem(saved)
     if error:
         raise refused(error)
     return saved

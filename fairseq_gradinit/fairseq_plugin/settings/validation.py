@@ -11,6 +11,7 @@ A check is a named function that returns what it refuses (a message that says wh
 - ``training setup``: the plan's settings fairseq trips over only after the GradInit phase (the files
   they name), refused when parsed and again by the task before the phase;
 - ``legacy task``: the plan of a parsed namespace of a task that declares its options with ``add_args``;
+- ``task setup``: the task config, when fairseq sets the task up (before it reads its data);
 - ``model``: the freshly built model and the run's plan, before any work;
 - ``per-use scales``: the same, once the per-use multipliers of tied embeddings are installed;
 - ``resume``: the model, the checkpoint about to be restored and the task;
@@ -44,13 +45,15 @@ from ..data.binarized import data_bin_error
 from ..data.cfg import cfg_value
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
 from ..data.files import unwritable_folder_reason
+from ...paths import name_too_long
 from ..errors import GradInitError
 from ..features.tied import is_multiplier, multiplier_names, uncovered_ties
 from .init_file import compute_only_defaults
 from .options import GradInitOptions
 
 #: The points of a run where checks run, in order.
-WHEN = ("arguments", "settings", "training setup", "legacy task", "model", "per-use scales", "resume", "phase")
+WHEN = ("arguments", "settings", "training setup", "legacy task", "task setup", "model", "per-use scales", "resume",
+        "phase")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,12 +309,19 @@ def _save_dir_error(plan) -> Optional[str]:
     save_dir = _saves(plan)
     if save_dir is None:
         return None
+    too_long = name_too_long("argument --save-dir", save_dir)
+    if too_long:  # fairseq-train's own check of the folder fails on it with an OSError traceback
+        return too_long
     reason = unwritable_folder_reason(save_dir)
-    # Only a file in the way: permissions (and CUDA for --fp16) belong to the machine that runs the
-    # command, while the same command line is also parsed elsewhere (study plans, the per-layer report).
+    # Only a file in the way, or a folder still to be created where nothing can be written: the permissions of
+    # an existing folder (and CUDA for --fp16) belong to the machine that runs the command, while the same
+    # command line is also parsed elsewhere (study plans, the per-layer report of a run it only reads).
     if reason and "not a folder" in reason:
         return f"argument --save-dir: {save_dir} {reason}; GradInit's result and the checkpoints go there: give a " \
                "folder you can write"
+    if reason and "cannot be written" in reason and not os.path.exists(save_dir):
+        return (f"argument --save-dir: {save_dir} {reason}, and fairseq-train creates it before any work: give a "
+                "folder you can write")
     return None
 
 
@@ -601,3 +611,83 @@ def legacy_task_error(plan, task: str = "?") -> Optional[str]:
                 "support; use a task with a dataclass config (e.g. translation, language_modeling, "
                 "masked_lm) or drop the --gradinit-* options")
     return None
+
+
+# -- settings the phase or fairseq-train trip over before any work ------------------------------------
+#: numpy's seeds, which fairseq-train sets from --seed before anything else.
+SEED_RANGE = (0, 2**32 - 1)
+
+
+def _computing_iters(ns) -> int:
+    """``--gradinit-iters`` where GradInit computes scales (no init file), else 0."""
+    iters = cfg_value(ns, "gradinit_iters", 0)
+    if isinstance(iters, bool) or not isinstance(iters, int) or cfg_value(ns, "gradinit_init_file"):
+        return 0
+    return max(iters, 0)
+
+
+@register_check("arguments", "activation checkpointing")
+def activation_checkpointing_error(ns) -> Optional[str]:
+    """--checkpoint-activations/--offload-activations with --gradinit-iters: GradInit differentiates a
+    gradient (a second-order pass), which fairseq's activation checkpointing refuses in the first iteration."""
+    iters = _computing_iters(ns)
+    for flag in ("checkpoint_activations", "offload_activations"):
+        if iters and getattr(ns, flag, False) is True:
+            return (f"argument --{flag.replace('_', '-')}: not allowed with --gradinit-iters {iters}: GradInit "
+                    "differentiates gradients (a second-order pass), which activation checkpointing cannot "
+                    "(fairseq: 'Checkpointing is not compatible with .grad()'); compute the scales without it, then "
+                    "train with it from them: --gradinit-init-file SAVE_DIR/gradinit.json")
+    return None
+
+
+@register_check("arguments", "data layout")
+def data_layout_error(ns) -> Optional[str]:
+    """``--dataset-impl raw`` on a binarized data-bin, and ``--share-all-embeddings`` on two different
+    dictionaries: fairseq fails on them only after the plugin has loaded (a traceback), or inside the phase."""
+    if not _computing_iters(ns):
+        return None
+    data = str(getattr(ns, "data", "") or "").split(os.pathsep)[0]
+    if not data or not os.path.isdir(data):
+        return None
+    train = getattr(ns, "train_subset", None) or "train"
+    if str(getattr(ns, "dataset_impl", None) or "") == "raw" and \
+            glob.glob(os.path.join(glob.escape(data), glob.escape(train) + "*.bin")):
+        return (f"argument --dataset-impl: raw reads text files, but {data} holds the binarized split '{train}' "
+                f"({train}*.bin); drop --dataset-impl raw (fairseq finds the binarized layout itself)")
+    src, tgt = getattr(ns, "source_lang", None), getattr(ns, "target_lang", None)
+    if getattr(ns, "share_all_embeddings", False) is True and src and tgt:
+        paths = [os.path.join(data, f"dict.{lang}.txt") for lang in (src, tgt)]
+        if all(os.path.isfile(p) for p in paths):
+            with open(paths[0], "rb") as a, open(paths[1], "rb") as b:
+                if a.read() != b.read():
+                    return (f"argument --share-all-embeddings: {paths[0]} and {paths[1]} are different dictionaries, "
+                            "and one embedding matrix cannot serve both; binarize the data with "
+                            "fairseq-preprocess --joined-dictionary, or drop --share-all-embeddings")
+    return None
+
+
+@register_check("arguments", "seed")
+def seed_error(ns) -> Optional[str]:
+    """A --seed numpy refuses (fairseq-train seeds numpy with it first): its traceback, before any work."""
+    seed = getattr(ns, "seed", None) if gradinit_enabled(ns) else None
+    lo, hi = SEED_RANGE
+    if isinstance(seed, int) and not isinstance(seed, bool) and not lo <= seed <= hi:
+        return (f"argument --seed: invalid value {seed}: expected an integer in [{lo}, {hi}] (fairseq-train seeds "
+                "numpy with it, and GradInit draws its batches from it)")
+    return None
+
+
+@register_check("task setup", "data path")
+def data_path_check(cfg) -> Optional[str]:
+    """A data path that does not exist where GradInit computes: the task's setup would fail reading its
+    dictionaries with a traceback once the plugin has loaded. Checked when the task is set up, not when parsed:
+    a command line is also parsed where its data is not (study plans, tests)."""
+    if not _computing_iters(cfg):
+        return None
+    data = str(getattr(cfg, "data", "") or "")
+    missing = [p for p in data.split(os.pathsep) if p and not os.path.isdir(p)]
+    if not missing:
+        return None
+    what = "is a file, not a folder" if os.path.exists(missing[0]) else "does not exist"
+    return (f"argument data: {missing[0]} {what}; give the data-bin folder that fairseq-preprocess wrote "
+            "(its --destdir)")

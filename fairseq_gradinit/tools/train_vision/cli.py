@@ -253,7 +253,7 @@ def train_run(args, out_dir: Path, device: torch.device, command: str) -> Dict[s
     }
     start_epoch, step = 0, 0
     if resume:
-        log, start_epoch, step = resume_run(resume, model, optimizer, device)
+        log, start_epoch, step = resume_run(resume, model, optimizer, device, args=args)
     elif args.init in ("gradinit", "metainit"):
         initialize(args, model, train_set, device, uses_bn, log)
     try:
@@ -301,9 +301,27 @@ def loaders(args, train_set, test_set, gen: torch.Generator, device: torch.devic
     return Limited(train_loader, args.limit_train_batches), Limited(test_loader, args.limit_test_batches)
 
 
-def resume_run(resume: str, model, optimizer, device: torch.device) -> Tuple[Dict[str, Any], int, int]:
-    """Load ``resume`` into the model, the optimizer and the random generators; returns (log, epoch, step)."""
+#: Settings a resumed run must share with the run that saved the checkpoint: its log records them once, and
+#: another value would train on with settings the log does not show.
+RESUME_SETTINGS = ("lr", "batch_size", "seed", "wd", "momentum")
+
+
+def resume_changes(saved: Dict[str, Any], args) -> Optional[str]:
+    """Which of :data:`RESUME_SETTINGS` ``args`` changes from the ``saved`` arguments of a checkpoint, or None."""
+    changed = [f"--{k.replace('_', '-')} {saved[k]} -> {getattr(args, k)}" for k in RESUME_SETTINGS
+               if k in saved and hasattr(args, k) and saved[k] != getattr(args, k)]
+    return ", ".join(changed) or None
+
+
+def resume_run(resume: str, model, optimizer, device: torch.device, *, args=None) -> Tuple[Dict[str, Any], int, int]:
+    """Load ``resume`` into the model, the optimizer and the random generators; returns (log, epoch, step).
+    With ``args``, a change of :data:`RESUME_SETTINGS` from the saved run is refused (:class:`UsageError`)."""
     ckpt = load_checkpoint(resume, device)
+    changes = resume_changes(ckpt.get("args") or {}, args) if args is not None else None
+    if changes:
+        raise UsageError(f"--resume {resume} was saved by a run with other settings ({changes}); its log.json records "
+                         "the first ones: resume with them, or start a new run with --overwrite (or another "
+                         "--output-dir)")
     try:
         model.load_state_dict(ckpt["model"])
         optimizer.load_state_dict(ckpt["optimizer"])

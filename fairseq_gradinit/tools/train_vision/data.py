@@ -146,6 +146,16 @@ def synthetic_data(n: int, shape: Sequence[int], classes: int, seed: int) -> Tup
     return (x * 255).round().clamp(0, 255).to(torch.uint8), labels
 
 
+def class_folders_differ(train: Path, test: Path) -> Optional[str]:
+    """Which class folders ``train`` and ``test`` (an ImageFolder layout) do not share, or None."""
+    classes = [sorted(d.name for d in folder.iterdir() if d.is_dir()) for folder in (train, test)]
+    if classes[0] == classes[1]:
+        return None
+    only = [sorted(set(a) - set(b)) for a, b in ((classes[0], classes[1]), (classes[1], classes[0]))]
+    return (f"the class folders of {train.name}/ and {test.name}/ differ (only in {train.name}/: {only[0][:5] or 'none'}; "
+            f"only in {test.name}/: {only[1][:5] or 'none'})")
+
+
 def build_datasets(args) -> Tuple[Dataset, Dataset, int, int, int]:
     """(train, test, num_classes, in_channels, image side)."""
     aug = args.augment
@@ -189,6 +199,11 @@ def build_datasets(args) -> Tuple[Dataset, Dataset, int, int, int]:
         if not (root / "train").is_dir() or test_root is None:
             raise FileNotFoundError(f"--data-dir {root}: --dataset imagefolder expects the folders {root}/train and "
                                     f"{root}/val (or {root}/test), one subfolder per class in each")
+        differ = class_folders_differ(root / "train", test_root)
+        if differ:
+            raise UsageError(f"--data-dir {root}: {differ}; ImageFolder numbers the classes by their sorted folder "
+                             "names, so every label of the test set would shift: give train/ and "
+                             f"{test_root.name}/ the same class folders")
         s = args.image_size
         norm = T.Normalize(IMAGENET_MEAN, IMAGENET_STD)
         train_tf = [T.Resize(s), T.CenterCrop(s)]

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...paths import MARKER, json_result, kind_problem, write_json
+from ...paths import MARKER, json_result, kind_problem, save_atomic, write_json
 from .errors import RunFailure, UsageError
 
 logger = logging.getLogger("train_vision")
@@ -61,13 +61,14 @@ CSV_FIELDS = ("epoch", "phase", "lr", "train_loss", "train_acc", "test_loss", "t
 def write_logs(out_dir: Path, log: Dict[str, Any]) -> None:
     """log.json (strict JSON, marked with the command that runs, ``log["written_by"]``) and log.csv."""
     write_json(out_dir / "log.json", log)
-    tmp = out_dir / "log.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
-        w.writeheader()
-        for row in log["epochs"]:
-            w.writerow(row)
-    os.replace(tmp, out_dir / "log.csv")
+    def write_csv(tmp):
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+            w.writeheader()
+            for row in log["epochs"]:
+                w.writerow(row)
+
+    save_atomic(write_csv, out_dir / "log.csv")
 
 
 def default_output_dir(args) -> str:
@@ -246,8 +247,8 @@ def train_epochs(args, model, optimizer, log, out_dir: Path, device, train_batch
         out_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails earlier leaves no folder
         # log.json first: a folder with a checkpoint.pt always has the log.json that marks the run as ours
         write_logs(out_dir, log)
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
-                    "step": step, "log": log, "rng": rng_state(), "args": vars(args)}, str(ckpt_path) + ".tmp")
-        os.replace(str(ckpt_path) + ".tmp", ckpt_path)
+        state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch + 1,
+                 "step": step, "log": log, "rng": rng_state(), "args": vars(args)}
+        save_atomic(lambda f: torch.save(state, f), ckpt_path)  # a full disk: one OSError, no temporary file left
     if log["epochs"]:
         write_logs(out_dir, log)
