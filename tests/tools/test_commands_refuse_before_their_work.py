@@ -92,7 +92,7 @@ def test_valid_loss_modes_refuses_a_path_that_is_no_checkpoint(tmp_path, capsys)
 
 
 def test_the_docs_section_of_issue_51_names_tests_that_exist():
-    """Each row of docs/reliability.md's section on numbers, damaged states, ignored options and full disks
+    """Each item of docs/reliability.md's section on numbers, damaged states, ignored options and full disks
     names the test that checks it, in a file it names."""
     import re
 
@@ -103,5 +103,7 @@ def test_the_docs_section_of_issue_51_names_tests_that_exist():
     assert len(named) >= 14
     missing = [f"{f}::{n}" for f, n in named if f"def {n}(" not in (repo / "tests" / f).read_text(encoding="utf-8")]
     assert not missing, missing
-    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| input")]
-    assert len(rows) >= 13 and all(re.search(r"\| `tests/[^|]*test_\w+`[^|]*\|$", row) for row in rows), rows
+    items = [line for line in section.splitlines() if line.startswith("- ")]
+    tests = [line for line in section.splitlines() if line.startswith("  - test: ")]
+    assert len(items) >= 13 and len(tests) == len(items), items
+    assert all(re.search(r"`tests/[^`]*::test_\w+`", line) for line in tests), tests
