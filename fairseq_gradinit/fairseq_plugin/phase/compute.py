@@ -130,16 +130,16 @@ def _log_plan(plan: RunPlan, device, rank: int, world: int) -> None:
                 ", ".join(plan.derived) or "none", json.dumps(settings, default=str))
 
 
-def simulated_betas_note(plan: GradInitPlan, gcfg) -> Optional[str]:
+def simulated_betas_note(plan: RunPlan, gcfg) -> Optional[str]:
     """Which Adam betas the objective's simulated training steps use, and why, where they are not the
     training's ``--adam-betas`` (None where they are, or where no Adam step is simulated): eta and the
     optimizer come from the training command, the simulated steps' betas from --gradinit-lookahead-betas."""
-    if gcfg.optimizer != "adam" or gcfg.lookahead_steps <= 1 or \
-            plan.setting("gradinit_train_optimizer") not in ("adam", "radam"):
+    if gcfg.optimizer != "adam" or gcfg.lookahead_steps <= 1 or plan.training.optimizer not in ("adam", "radam"):
         return None
+    given = plan.training.adam_betas if plan.training.adam_betas is not None else "(0.9, 0.999)"
     try:
-        train = parse_betas(plan.setting("gradinit_adam_betas", "(0.9, 0.999)"))
-    except ValueError:
+        train = parse_betas(given) if isinstance(given, str) else tuple(float(b) for b in given)
+    except (ValueError, TypeError):
         return None
     simulated = tuple(float(b) for b in gcfg.lookahead_betas)
     if train == simulated:

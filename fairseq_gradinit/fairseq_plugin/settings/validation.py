@@ -669,7 +669,8 @@ def data_layout_error(ns) -> Optional[str]:
 @register_check("arguments", "seed")
 def seed_error(ns) -> Optional[str]:
     """A --seed numpy refuses (fairseq-train seeds numpy with it first): its traceback, before any work."""
-    seed = getattr(ns, "seed", None) if gradinit_enabled(ns) else None
+    on = _computing_iters(ns) or cfg_value(ns, "gradinit_init_file")
+    seed = getattr(ns, "seed", None) if on else None
     lo, hi = SEED_RANGE
     if isinstance(seed, int) and not isinstance(seed, bool) and not lo <= seed <= hi:
         return (f"argument --seed: invalid value {seed}: expected an integer in [{lo}, {hi}] (fairseq-train seeds "
