@@ -71,10 +71,15 @@ class ModelStructure:
     ``blocks``: a regular expression whose match at the start of a parameter name is that parameter's
     block (e.g. ``r"stages\.\d+\.\d+"``); names it does not match, and every name when
     None, go by :func:`block_of`: up to the first numeric part, else the module.
+
+    ``sides``: the name prefixes of an encoder-decoder model's two stacks, the source side first (e.g.
+    ``("encoder", "decoder")``): the check compares how much quieter the scales made each side's blocks
+    (:func:`encoder_silencing`). Default: none.
     """
 
     pairs: Tuple[Tuple[str, str], ...] = ()
     blocks: Optional[str] = None
+    sides: Tuple[str, ...] = ()
 
     def __post_init__(self):
         pairs = tuple(tuple(p) for p in self.pairs)
@@ -283,6 +288,8 @@ class ScaleHealth:
     phase: Optional[PhaseHealth] = None
     #: Multiplicative pairs switched off together: [name_a, name_b, scale_a, scale_b].
     pairs_off: List[list] = field(default_factory=list)
+    #: An encoder-decoder model's sides' median block quieting and their ratio (:func:`encoder_silencing`).
+    encoder_silencing: Optional[dict] = None
 
     @property
     def ok(self) -> bool:
@@ -296,7 +303,6 @@ class ScaleHealth:
     def to_dict(self) -> dict:
         floor = lambda d: {"count": len(d), "names": list(d), "scales": [v[0] for v in d.values()],  # noqa: E731
                            "lower_bounds": [v[1] for v in d.values()]}
-        silencing = encoder_silencing(self.blocks)
         return {
             "verdict": self.verdict,
             "reasons": list(self.reasons),
@@ -309,8 +315,8 @@ class ScaleHealth:
             "blocks": None if self.blocks is None else [b.to_dict() for b in self.blocks],
             "phase": None if self.phase is None else self.phase.to_dict(),
             "pairs_off": [list(p) for p in self.pairs_off],
-            "encoder_silencing": None if silencing is None else {
-                k: "inf" if math.isinf(v) else v for k, v in silencing.items()},
+            "encoder_silencing": None if self.encoder_silencing is None else {
+                k: "inf" if isinstance(v, float) and math.isinf(v) else v for k, v in self.encoder_silencing.items()},
         }
 
     def table(self, k: int = 3) -> List[str]:
@@ -408,7 +414,7 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
            is_layer_norm: Callable[[str], bool], params: Mapping[str, nn.Parameter],
            norms: Optional[List[NormHealth]], th: HealthThresholds, notes: List[str],
            blocks: Optional[List[BlockGradient]] = None, phase: Optional[PhaseHealth] = None,
-           pairs: Sequence[Tuple[str, str]] = ()) -> ScaleHealth:
+           pairs: Sequence[Tuple[str, str]] = (), sides: Sequence[str] = ()) -> ScaleHealth:
     floor_w: Dict[str, Tuple[float, float]] = {}
     lows: Dict[str, float] = {}
     floor_b: Dict[str, Tuple[float, float]] = {}
@@ -459,10 +465,11 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
                                                  if any(n.gain_before is not None for n in high) else "")
                            + f", the highest {top.name} {top.gain_after:.3g}")
     off = pairs_switched_off(scales, lows, th.pair_floor_factor, pairs=pairs)
-    reasons += shock_reasons(blocks, phase, off, th)
+    reasons += shock_reasons(blocks, phase, off, th, sides=sides)
     return ScaleHealth(verdict=DEGENERATE if reasons else OK, reasons=reasons, floor_weights=floor_w,
                        floor_biases=floor_b, num_weights=n_w, num_biases=n_b, small_layer_norm_scales=small,
-                       norms=norms, thresholds=th, notes=list(notes), blocks=blocks, phase=phase, pairs_off=off)
+                       norms=norms, thresholds=th, notes=list(notes), blocks=blocks, phase=phase, pairs_off=off,
+                       encoder_silencing=encoder_silencing(blocks, sides))
 
 
 def pairs_switched_off(scales: Mapping[str, float], lows: Mapping[str, float], factor: float, *,
@@ -487,13 +494,14 @@ def pairs_switched_off(scales: Mapping[str, float], lows: Mapping[str, float], f
 
 
 def shock_reasons(blocks: Optional[List[BlockGradient]], phase: Optional[PhaseHealth], pairs: List[list],
-                  th: HealthThresholds) -> List[str]:
+                  th: HealthThresholds, *, sides: Sequence[str] = ()) -> List[str]:
     """The reasons that predict a delayed no-warmup shock: silenced blocks, a constraint-bound phase,
     multiplicative pairs switched off together (see :class:`HealthThresholds`)."""
     reasons = []
-    silencing = encoder_silencing(blocks)
+    silencing = encoder_silencing(blocks, sides)
     if silencing is not None and silencing["ratio"] >= th.max_encoder_quieting_ratio:
-        reasons.append(f"the encoder's blocks are {silencing['ratio']:.0f}x quieter than the decoder's: the model "
+        source, target = sides[:2]
+        reasons.append(f"the {source}'s blocks are {silencing['ratio']:.0f}x quieter than the {target}'s: the model "
                        "may learn to ignore its source (watch src_gap; docs/health.md#encoder-silenced)")
     quiet = [b for b in blocks or () if b.quieting is not None and b.quieting >= th.max_block_quieting]
     if quiet:
@@ -511,10 +519,12 @@ def shock_reasons(blocks: Optional[List[BlockGradient]], phase: Optional[PhaseHe
     return reasons
 
 
-def encoder_silencing(blocks: Optional[Sequence[BlockGradient]]) -> Optional[dict]:
-    """How much quieter the scales made an encoder-decoder model's encoder than its decoder: the median
-    quieting of the ``encoder.*`` blocks, of the ``decoder.*`` blocks and their ``ratio``; None where the
-    blocks were not measured or the model has no such pair of sides."""
+def encoder_silencing(blocks: Optional[Sequence[BlockGradient]], sides: Sequence[str] = ()) -> Optional[dict]:
+    """How much quieter the scales made an encoder-decoder model's source side than its target side: the median
+    quieting of the blocks named ``sides[0].*``, of those named ``sides[1].*`` and their ``ratio``; None without
+    two ``sides`` (:attr:`ModelStructure.sides`), where the blocks were not measured, or where a side has none."""
+    if len(sides) < 2:
+        return None
     def median_quieting(side):
         values = sorted(b.quieting for b in blocks or () if b.name.startswith(side + ".") and b.quieting is not None)
         if not values:
@@ -522,7 +532,7 @@ def encoder_silencing(blocks: Optional[Sequence[BlockGradient]]) -> Optional[dic
         mid = len(values) // 2
         return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
-    enc, dec = median_quieting("encoder"), median_quieting("decoder")
+    enc, dec = median_quieting(sides[0]), median_quieting(sides[1])
     if enc is None or dec is None or not dec > 0:
         return None
     return {"encoder_median_quieting": enc, "decoder_median_quieting": dec, "ratio": enc / dec}
@@ -614,7 +624,7 @@ def scale_verdict(scales: Mapping[str, float], *, config: Union[GradInitConfig, 
     return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=norm_weights or guess_norm_weight,
                   is_layer_norm=layer_norm_weights or guess_layer_norm_weight, params={}, norms=None,
                   th=thresholds or HealthThresholds(), notes=notes, phase=phase_health(history, gamma),
-                  pairs=structure.pairs)
+                  pairs=structure.pairs, sides=structure.sides)
 
 
 def snapshot_weights(model: nn.Module) -> Dict[str, torch.Tensor]:
@@ -718,7 +728,7 @@ def scale_health(model: nn.Module, scales: Mapping[str, float], forward: Optiona
     return _judge(scales, min_scale=min_scale, bounds=bounds, is_norm=lambda n: n in norm_names or (
         n not in params and guess_norm_weight(n)), is_layer_norm=lambda n: n in layer_norm_names,
         params=params, norms=norms, th=th, notes=notes, blocks=blocks, phase=phase_health(history, gamma),
-        pairs=structure.pairs)
+        pairs=structure.pairs, sides=structure.sides)
 
 
 def _blocks(model: nn.Module, loss, initial, structure: ModelStructure, *,

@@ -82,12 +82,7 @@ def main(argv=None) -> dict:
     ckpt = Path(args.path)
     if not ckpt.is_file():
         raise SystemExit(f"checkpoint not found: {ckpt}")
-    problem = checkpoint_file_error(ckpt)
-    if problem:
-        parser.error(f"argument --path: {ckpt} {problem}: give a checkpoint_*.pt that fairseq-train saved")
-    error = data_error(Path(args.data), args.subset)
-    if error:
-        parser.error(error)
+    # The output first: an --output-json that would overwrite an input is refused whatever the input holds.
     if args.output_json:
         try:
             check_output("--output-json", args.output_json,
@@ -96,6 +91,12 @@ def main(argv=None) -> dict:
                          inputs={"--path": ckpt, "data": args.data})
         except OutputError as e:
             parser.error(str(e))
+    problem = checkpoint_file_error(ckpt)
+    if problem:
+        parser.error(f"argument --path: {ckpt} {problem}: give a checkpoint_*.pt that fairseq-train saved")
+    error = data_error(Path(args.data), args.subset)
+    if error:
+        parser.error(error)
     from fairseq import checkpoint_utils, utils
 
     import fairseq_gradinit.fairseq_plugin  # noqa: F401  (the task; checkpoint loading on torch >= 2.6)

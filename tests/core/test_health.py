@@ -265,9 +265,11 @@ def test_pinned_tensors_are_not_switched_off_and_encoder_silencing_is_named():
     assert health.verdict == OK and not health.floor_weights and not health.pairs_off
     blocks = [BlockGradient(f"encoder.layers.{i}", 1.0, 27.0) for i in range(3)] + \
         [BlockGradient(f"decoder.layers.{i}", 1.0, 1.0) for i in range(3)]
-    assert encoder_silencing(blocks)["ratio"] == pytest.approx(27.0)
-    reasons = shock_reasons(blocks, None, [], HealthThresholds())
+    sides = ("encoder", "decoder")  # the caller names them (the fairseq plugin does so)
+    assert encoder_silencing(blocks, sides)["ratio"] == pytest.approx(27.0)
+    assert encoder_silencing(blocks) is None  # no sides named: not an encoder-decoder check
+    reasons = shock_reasons(blocks, None, [], HealthThresholds(), sides=sides)
     assert len(reasons) == 1 and reasons[0].startswith("the encoder's blocks are 27x quieter") and len(reasons[0]) < 200
     even = [BlockGradient(b.name, 1.0, 5.0) for b in blocks]
-    assert shock_reasons(even, None, [], HealthThresholds()) == []
-    assert encoder_silencing([BlockGradient("layers.0", 1.0, 9.0)]) is None  # no encoder-decoder pair of sides
+    assert shock_reasons(even, None, [], HealthThresholds(), sides=sides) == []
+    assert encoder_silencing([BlockGradient("layers.0", 1.0, 9.0)], sides) is None  # neither side has a block

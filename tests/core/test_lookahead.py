@@ -48,7 +48,9 @@ def test_simulated_steps_are_torch_adams_steps(k, monkeypatch):
         lm_loss(twin, s).backward()
         opt.step()
     for p, theta, d in zip(twin.parameters(), seen["theta_start"], seen["direction"]):
-        torch.testing.assert_close(p.detach(), theta - 1e-2 * d, rtol=0, atol=1e-12)
+        # float64; after K >= 2 steps the gradients' sums round by thread count (~1e-12 on 2 threads), far below
+        # an Adam step of 1e-2
+        torch.testing.assert_close(p.detach(), theta - 1e-2 * d, rtol=0, atol=1e-11)
 
 
 def test_objective_gradient_matches_central_differences(monkeypatch):

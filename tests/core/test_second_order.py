@@ -304,7 +304,9 @@ def test_scales_after_constraint_iterations_match_the_full_products(dtype):
     # of its computed gradient, and with it its Adam steps, follow the rounding of whichever sums
     # computed it (in either dtype, and in a run against itself with other thread counts).
     keep = torch.tensor(["k_proj.bias" not in n for n in engine.scaled.names])
-    torch.testing.assert_close(runs[False][0][keep], runs[True][0][keep], rtol=1e-5 if dtype == torch.float32
+    # float64 checks the arithmetic; in float32 a few scales drift by up to ~2e-4 relative over the iterations,
+    # since Adam's normalized steps carry the rounding of near-zero gradients in full
+    torch.testing.assert_close(runs[False][0][keep], runs[True][0][keep], rtol=5e-4 if dtype == torch.float32
                                else 1e-7, atol=0)
 
 

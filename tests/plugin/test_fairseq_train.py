@@ -102,7 +102,9 @@ def test_train_then_resume_does_not_rerun(tiny_data, tmp_path, caplog):
     assert state["optimizer_history"][-1]["num_updates"] == 4
     # the training monitor beside GradInit; the resumed run continues its file
     monitor = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
-    assert [(r["type"], r["update"]) for r in monitor] == [("start", 0), ("interval", 2), ("start", 2), ("interval", 4)]
+    # (each validation also appends a "validation" record with the source gap: docs/monitor.md#source-use)
+    assert [(r["type"], r["update"]) for r in monitor if r["type"] != "validation"] == \
+        [("start", 0), ("interval", 2), ("start", 2), ("interval", 4)]
 
 
 def test_training_monitor_without_gradinit(tiny_data, tmp_path):
@@ -111,7 +113,9 @@ def test_training_monitor_without_gradinit(tiny_data, tmp_path):
     train_inprocess([str(tiny_data), "--user-dir", "fairseq_gradinit", *TINY_MODEL, "--lr", "1e-3",
                      "--max-update", "4", "--save-dir", str(save), "--gradinit-monitor-interval", "2"])
     assert not (save / "gradinit.json").exists()
-    start, *intervals = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    start, *records = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    intervals = [r for r in records if r["type"] != "validation"]
+    assert all("src_gap" in r for r in records if r["type"] == "validation")
     assert start["type"] == "start" and start["update"] == 0 and start["interval"] == 2
     assert start["precision"] == "float32" and start["loss_scale"] is None and start["weights"] == "model"
     assert start["fixed_batch"]["ntokens"] > 0
@@ -194,7 +198,8 @@ def test_two_rank_distributed_identical(tiny_data, tmp_path, ddp_backend):
     assert r0["local_losses"] != r1["local_losses"]
     assert json.loads((save / "gradinit.json").read_text())["world_size"] == 2
     # the training monitor (measuring on rank 0 only) left the ranks identical; rank 0 alone wrote
-    monitor = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()]
+    monitor = [json.loads(line) for line in (save / "monitor.jsonl").read_text().splitlines()
+               if json.loads(line)["type"] != "validation"]
     assert [(r["type"], r["update"]) for r in monitor] == [("start", 0), ("interval", 2)]
     assert "encoder.0.fc1" in monitor[1]["groups"]
 

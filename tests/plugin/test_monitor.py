@@ -107,8 +107,10 @@ def trainer_step(task, model, optimizer, sample, update):
     return update + 1
 
 
-def records(save_dir):
-    return [json.loads(line) for line in (save_dir / MONITOR_JSONL).read_text().splitlines()]
+def records(save_dir, *, validations=False):
+    """The monitor's records; its per-validation source-gap records only with ``validations``."""
+    out = [json.loads(line) for line in (save_dir / MONITOR_JSONL).read_text().splitlines()]
+    return out if validations else [r for r in out if r["type"] != "validation"]
 
 
 def test_overflow_record_names_the_parameter_whose_gradient_is_not_finite(tmp_path):

@@ -88,8 +88,9 @@ def test_init_clamp_applies_clamped_scales_and_records_them(tmp_path):
     health = record["health"]
     assert health["floor"]["weights"]["count"] == 0 and not health["pairs_off"], health
     # what is left: every weight at 0.1 silences the encoder's gradient (through the decoder's two
-    # 0.1-scaled cross-attention projections), which the block check flags
-    assert [r.split(" ", 2)[1:2] for r in health["reasons"]] == [["blocks"]], health["reasons"]
+    # 0.1-scaled cross-attention projections), which the block check and the encoder-silencing check flag
+    assert [r.split(" ", 2)[1:2] for r in health["reasons"]] == [["encoder's"], ["blocks"]], health["reasons"]
+    assert health["encoder_silencing"]["ratio"] >= 10
     quiet = {b["name"]: b["quieting"] for b in health["blocks"]}
     assert min(quiet["encoder.layers.0"], quiet["encoder.layers.1"]) > 100 > quiet["decoder.layers.1"]
     # measured on a GradInit batch of this run: LayerNorm gains before and after the clamped scales

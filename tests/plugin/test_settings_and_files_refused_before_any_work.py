@@ -53,15 +53,14 @@ def test_the_simulated_adam_betas_are_said_where_they_are_not_the_trainings():
     from fairseq_gradinit.fairseq_plugin.phase.compute import simulated_betas_note
 
     def plan(betas, optimizer="adam"):
-        values = {"gradinit_adam_betas": betas, "gradinit_train_optimizer": optimizer}
-        return types.SimpleNamespace(setting=lambda name, default=None: values.get(name) or default)
+        return types.SimpleNamespace(training=types.SimpleNamespace(adam_betas=betas, optimizer=optimizer))
 
     cfg = GradInitConfig(lookahead_steps=4)
     # before: (0.9, 0.98) simulated without a word under --adam-betas '(0.9, 0.999)'
     assert simulated_betas_note(plan("(0.9, 0.999)"), cfg) == (
-        "the objective simulates 4 Adam steps with betas (0.9, 0.98) (--gradinit-lookahead-betas), not the "
-        "training's --adam-betas (0.9, 0.999); pass --gradinit-lookahead-betas '(0.9, 0.999)' to simulate the "
-        "steps training takes")
+        "the objective simulates 4 Adam steps with betas (0.9, 0.98), training uses (0.9, 0.999): "
+        "--gradinit-lookahead-betas '(0.9, 0.999)' simulates its steps")
+    assert simulated_betas_note(plan((0.9, 0.999)), cfg) is not None  # the plan holds fairseq's betas as a tuple
     assert simulated_betas_note(plan(None), cfg) is not None  # fairseq's default (0.9, 0.999)
     assert simulated_betas_note(plan("(0.9, 0.98)"), cfg) is None
     assert simulated_betas_note(plan("(0.9, 0.999)", "sgd"), cfg) is None

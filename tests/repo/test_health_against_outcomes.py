@@ -18,6 +18,7 @@ from lab.study.verdict import SOURCE_GAP_MARGIN
 
 SOURCE_USE = Path(__file__).resolve().parents[2] / "lab" / "record" / "testbed-d128" / "source-use"
 IGNORED = 0.1
+SIDES = ("encoder", "decoder")  # fairseq's, as the plugin names them to the health check
 
 
 def _phases():
@@ -62,7 +63,7 @@ def test_encoder_silencing_is_never_said_of_a_model_that_used_its_source(thresho
     used = {a: v for a, v in _phases().items() if v[2] is not None and v[1] >= v[2] - SOURCE_GAP_MARGIN}
     for arm, (health, _, _) in used.items():
         blocks = [BlockGradient(b["name"], b["rms_after"], b.get("rms_before")) for b in health["blocks"]]
-        silencing = encoder_silencing(blocks)
+        silencing = encoder_silencing(blocks, SIDES)
         assert silencing is None or silencing["ratio"] < threshold, arm
 
 
@@ -72,7 +73,7 @@ def test_the_stored_verdicts_name_encoder_silencing_where_the_stored_blocks_show
     th = HealthThresholds().max_encoder_quieting_ratio
     for arm, (health, _, _) in _phases().items():
         blocks = [BlockGradient(b["name"], b["rms_after"], b.get("rms_before")) for b in health["blocks"]]
-        silencing = encoder_silencing(blocks)
+        silencing = encoder_silencing(blocks, SIDES)
         named = any(r.startswith("the encoder's blocks are") for r in health["reasons"])
         if "encoder_silencing" in health:  # written by a version with the rule
             assert named == (silencing is not None and silencing["ratio"] >= th), arm

@@ -172,7 +172,11 @@ def test_compare_vision_replaces_only_its_own_runs_and_files(tmp_path, capsys):
     checkpoint = out / "kaiming" / "checkpoint.pt"  # before: --json wrote over it after both runs
     mine = tmp_path / "mine"
     assert compare_vision.main([*COMPARE_TINY, "--output-dir", str(mine), "--json", str(checkpoint)]) == 2
-    assert f"error: --json {checkpoint} exists and it holds binary data" in capsys.readouterr().err
+    assert f"error: --json {checkpoint}: gradinit-compare-vision writes a JSON file there" in capsys.readouterr().err
+    foreign = tmp_path / "foreign.json"  # a .json name that holds someone else's binary file
+    foreign.write_bytes((out / "kaiming" / "checkpoint.pt").read_bytes())
+    assert compare_vision.main([*COMPARE_TINY, "--output-dir", str(mine), "--json", str(foreign)]) == 2
+    assert f"error: --json {foreign} exists and it holds binary data" in capsys.readouterr().err
     assert snapshot(out) == before and not mine.exists()
 
     assert compare_vision.main([*COMPARE_TINY, "--output-dir", str(mine)]) == 0

@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 #: parameters go by their numbered or own module), and the multiplicative pairs are MultiheadAttention's
 #: query & key and value & output projections and a Transformer layer's two FFN layers.
 FAIRSEQ_STRUCTURE = ModelStructure(pairs=(("q_proj", "k_proj"), ("v_proj", "out_proj"), ("fc1", "fc2")),
-                                   blocks=r"(encoder|decoder)\.layers\.\d+")
+                                   blocks=r"(encoder|decoder)\.layers\.\d+", sides=("encoder", "decoder"))
 
 
 def log_health(health: ScaleHealth, *, log: Optional[logging.Logger] = None) -> None:

@@ -144,9 +144,8 @@ def simulated_betas_note(plan: RunPlan, gcfg) -> Optional[str]:
     simulated = tuple(float(b) for b in gcfg.lookahead_betas)
     if train == simulated:
         return None
-    return (f"the objective simulates {gcfg.lookahead_steps} Adam steps with betas {simulated} "
-            f"(--gradinit-lookahead-betas), not the training's --adam-betas {train}; pass --gradinit-lookahead-betas "
-            f"'{train}' to simulate the steps training takes")
+    return (f"the objective simulates {gcfg.lookahead_steps} Adam steps with betas {simulated}, training uses "
+            f"{train}: --gradinit-lookahead-betas '{train}' simulates its steps")
 
 
 def _write(path: str, out: dict, resume_path: str) -> None:
