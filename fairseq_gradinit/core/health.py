@@ -158,8 +158,8 @@ class HealthThresholds:
     ``max_encoder_quieting_ratio`` = 10: in an encoder-decoder model (blocks named ``encoder.*`` and
     ``decoder.*``), the median quieting of the encoder's blocks over the decoder's. The objective can lower the
     loss after a few steps fastest by silencing the encoder (a decoder that ignores its source is a language
-    model, which learns faster); a model trained from such scales may never use its source. On the d=128
-    testbed every phase whose model ignored its source had a ratio of 13 or more (docs/health.md).
+    model, which learns faster); a model trained from such scales may never use its source. Silencing the
+    encoder is one route to that, not the only one: docs/health.md#encoder-silenced has the testbed's phases.
     """
 
     floor_fraction: float = 0.05

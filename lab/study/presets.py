@@ -1016,6 +1016,7 @@ the arms add; 'standard' is inverse_sqrt after a 300-update warmup. Every arm va
 updates in eval mode, with dropout on and with the sources rolled across the batch (src_gap), and
 BLEU is measured at the end (test split, beam 5; pass --bleu-ref with the raw test.en). GradInit
 phases are the testbed's (the schedule does not enter their fingerprint), so --gradinit-cache can
-point at the testbed's. An arm takes about an hour on one core of a 2-core machine.""",
+point at the testbed's. Its first calibration (lab/record/testbed-d128.md) found 3000 updates too
+short for BLEU to separate the arms.""",
 )
 PRESETS[CONVERGE.name] = CONVERGE

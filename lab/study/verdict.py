@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Dict, Mapping, Optional, Tuple
 
-#: How far (bits per token) an arm's source gap may fall below its comparator's at a validation. The
-#: testbed's models that translate differ by less (warmup 1.83, Admin 1.43 at update 1000 on a held-out
-#: split), and those that ignore their source fall short by more than 1.5 bits there.
+#: How far (bits per token) an arm's source gap may fall below its comparator's at a validation: wider than the
+#: spread between the testbed's models that translate, narrower than how far those that ignore their source fall
+#: short (lab/record/testbed-d128.md, batches 7-9).
 SOURCE_GAP_MARGIN = 0.5
 #: Validations before this update are not judged: every model starts with a gap of about 0.
 FROM_UPDATE = 500

@@ -34,10 +34,8 @@ ROLLED_BASE_KEY = "loss_src_base"  # the eval loss of the same (rolled-scored) b
 GAP_KEY = "src_gap"
 #: The warning: a validation warns when, from GAP_WARN_FROM_UPDATE on, the model has learned something (its
 #: loss at least LOSS_DROP bits below the run's first validated loss) but its source gap is below GAP_FLOOR.
-#: The d=128 CPU testbed (lab/record/testbed-d128.md, batch 7) sets the numbers: its 200-update warmup run had
-#: a gap of 0.79 bits at update 500 and 1.07 once its loss had fallen by 1 bit, while the runs that ignored
-#: their source stayed at |gap| < 0.01 at every validation with their loss 1.5 bits down by update 500.
-#: The loss condition keeps a run whose long warmup has not started learning yet from being warned about.
+#: The numbers come from the d=128 CPU testbed's runs with and without source use (docs/monitor.md#source-use
+#: quotes them). The loss condition keeps a run whose long warmup has not started learning yet from being warned about.
 GAP_WARN_FROM_UPDATE = 500
 GAP_FLOOR = 0.25
 LOSS_DROP = 1.0
