@@ -24,16 +24,19 @@ REPO = Path(__file__).resolve().parents[1]
 SOURCE_USE = REPO / "lab" / "record" / "testbed-d128" / "source-use"
 
 
-def _stored_arms(dirs: Sequence[Path]) -> Tuple[Dict[str, dict], Dict[str, dict]]:
-    """``(curves, bleu)`` of every arm of the stored studies in ``dirs``, by arm name (a later study's arm of
-    the same name replaces an earlier one's)."""
+def _stored_arms(dirs: Sequence[Path]) -> Tuple[Dict[str, dict], Dict[str, dict], Dict[str, str]]:
+    """``(curves, bleu, batch)`` of every arm of the stored studies in ``dirs``, by arm name (a later study's arm
+    of the same name replaces an earlier one's); ``batch`` is the folder each arm came from."""
     curves: Dict[str, dict] = {}
     bleu: Dict[str, dict] = {}
+    batch: Dict[str, str] = {}
     for d in dirs:
-        curves.update(read_curves_csv(d / "curves.csv"))
+        arms = read_curves_csv(d / "curves.csv")
+        curves.update(arms)
+        batch.update({name: d.name for name in arms})
         if (d / "bleu.json").is_file():
             bleu.update((json.loads((d / "bleu.json").read_text(encoding="utf-8")).get("arms") or {}))
-    return curves, bleu
+    return curves, bleu, batch
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -45,12 +48,11 @@ def source_use_table(dirs: Sequence[Path] = (), *, comparator: str = "warmup",
     """The CPU testbed's arms judged by source use: loss and source gap at ``updates``, BLEU and distinct
     hypotheses at the last update, and each arm's verdict against ``comparator`` (:mod:`.study.verdict`)."""
     dirs = list(dirs) or sorted(p for p in SOURCE_USE.iterdir() if (p / "curves.csv").is_file())
-    curves, bleu = _stored_arms(dirs)
+    curves, bleu, batch_of = _stored_arms(dirs)
     ref = curves.get(comparator)
     head = ["arm", "batch"] + [f"loss @{u}" for u in updates] + [f"source gap @{u}" for u in updates] \
         + ["BLEU", "distinct hypotheses", f"verdict against `{comparator}`"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (2 * len(updates) + 2) + "---|"]
-    batch_of = {name: d.name for d in dirs for name in read_curves_csv(d / "curves.csv")}
     for name in sorted(curves, key=lambda n: (n != comparator, batch_of[n], n)):
         c = curves[name]
         loss, gap = c.get("valid_loss", {}), c.get("valid_src_gap", {})

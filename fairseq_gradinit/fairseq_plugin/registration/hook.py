@@ -79,6 +79,8 @@ class GradInitTaskMixin:
         # checked and whose save dir it holds), taken by run().
         self._gradinit_context = None
         self.gradinit_sdpa_guard = None  # the cuDNN attention guard's decision, made when the model is built
+        self._gradinit_first_valid_loss = None  # the source gap's warning compares each validation with the first
+        self._gradinit_no_source_logged = False
         self.gradinit_result = None
 
     @property
@@ -129,7 +131,7 @@ class GradInitTaskMixin:
             if source_use.has_source(sample):
                 logging_output = dict(logging_output)
                 logging_output.update(source_use.rolled_loss_output(model, criterion, sample, loss))
-            elif not getattr(self, "_gradinit_no_source_logged", False):
+            elif not self._gradinit_no_source_logged:
                 self._gradinit_no_source_logged = True
                 logger.info("gradinit: source gap: skipped, this task's batches have no source to roll")
         return loss, sample_size, logging_output
@@ -150,7 +152,7 @@ class GradInitTaskMixin:
         if gap is None:
             return
         update, loss = stats.get("num_updates"), stats.get("loss")
-        first = getattr(self, "_gradinit_first_valid_loss", None)
+        first = self._gradinit_first_valid_loss
         if first is None:
             self._gradinit_first_valid_loss = first = loss
         warns = source_use.gap_warns(float(gap), update, loss=loss, first_loss=first)
