@@ -47,6 +47,7 @@ setup(
             "gradinit-plot-curves=fairseq_gradinit.tools.plot_curves:run",
             "gradinit-train-vision=fairseq_gradinit.tools.train_vision.cli:run",
             "gradinit-compare-vision=fairseq_gradinit.tools.compare_vision:run",
+            "gradinit-demo=fairseq_gradinit.tools.demo:run",
         ],
     },
 )

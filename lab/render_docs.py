@@ -43,27 +43,45 @@ def _fmt(v, digits: int = 3) -> str:
     return "–" if v is None else f"{round(v, digits) + 0.0:.{digits}f}"  # + 0.0: no "-0.000"
 
 
+def seed_of(name: str) -> int:
+    """An arm's seed from its name (``-s2`` for seed 2; the testbed's arms are seed 1 otherwise)."""
+    m = re.search(r"-s(\d+)$", name)
+    return int(m.group(1)) if m else 1
+
+
+def comparator_of(name: str, comparator: str, arms: Mapping[str, dict]) -> str:
+    """The comparator run of the same seed as ``name`` where one is stored, else ``comparator``."""
+    seed = seed_of(name)
+    twin = f"{comparator}-s{seed}" if seed != 1 else comparator
+    return twin if twin in arms else comparator
+
+
 def source_use_table(dirs: Sequence[Path] = (), *, comparator: str = "warmup",
                      updates: Tuple[int, ...] = (500, 1000)) -> str:
     """The CPU testbed's arms judged by source use: loss and source gap at ``updates``, BLEU and distinct
-    hypotheses at the last update, and each arm's verdict against ``comparator`` (:mod:`.study.verdict`)."""
+    hypotheses at the last update, and each arm's verdict against the ``comparator`` run of its seed
+    (:mod:`.study.verdict`)."""
     dirs = list(dirs) or sorted(p for p in SOURCE_USE.iterdir() if (p / "curves.csv").is_file())
     curves, bleu, batch_of = _stored_arms(dirs)
-    ref = curves.get(comparator)
-    head = ["arm", "batch"] + [f"loss @{u}" for u in updates] + [f"source gap @{u}" for u in updates] \
-        + ["BLEU", "distinct hypotheses", f"verdict against `{comparator}`"]
-    lines = ["| " + " | ".join(head) + " |", "|---|---|" + "---:|" * (2 * len(updates) + 2) + "---|"]
-    for name in sorted(curves, key=lambda n: (n != comparator, batch_of[n], n)):
+    comparators = {n for n in curves if n == comparator or re.fullmatch(rf"{re.escape(comparator)}-s\d+", n)}
+    head = ["arm", "batch", "seed"] + [f"loss @{u}" for u in updates] + [f"source gap @{u}" for u in updates] \
+        + ["BLEU", "distinct hypotheses", "verdict against the comparator of its seed"]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---:|" + "---:|" * (2 * len(updates) + 2) + "---|"]
+    for name in sorted(curves, key=lambda n: (n not in comparators, batch_of[n], n)):
         c = curves[name]
         loss, gap = c.get("valid_loss", {}), c.get("valid_src_gap", {})
         b = bleu.get(name) or {}
-        if name == comparator or ref is None:
-            verdict = "the comparator" if name == comparator else "–"
+        ref_name = comparator_of(name, comparator, curves)
+        if name in comparators:
+            verdict = "the comparator"
+        elif ref_name not in curves:
+            verdict = "–"
         else:
-            v = judge(name, c, comparator, ref)
+            v = judge(name, c, ref_name, curves[ref_name])
             verdict = "–" if v.holds is None else ("holds" if v.holds else "fails: " + v.reasons[0])
         lines.append("| " + " | ".join(
-            [f"`{name}`", batch_of[name]] + [_fmt(loss.get(u)) for u in updates] + [_fmt(gap.get(u)) for u in updates]
+            [f"`{name}`", batch_of[name], str(seed_of(name))] + [_fmt(loss.get(u)) for u in updates]
+            + [_fmt(gap.get(u)) for u in updates]
             + [_fmt(b.get("bleu"), 2), "–" if b.get("distinct_hypotheses") is None else str(b["distinct_hypotheses"]),
                verdict]) + " |")
     return "\n".join(lines) + "\n"

@@ -223,6 +223,16 @@ def phase_e2e_table(tag: str) -> str:
     return "\n" + phase_e2e_markdown(load(tag))
 
 
+def default_phase_cost(tag: str, iterations: int = 200) -> str:
+    """A phase of ``iterations`` objective iterations of ``results/<tag>.json`` (the plugin's default objective:
+    almost every iteration of its phases is one) in training updates of the same run."""
+    if not (RESULTS / f"{tag}.json").exists():
+        return f"not measured yet (`results/{tag}.json`)"
+    ratio = load(tag)["kinds"]["objective"]["per_update_ratio"]
+    return (f"{ratio:.2f} training updates per objective iteration, so a {iterations}-iteration phase costs about "
+            f"{ratio * iterations:.0f} updates' time")
+
+
 def bleu_decode_markdown(d: dict) -> str:
     """The table of ``bench_bleu_decode.py``'s report ``d``: per case the decode path, the decodes at once, the wall
     and processor time (start-up included), the start-up and the rate after it, BLEU, and the wall time over the
@@ -262,6 +272,8 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "gpu_phase_cuda": lambda: gpu_phase_table("gpu_phase_cuda"),
     "phase_e2e_cpu": lambda: phase_e2e_table("phase_e2e_cpu"),
     "phase_e2e_cpu_fd": lambda: phase_e2e_table("phase_e2e_cpu_fd"),
+    "phase_e2e_cpu_look4": lambda: phase_e2e_table("phase_e2e_cpu_look4"),
+    "phase_e2e_cpu_look4.default_phase": lambda: default_phase_cost("phase_e2e_cpu_look4"),
     "bleu_decode_cpu": lambda: bleu_decode_table("bleu_decode_cpu"),
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
                                                                  "after": "flat buffers (full Hessian-vector products)"}),
