@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -46,8 +47,8 @@ ARMS = {"xavier": "no GradInit (Xavier), no warmup", "gradinit": "GradInit, no w
 #: A model whose source gap stays below this many bits per token ignores its source (the training
 #: monitor's threshold, docs/monitor.md).
 GAP_IGNORES_SOURCE = 0.25
-#: The stored demo runs the printout compares with (one per machine measured), in the repository.
-STORED_RUNS = Path(__file__).resolve().parents[2] / "docs" / "demo-runs.json"
+#: The stored demo runs the printout compares with (one ``demo.json`` per machine measured), in the repository.
+STORED_RUNS = Path(__file__).resolve().parents[2] / "docs" / "demo-runs"
 
 
 class DemoError(RuntimeError):
@@ -301,12 +302,29 @@ def reading(arms: Dict[str, dict]) -> List[str]:
     return lines
 
 
-def stored_range() -> Optional[str]:
+def stored_runs(folder: Path = STORED_RUNS) -> List[dict]:
+    """The stored demo runs at the demo's defaults (none where the checkout's record is not at hand)."""
+    runs = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else ():
+        try:
+            runs.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return [r for r in runs if isinstance(r.get("arms"), dict) and set(ARMS) <= set(r["arms"])]
+
+
+#: The plan's fields that the numbers depend on: stored runs are compared only where these agree.
+SETTINGS = ("updates", "gradinit_iters", "valid_every", "max_tokens", "valid_batches", "seed", "vocab_size")
+
+
+def comparable(runs: List[dict], plan: DemoPlan) -> List[dict]:
+    """The stored runs made with ``plan``'s settings."""
+    return [r for r in runs if all(r.get("plan", {}).get(k) == getattr(plan, k) for k in SETTINGS)]
+
+
+def stored_range(runs: Optional[List[dict]] = None) -> Optional[str]:
     """The stored demo runs' final numbers as a range over the machines measured (None without the record)."""
-    try:
-        runs = json.loads(STORED_RUNS.read_text(encoding="utf-8"))["runs"]
-    except (OSError, ValueError, KeyError):
-        return None
+    runs = stored_runs() if runs is None else runs
     if not runs:
         return None
     parts = []
@@ -326,6 +344,18 @@ def table(arms: Dict[str, dict]) -> List[str]:
     return lines
 
 
+def machine() -> dict:
+    """What the numbers and the time depend on: the CPU (its kernels round differently) and its cores."""
+    model = None
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor() or None, "cores": os.cpu_count(), "python": platform.python_version(),
+            "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
+
+
 def run_demo(plan: DemoPlan) -> dict:
     start = time.monotonic()
     corpus_dir = unpack(plan.corpus, plan.out)
@@ -334,7 +364,7 @@ def run_demo(plan: DemoPlan) -> dict:
           "iterations), one core each", flush=True)
     arms = collect(train(plan, data_bin))
     result = {"plan": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(plan).items()},
-              "arms": arms, "wall_s": round(time.monotonic() - start, 1), "cpu_count": os.cpu_count()}
+              "arms": arms, "wall_s": round(time.monotonic() - start, 1), "machine": machine()}
     write_json(plan.out / "demo.json", result, command=COMMAND)
     panels = [("validation loss (bits per token)", {a["label"]: a["valid_loss"] for a in arms.values()}, False),
               ("source gap (bits per token)", {a["label"]: a["src_gap"] for a in arms.values()}, False)]
@@ -364,9 +394,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 130
     print("\n".join(table(result["arms"])))
     print("\n".join(reading(result["arms"])))
-    stored = stored_range()
-    if stored:
-        print(stored)
+    stored = stored_range(comparable(stored_runs(), plan))
+    print(stored or "(no stored run with these settings to compare with)")
     print(f"took {format_duration(result['wall_s'])}; numbers: {args.out / 'demo.json'}"
           + (f"; plot: {args.out / 'demo.png'}" if result["plot"] else ""))
     return 0

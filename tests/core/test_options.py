@@ -138,7 +138,7 @@ def test_plugin_research_settings_are_marked_where_declared():
     from fairseq_gradinit.option_forms import EXPERIMENTAL_NOTE
     from fairseq_gradinit.fairseq_plugin.settings.options import PLUGIN_OPTIONS, option_table
 
-    assert {s.name for s in PLUGIN_OPTIONS if s.experimental} == {"init_clamp", "source_contrast"}
+    assert {s.name for s in PLUGIN_OPTIONS if s.experimental} == {"init_clamp", "source_contrast", "source_margin"}
     before, _, after = option_table().partition(EXPERIMENTAL_NOTE)
     assert "`--gradinit-init-clamp`" in after and "`--gradinit-pairs {" in after
     # the engine's research settings that the plugin turns on by default are among its main options

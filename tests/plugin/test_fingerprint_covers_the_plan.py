@@ -44,6 +44,7 @@ CHANGED = {
     "gradinit_max_tokens": ["--gradinit-max-tokens", "300"],
     "gradinit_tied_embeddings": ["--gradinit-tied-embeddings", "per-use"],
     "gradinit_source_contrast": ["--gradinit-source-contrast", "2"],
+    "gradinit_source_margin": ["--gradinit-source-contrast", "2", "--gradinit-source-margin", "1"],
     # before: not in the fingerprint, so a result drawn from other batches was reused as matching
     "gradinit_train_batch_size": ["--batch-size", "4"],
 }

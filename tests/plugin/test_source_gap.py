@@ -1,5 +1,6 @@
 """``--gradinit-source-gap``: each validation also scored with the sources rolled across the batch."""
 import json
+import math
 import logging
 
 import pytest
@@ -120,7 +121,7 @@ def test_the_contrast_is_the_loss_plus_w_times_the_loss_minus_the_rolled_loss(ti
     from fairseq import options, tasks
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
-    from fairseq_gradinit.fairseq_plugin.data.loss import SOURCE_CONTRAST_KEY, MeanLoss
+    from fairseq_gradinit.fairseq_plugin.data.loss import SOURCE_CONTRAST_KEY, SOURCE_MARGIN_KEY, MeanLoss
 
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=[
         str(tiny_data), "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--save-dir", str(tmp_path)])
@@ -142,6 +143,12 @@ def test_the_contrast_is_the_loss_plus_w_times_the_loss_minus_the_rolled_loss(ti
     assert plain.item() == pytest.approx(loss.item() / size)
     assert marked.item() == pytest.approx((loss.item() + 0.5 * (loss.item() - rolled_loss.item())) / size, rel=1e-6)
     assert marked.item() != pytest.approx(plain.item(), rel=1e-9)
+    # with a margin (bits per token): lambda max(0, m - gap), the gap in nats over the sample
+    gap = rolled_loss.item() - loss.item()
+    for margin in (abs(gap) / size / math.log(2) + 1.0, 1e-6):
+        hinge = MeanLoss(criterion)(model, {**sample, SOURCE_CONTRAST_KEY: 0.5, SOURCE_MARGIN_KEY: margin})
+        short = max(0.0, margin * math.log(2) * size - gap)
+        assert hinge.item() == pytest.approx((loss.item() + 0.5 * short) / size, rel=1e-6)
 
 
 def test_a_phase_with_the_contrast_runs_and_changes_the_scales(tiny_data, tmp_path, caplog):
@@ -158,3 +165,19 @@ def test_a_phase_with_the_contrast_runs_and_changes_the_scales(tiny_data, tmp_pa
     assert plugin["gradinit_source_contrast"] == 1.0
     # at its default the option stays out of the fingerprint: phases cached before it existed still match
     assert "gradinit_source_contrast" not in runs["plain"]["fingerprint"]["gradinit"]["plugin"]
+
+
+def test_a_margin_without_the_contrast_is_refused_before_any_work():
+    from fairseq_gradinit.fairseq_plugin.settings.validation import given_value_errors
+
+    class Given:
+        gradinit_iters, gradinit_max_tokens, gradinit_checkpoint_interval = 2, None, 50
+        gradinit_init_clamp = gradinit_init_file = None
+        gradinit_source_contrast, gradinit_source_margin = 0.0, 1.0
+
+    errors = given_value_errors(Given())
+    assert any("--gradinit-source-margin" in e and "--gradinit-source-contrast" in e for e in errors)
+    Given.gradinit_source_contrast = 10.0
+    assert given_value_errors(Given()) == []
+    Given.gradinit_source_margin = -1.0
+    assert any("--gradinit-source-margin: invalid value -1.0" in e for e in given_value_errors(Given()))

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...core import BatchPair, DevicePrefetcher
 from ...core.batching import authors_rows, split_draw
-from .loss import SOURCE_CONTRAST_KEY
+from .loss import SOURCE_CONTRAST_KEY, SOURCE_MARGIN_KEY
 from .training import collate, slice_sample, training_batch_indices, training_dataset
 
 
@@ -29,6 +29,8 @@ class BatchSource:
     max_tokens: Optional[int] = None
     #: ``--gradinit-source-contrast``: S~ carries this weight (:data:`~.loss.SOURCE_CONTRAST_KEY`); 0: off.
     source_contrast: float = 0.0
+    #: ``--gradinit-source-margin``: S~ carries it too (:data:`~.loss.SOURCE_MARGIN_KEY`); 0: the linear contrast.
+    source_margin: float = 0.0
 
     def pairs(self, overlap: float, device, *, rank: int = 0, world: int = 1, skip: int = 0) -> DevicePrefetcher:
         """Endless (S, S~) pairs of this rank's shard on ``device``.
@@ -73,11 +75,15 @@ class BatchSource:
         """S~ as the objective scores it: with the source contrast's weight when it is on."""
         if not self.source_contrast or not isinstance(s_tilde, dict):
             return s_tilde
-        return {**s_tilde, SOURCE_CONTRAST_KEY: float(self.source_contrast)}
+        marks = {SOURCE_CONTRAST_KEY: float(self.source_contrast)}
+        if self.source_margin:
+            marks[SOURCE_MARGIN_KEY] = float(self.source_margin)
+        return {**s_tilde, **marks}
 
 
 def batch_source(task, model, *, max_tokens: int, subset: Optional[str] = None, batch_size: Optional[int] = None,
-                 seed: int = 1, authors: bool = False, source_contrast: float = 0.0) -> BatchSource:
+                 seed: int = 1, authors: bool = False, source_contrast: float = 0.0,
+                 source_margin: float = 0.0) -> BatchSource:
     """The :class:`BatchSource` of ``task``'s training split ``subset`` for ``model``: the batches of
     ``max_tokens`` tokens (and ``batch_size`` sentences) of the task's own training iterator, over-long
     samples skipped as fairseq-train skips them. ``ValueError`` when every sample is skipped."""
@@ -85,4 +91,5 @@ def batch_source(task, model, *, max_tokens: int, subset: Optional[str] = None, 
     pad = task.target_dictionary.pad() if authors and task.target_dictionary is not None else 1
     batches = training_batch_indices(task, model, dataset, max_tokens=max_tokens, batch_size=batch_size, seed=seed)
     return BatchSource(dataset=dataset, batches=tuple(batches), seed=int(seed), authors=bool(authors), pad=int(pad),
-                       max_tokens=max_tokens, source_contrast=float(source_contrast))
+                       max_tokens=max_tokens, source_contrast=float(source_contrast),
+                       source_margin=float(source_margin))

@@ -1,5 +1,6 @@
 """The loss GradInit differentiates in fairseq, shared by the phase and the analysis of its results."""
 import dataclasses
+import math
 from typing import Any, Optional
 
 import torch
@@ -7,6 +8,9 @@ import torch
 #: The key of an S~ sample whose objective rewards source use (``--gradinit-source-contrast``): its value is
 #: the weight lambda of :class:`MeanLoss`'s contrast.
 SOURCE_CONTRAST_KEY = "gradinit_source_contrast"
+#: The key of the contrast's margin in bits per token (``--gradinit-source-margin``), beside
+#: :data:`SOURCE_CONTRAST_KEY`: a gap beyond it is not rewarded.
+SOURCE_MARGIN_KEY = "gradinit_source_margin"
 
 
 def has_source(sample) -> bool:
@@ -39,7 +43,9 @@ class MeanLoss:
     ``--gradinit-source-contrast``) is scored as ``L + lambda (L - L_rolled)``, where ``L_rolled`` is the loss with
     the sources rolled across the batch: GradInit's objective then prefers scales under which the simulated
     steps make the model depend on the right source, not scales that silence the encoder (a decoder that
-    ignores its source lowers L as fast, and L_rolled with it)."""
+    ignores its source lowers L as fast, and L_rolled with it). With a margin m (bits per token,
+    :data:`SOURCE_MARGIN_KEY`) the term is ``lambda max(0, m - (L_rolled - L))`` instead: the objective stops
+    rewarding the gap once it is m, so the scales cannot buy a wider gap with a higher loss."""
 
     criterion: Any
 
@@ -53,7 +59,12 @@ class MeanLoss:
             other = rolled_sources(sample)
             if other is not None:  # one sentence: nothing to roll, the plain loss
                 rolled_loss, _, _ = self.criterion(model, other)
-                loss = loss + float(weight) * (loss - rolled_loss)
+                margin = sample.get(SOURCE_MARGIN_KEY)
+                if margin:  # fairseq's losses are sums in nats: the margin over the sample, in nats
+                    short = float(margin) * math.log(2) * float(sample_size) - (rolled_loss - loss)
+                    loss = loss + float(weight) * torch.clamp(short, min=0)
+                else:
+                    loss = loss + float(weight) * (loss - rolled_loss)
         return loss / max(float(sample_size), 1.0)
 
 

@@ -312,7 +312,7 @@ class GradInitTaskMixin:
         authors = plan.config is not None and plan.config.pairs == "authors"
         return batch_source(self, model, max_tokens=max_tokens, subset=plan.training.train_subset,
                             batch_size=plan.training.batch_size, seed=plan.seed, authors=authors,
-                            source_contrast=plan.source_contrast)
+                            source_contrast=plan.source_contrast, source_margin=plan.source_margin)
 
     def gradinit_pairs(self, model, max_tokens: int, overlap: float, device, rank: int = 0,
                        world: int = 1, skip: int = 0) -> DevicePrefetcher:

@@ -114,6 +114,10 @@ class PluginOptions(FairseqDataclass):
         "L_rolled the loss with the sources rolled across the batch, so that the scales are chosen for steps "
         "that make the model use its source instead of silencing the encoder (a decoder that ignores its "
         "source lowers L as fast); one more forward/backward per objective iteration; 0: off (docs/remedies.md)"))
+    gradinit_source_margin: float = option(0.0, experimental=True, since="0.5.0", help=(
+        "with --gradinit-source-contrast w: reward source use only up to this gap, in bits per token: the "
+        "objective on S~ becomes L + w max(0, margin - (L_rolled - L)), so that the scales are not pushed to "
+        "widen the gap at the loss's expense once it is reached; 0: the linear contrast"))
     gradinit_init_file: Optional[str] = option(None, result=False, help=(
         "apply the scales of a saved gradinit.json instead of computing them (same architecture and --seed "
         "give the same weights)"))

@@ -108,6 +108,8 @@ class RunPlan:
     source_gap: bool
     #: The weight of the source contrast in GradInit's objective (``--gradinit-source-contrast``; 0: off).
     source_contrast: float
+    #: The gap (bits per token) beyond which the contrast rewards nothing (``--gradinit-source-margin``; 0: linear).
+    source_margin: float
     #: Seconds between the training's progress lines (0: off).
     progress_seconds: float
     #: ``--gradinit-cudnn-sdpa-guard`` (None: a config without the option).
@@ -203,6 +205,7 @@ def build_plan(source) -> RunPlan:
         valid_dropout_loss=given.gradinit_valid_dropout_loss is True,
         source_gap=_text(given.gradinit_source_gap) != "off",
         source_contrast=_weight(given.gradinit_source_contrast),
+        source_margin=_weight(given.gradinit_source_margin),
         progress_seconds=float(given.gradinit_progress_seconds or 0),
         cudnn_sdpa_guard=None if given.gradinit_cudnn_sdpa_guard is None else str(_text(given.gradinit_cudnn_sdpa_guard)),
         phase_precision=str(_text(given.gradinit_precision)), unstepped_uses=given.gradinit_unstepped_uses,

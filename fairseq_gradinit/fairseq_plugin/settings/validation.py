@@ -156,6 +156,13 @@ def given_value_errors(given) -> List[str]:
     if isinstance(contrast, bool) or not isinstance(contrast, (int, float)) or not 0 <= contrast < math.inf:
         errors.append(f"argument --gradinit-source-contrast: invalid value {contrast!r}: expected a finite number >= 0 "
                       "(0 = off)")
+    margin = getattr(given, "gradinit_source_margin", 0.0)
+    if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < math.inf:
+        errors.append(f"argument --gradinit-source-margin: invalid value {margin!r}: expected a finite number of bits "
+                      ">= 0 (0 = the linear contrast)")
+    elif margin and not (isinstance(contrast, (int, float)) and contrast > 0):
+        errors.append("argument --gradinit-source-margin: bounds the source contrast, which is off: add "
+                      "--gradinit-source-contrast W (e.g. 10), or leave the margin out")
     if given.gradinit_init_clamp and not given.gradinit_init_file:
         errors.append("argument --gradinit-init-clamp: clamps the scales of --gradinit-init-file, and none is given: "
                       "add --gradinit-init-file PATH, or bound scales that GradInit computes with "
