@@ -20,7 +20,7 @@ from typing import Callable, Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-FILES = ("docs/fairseq.md", "benchmarks/README.md", "docs/vision.md")
+FILES = ("docs/fairseq.md", "benchmarks/README.md", "docs/vision.md", "README.md")
 BLOCK = re.compile(r"<!-- bench:([\w.]+) -->(.*?)<!-- /bench -->", re.S)
 
 # (label, result key, ratio key of the time, ratio key of the memory, target key of the time, of the memory)
@@ -233,6 +233,24 @@ def default_phase_cost(tag: str, iterations: int = 200) -> str:
             f"{ratio * iterations:.0f} updates' time")
 
 
+def compare_vision_payoff() -> str:
+    """The stored runs of ``gradinit-compare-vision``'s default command as a range over the machines measured
+    (the command prints the same sentence beside its own numbers)."""
+    from fairseq_gradinit.tools.compare_vision import payoff_line, payoff_range, stored_results
+
+    return payoff_line(payoff_range(stored_results()))
+
+
+def compare_vision_times() -> str:
+    """The wall time of both runs of each stored default comparison, by machine."""
+    from fairseq_gradinit.tools.compare_vision import stored_results
+
+    def fmt(s: float) -> str:
+        return f"{int(s // 60)}m{s % 60:02.0f}s"
+    times = [fmt(r["wall_time"]) for r in stored_results()]
+    return " and ".join(times)
+
+
 def bleu_decode_markdown(d: dict) -> str:
     """The table of ``bench_bleu_decode.py``'s report ``d``: per case the decode path, the decodes at once, the wall
     and processor time (start-up included), the start-up and the rate after it, BLEU, and the wall time over the
@@ -275,6 +293,8 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "phase_e2e_cpu_look4": lambda: phase_e2e_table("phase_e2e_cpu_look4"),
     "phase_e2e_cpu_look4.default_phase": lambda: default_phase_cost("phase_e2e_cpu_look4"),
     "bleu_decode_cpu": lambda: bleu_decode_table("bleu_decode_cpu"),
+    "compare_vision.payoff": compare_vision_payoff,
+    "compare_vision.times": compare_vision_times,
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
                                                                  "after": "flat buffers (full Hessian-vector products)"}),
     "transformer_cpu.iteration_range": lambda: ratio_range(["transformer_cpu_B2048"], TRANSFORMER_TIME_KEYS),

@@ -14,6 +14,7 @@ Flags this command does not know go to both runs (e.g. ``--lr 0.05`` or ``--wd 0
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import platform
@@ -43,6 +44,12 @@ INITS = ("kaiming", "gradinit")
 #: Environment variables that choose PyTorch's, oneDNN's and MKL's CPU kernels (recorded with a run).
 KERNEL_ENV = ("ATEN_CPU_CAPABILITY", "DNNL_MAX_CPU_ISA", "ONEDNN_MAX_CPU_ISA", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS")
 LABELS = {"kaiming": "Kaiming init", "gradinit": "GradInit"}
+#: The stored runs of the default command, one per machine measured: the README states their range, and a run
+#: with the same settings prints its own numbers beside it.
+STORED_RUNS = tuple(Path(__file__).resolve().parents[2] / "docs" / name
+                    for name in ("compare-vision.json", "compare-vision-epyc.json"))
+#: What the accuracies depend on besides the machine: stored runs are compared only where these agree.
+SETTINGS = ("model", "bn", "width", "dataset", "batch_size", "steps", "gradinit_iters", "seed", "extra_flags")
 DATASET_NAMES = {"fashion-mnist": "Fashion-MNIST", "cifar10": "CIFAR-10", "synthetic": "synthetic images",
                  "imagefolder": "an image folder"}
 
@@ -204,6 +211,39 @@ def report_lines(result: Dict[str, Any]) -> List[str]:
     return lines
 
 
+def stored_results(paths: Sequence[Path] = STORED_RUNS) -> List[Dict[str, Any]]:
+    """The stored comparisons that are at hand (none outside a checkout of the repository)."""
+    out = []
+    for path in paths:
+        try:
+            out.append(json.loads(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return [r for r in out if isinstance(r.get("runs"), dict) and set(INITS) <= set(r["runs"])]
+
+
+def payoff_range(results: Sequence[Dict[str, Any]], like: Optional[Dict[str, Any]] = None) -> Optional[Dict[str, Any]]:
+    """Each run's test accuracy and GradInit's gain as ``(lowest, highest)`` over ``results`` (those with the
+    settings of ``like`` where it is given); None when there is none."""
+    if like is not None:
+        results = [r for r in results if all(r.get(k) == like.get(k) for k in SETTINGS)]
+    if not results:
+        return None
+    acc = {init: [r["runs"][init]["test_acc"] for r in results] for init in INITS}
+    gains = [g - k for g, k in zip(acc["gradinit"], acc["kaiming"])]
+    return {"machines": len(results), **{init: (min(v), max(v)) for init, v in acc.items()},
+            "gain": (min(gains), max(gains))}
+
+
+def payoff_line(rng: Dict[str, Any]) -> str:
+    """The range as one sentence: accuracies and the gain, which is what holds across machines."""
+    def span(lo: float, hi: float, fmt: str) -> str:
+        return f"{lo:{fmt}}" if f"{lo:{fmt}}" == f"{hi:{fmt}}" else f"{lo:{fmt}} to {hi:{fmt}}"
+    n = rng["machines"]
+    return (f"Kaiming {span(*rng['kaiming'], '.1f')} %, GradInit {span(*rng['gradinit'], '.1f')} %, "
+            f"GradInit's gain {span(*rng['gain'], '+.1f')} points ({n} machine{'s' if n > 1 else ''} measured)")
+
+
 def result_table(result: Dict[str, Any]) -> str:
     """The comparison as a Markdown table (the quick start's page quotes it from the stored JSON)."""
     lines = ["| initialization | test accuracy | test loss | initialization time | training time |", "|---|---|---|---|---|"]
@@ -297,6 +337,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (Interrupted, KeyboardInterrupt):
         return 130
     print("\n".join(report_lines(result)))
+    stored = payoff_range(stored_results(), like=result)
+    if stored:
+        print(f"stored runs with these settings: {payoff_line(stored)}")
     print(f"curves and numbers: {json_path}" + (f"; plot: {png_path}" if plotted else ""))
     return 0
 
