@@ -7,9 +7,12 @@ language model, whose loss falls faster than a translation model's. So an arm ho
 - at every validation both arms logged from :data:`FROM_UPDATE` on, its source gap (the loss with the sources
   rolled across the batch minus the loss, ``valid_src_gap``) is not more than :data:`SOURCE_GAP_MARGIN` bits below
   the comparator's, and
+- its eval-mode loss at the last validation both logged is not more than :data:`LOSS_MARGIN` bits above the
+  comparator's (the mission is training without warmup as well as with it; a model that uses its source but
+  whose eval-mode loss is far above the comparator's, as under scales that break it in eval mode, does not), and
 - where BLEU decides (at convergence), its BLEU is at or above the comparator's.
 
-The loss (eval mode, at the last common validation) is reported beside the verdict, never instead of it.
+A lower loss never makes an arm hold: it is reported beside the verdict, never instead of it.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ from typing import Dict, Mapping, Optional, Tuple
 SOURCE_GAP_MARGIN = 0.5
 #: Validations before this update are not judged: every model starts with a gap of about 0.
 FROM_UPDATE = 500
+#: How far (bits per token) an arm's eval-mode loss may end above its comparator's: the same half bit.
+LOSS_MARGIN = 0.5
 
 Curve = Mapping[int, float]
 
@@ -54,7 +59,8 @@ class Verdict:
 
 def judge(name: str, curves: Mapping[str, Curve], comparator: str, comparator_curves: Mapping[str, Curve], *,
           bleu: Optional[float] = None, comparator_bleu: Optional[float] = None, bleu_decides: bool = False,
-          margin: float = SOURCE_GAP_MARGIN, from_update: int = FROM_UPDATE) -> Verdict:
+          margin: float = SOURCE_GAP_MARGIN, from_update: int = FROM_UPDATE,
+          loss_margin: float = LOSS_MARGIN) -> Verdict:
     """The verdict of arm ``name`` (its curves: ``valid_src_gap``, ``valid_loss``) against ``comparator``."""
     gap, ref = curves.get("valid_src_gap") or {}, comparator_curves.get("valid_src_gap") or {}
     updates = sorted(u for u in set(gap) & set(ref) if u >= from_update)
@@ -68,6 +74,9 @@ def judge(name: str, curves: Mapping[str, Curve], comparator: str, comparator_cu
     shortfall = {u: round(ref[u] - gap[u], 4) for u in updates}
     reasons = [f"source gap {round(gap[u], 2) + 0.0:.2f} bits at {u}, {shortfall[u]:.2f} below {comparator}'s"
                for u in updates if shortfall[u] > margin][:1]
+    if common and loss[common[-1]] - ref_loss[common[-1]] > loss_margin:
+        u = common[-1]
+        reasons.append(f"eval-mode loss {loss[u]:.2f} at {u}, {loss[u] - ref_loss[u]:.2f} above {comparator}'s")
     if bleu_decides:
         if bleu is None or comparator_bleu is None:
             return Verdict(name, comparator, None, ("BLEU decides here but is missing",), shortfall, **numbers)

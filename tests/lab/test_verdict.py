@@ -5,7 +5,7 @@ import json
 import pytest
 
 from lab.study.tables import build_table, markdown
-from lab.study.verdict import FROM_UPDATE, SOURCE_GAP_MARGIN, judge
+from lab.study.verdict import FROM_UPDATE, LOSS_MARGIN, SOURCE_GAP_MARGIN, judge
 
 # Batch 7 of the CPU testbed as its logs say (every 100 updates to 900): a warmup run that uses its source
 # and a no-warmup run with the lower loss whose source gap stays 0.
@@ -23,6 +23,15 @@ def test_a_run_that_uses_its_source_about_as_much_holds():
     close = {"valid_loss": {500: 9.0, 900: 8.6},
              "valid_src_gap": {500: 0.786 - SOURCE_GAP_MARGIN + 0.01, 900: 1.415 - SOURCE_GAP_MARGIN + 0.01}}
     assert judge("admin", close, "warmup", WARMUP).holds is True
+
+
+def test_a_run_that_uses_its_source_but_ends_far_above_the_comparators_loss_fails():
+    broken = {"valid_loss": {500: 9.9, 900: 8.741 + LOSS_MARGIN + 0.3}, "valid_src_gap": dict(WARMUP["valid_src_gap"])}
+    v = judge("gi", broken, "warmup", WARMUP)
+    assert v.holds is False and v.reasons == (f"eval-mode loss {8.741 + LOSS_MARGIN + 0.3:.2f} at 900, 0.80 above "
+                                              "warmup's",)
+    near = {"valid_loss": {500: 9.9, 900: 8.741 + LOSS_MARGIN - 0.01}, "valid_src_gap": dict(WARMUP["valid_src_gap"])}
+    assert judge("gi", near, "warmup", WARMUP).holds is True
 
 
 def test_early_validations_are_not_judged_and_missing_gaps_say_so():
