@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""Tables in the docs that quote measurements, generated from the stored records.
+"""Tables in the docs and the research record (lab/record/) that quote measurements, generated from the stored
+records.
 
-Each table sits between ``<!-- generated:NAME:start -->`` and ``<!-- generated:NAME:end -->`` in its page;
-``python -m lab.render_docs`` rewrites them from the records, ``--check`` says which are stale (the test suite
-runs the check). Prose around a table keeps its claims and points at the table.
+Each table sits between ``<!-- generated:NAME:start -->`` and ``<!-- generated:NAME:end -->`` in its page (a page
+may hold several); ``python -m lab.render_docs`` rewrites them from the records, ``--check`` says which are stale
+(the test suite runs the check). Prose around a table keeps its claims and points at the table. The source-use
+table is rendered here, the others in :mod:`lab.docs_tables`, one module per record; :data:`TABLES` lists them all.
 
     python -m lab.render_docs            # rewrite the generated tables
     python -m lab.render_docs --check    # exit 1 if any is stale
@@ -17,6 +19,10 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
+from .docs_tables.health import clamp_health_table, decoder_quieting_table, layer_norm_gains_table
+from .docs_tables.hold import hold_a_table, hold_table
+from .docs_tables.quickstart import timings_table
+from .docs_tables.testbed import testbed_table, two_seeds_table
 from .study.tables import read_curves_csv
 from .study.verdict import judge
 
@@ -87,9 +93,21 @@ def source_use_table(dirs: Sequence[Path] = (), *, comparator: str = "warmup",
     return "\n".join(lines) + "\n"
 
 
-#: name -> (page, renderer): every generated table of the docs.
+DOCS, RECORD = REPO / "docs", REPO / "lab" / "record"
+
+#: name -> (page, renderer): every generated table, in docs/ and in the research record (lab/record/); a page
+#: may hold several, each between its own markers.
 TABLES: Mapping[str, Tuple[Path, Callable[[], str]]] = {
-    "source-use": (REPO / "docs" / "no-warmup.md", source_use_table),
+    "source-use": (DOCS / "no-warmup.md", source_use_table),
+    "testbed-d128": (DOCS / "no-warmup.md", testbed_table),
+    "testbed-d128-two-seeds": (DOCS / "no-warmup.md", two_seeds_table),
+    "hold-a": (RECORD / "no-warmup.md", hold_a_table),
+    "hold": (RECORD / "no-warmup.md", hold_table),
+    "remedies-hold-a": (DOCS / "remedies.md", hold_a_table),
+    "clamp-health": (DOCS / "remedies.md", clamp_health_table),
+    "health-layer-norm-gains": (DOCS / "health.md", layer_norm_gains_table),
+    "health-decoder-quieting": (DOCS / "health.md", decoder_quieting_table),
+    "quickstart-timings": (DOCS / "fairseq.md", timings_table),
 }
 
 
@@ -101,16 +119,23 @@ def _span(name: str) -> "re.Pattern[str]":
 def render(check: bool = False) -> List[str]:
     """Rewrite (or with ``check`` only compare) every table; the names of the stale ones."""
     stale = []
-    for name, (page, make) in TABLES.items():
+    pages: Dict[Path, List[str]] = {}
+    for name, (page, _) in TABLES.items():
+        pages.setdefault(page, []).append(name)
+    for page, names in pages.items():
         text = page.read_text(encoding="utf-8")
-        m = _span(name).search(text)
-        if m is None:
-            raise ValueError(f"{page} has no <!-- generated:{name}:start/end --> markers; add them where the table goes")
-        fresh = make()
-        if m.group(2) != fresh:
-            stale.append(name)
-            if not check:
-                page.write_text(text[:m.start(2)] + fresh + text[m.end(2):], encoding="utf-8")
+        new = text
+        for name in names:
+            m = _span(name).search(new)
+            if m is None:
+                raise ValueError(f"{page} has no <!-- generated:{name}:start/end --> markers; "
+                                 "add them where the table goes")
+            fresh = TABLES[name][1]()
+            if m.group(2) != fresh:
+                stale.append(name)
+                new = new[:m.start(2)] + fresh + new[m.end(2):]
+        if new != text and not check:
+            page.write_text(new, encoding="utf-8")
     return stale
 
 

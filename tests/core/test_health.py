@@ -198,16 +198,7 @@ def test_docs_state_the_default_thresholds_and_a_usable_bounds_example():
     measured = json.loads((Path(__file__).resolve().parents[2] / "docs" / "health-authors-d512.json").read_text())
     health = measured["health"]
     assert health["verdict"] == DEGENERATE and health["floor"]["weights"]["count"] == 20
-    by_name = {n["name"]: n for n in health["norms"]}
-    rows = [line.strip("|").split("|") for line in doc.splitlines() if (line.startswith("| decoder.layers.")
-            or line.startswith("| encoder.layers.")) and line.count("|") == 6]  # the LayerNorm table
-    assert len(rows) == 3
-    for name, *values in rows:
-        n = by_name[name.strip()]
-        want = [n["input_std_before"], n["gain_before"], n["input_std_after"], n["gain_after"]]
-        assert [float(v) for v in values] == pytest.approx(want, rel=0.03), name
-    highest = sorted(by_name.values(), key=lambda n: -n["gain_after"])[:3]
-    assert [r[0].strip() for r in rows] == [n["name"] for n in highest]
+    # its tables of LayerNorm gains and block gradients are generated: tests/repo/test_generated_docs.py
 
 def test_plugin_check_failure_is_recorded_not_raised(caplog):
     pytest.importorskip("fairseq")

@@ -70,8 +70,6 @@ def test_the_defaults_at_780_iterations_did_not_hold_and_the_pages_say_so():
     assert (f"the eval-mode loss jumps at update 200 ({s2[0]:.2f} against the warmup run's "
             f"{curves['warmup-s2'][200][0]:.2f}, a gap warning) before it comes down below the warmup run "
             f"({curves['gi-default-780-s2'][1000][0]:.2f} at 1000; next section)") in page
-    assert ("at seed 2 {:.2f} against the warmup run's {:.2f})".format(
-        curves["gi-look4-floors-s2"][1000][0], curves["warmup-s2"][1000][0])) in page
 
 
 def test_the_pages_state_the_defaults_that_were_measured():
@@ -122,20 +120,6 @@ def test_the_papers_flags_on_the_page_give_the_authors_configuration():
         authors["eta"], authors["gamma"], authors["lr"], authors["iters"], 1, None)
 
 
-def test_the_no_warmup_page_table_of_two_seeds_is_the_stored_curves():
-    page = (REPO / "docs" / "no-warmup.md").read_text(encoding="utf-8")
-    section = page.split("### Two seeds, 1000 updates", 1)[1].split("\n#", 1)[0]
-    rows = re.findall(r"^\| `([\w.-]+)` \| (\d) \| [^|]+ \| ([\d.]+) / ([\d.]+) \| ([\d.]+) / ([\d.]+) \| (\d+) \|",
-                      section, re.M)
-    curves = _curves()
-    assert {r[0] for r in rows} >= {a for pair in PAIRS.values() for a in pair}
-    for arm, seed, e800, d800, e1000, d1000, warnings in rows:
-        assert curves[arm][800] == (float(e800), float(d800)), arm
-        assert curves[arm][1000] == (float(e1000), float(d1000)), arm
-        assert _gap_warnings(arm) == int(warnings), arm
-        assert ("--seed" in _arm(arm).args) == (seed == "2"), arm
-
-
 def _scales(arm):
     import json
 
@@ -148,8 +132,8 @@ def _scales(arm):
 
 
 def test_the_sentences_under_the_table_are_the_stored_runs():
-    """docs/no-warmup.md's reading of the two-seed table: the encoder's last LayerNorm at the floor on both seeds,
-    at 0.3 with the floors, the floors' loss against the default's at 1000, and BLEU of every arm that has one."""
+    """docs/no-warmup.md's reading of the two-seed table, where the table cannot carry it: the encoder's last
+    LayerNorm at the floor on both seeds, at 0.3 with the floors, and BLEU of every arm that has one."""
     import json
 
     page = _flat(REPO / "docs" / "no-warmup.md")
@@ -158,9 +142,6 @@ def test_the_sentences_under_the_table_are_the_stored_runs():
         assert abs(_scales(gi)[last_ln] - 0.01) < 1e-4, gi
     assert abs(_scales("gi-look4-floors")[last_ln] - 0.3) < 1e-6
     assert "the encoder's last LayerNorm sits at the 0.01 floor" in page and "stays at 0.3" in page
-    curves = _curves()
-    floors, default = curves["gi-look4-floors"][1000][0], curves["gi-look4"][1000][0]
-    assert f"the loss falls as far ({floors:.2f} against {default:.2f} at update 1000;" in page
     bleu = {p.parent.name: json.loads(p.read_text(encoding="utf-8")) for p in BATCH2.glob("arms/*/bleu.json")}
     assert set(bleu) == {a for pair in PAIRS.values() for a in pair}
     for b in bleu.values():
@@ -169,48 +150,6 @@ def test_the_sentences_under_the_table_are_the_stored_runs():
         assert "--max-len-a 1.2 --max-len-b 10" in command
     assert ("no arm translates (BLEU below 0.4 on the test split, beam 5, outputs of at most 1.2 × the "
             "source length + 10)") in page
-
-
-def _timing_row(record: str) -> str:
-    """The row of docs/fairseq.md's table of quick-start timings that links the stored run ``record``."""
-    rows = [line for line in (REPO / "docs" / "fairseq.md").read_text(encoding="utf-8").splitlines()
-            if line.startswith("| ") and f"](../lab/record/{record}/" in line]
-    assert len(rows) == 1, record
-    return rows[0]
-
-
-def _log_span(record: Path) -> float:
-    from datetime import datetime
-
-    stamps = [datetime.strptime(line[:19], "%Y-%m-%d %H:%M:%S")
-              for line in (record / "train.log").read_text(encoding="utf-8").splitlines() if line[:2] == "20"]
-    return (stamps[-1] - stamps[0]).total_seconds()
-
-
-def test_the_quick_start_timing_row_is_the_stored_run():
-    import json
-
-    record = REPO / "lab" / "record" / "quickstart-translation"
-    info = json.loads((record / "gradinit.json").read_text(encoding="utf-8"))
-    row = _timing_row("quickstart-translation")
-    assert f"log {_log_span(record):.0f} s, GradInit {info['wall_time']:.0f} s" in row
-    assert f"| {info['fingerprint']['version']} |" in row
-    assert info["num_objective"] == info["iterations"] == 20
-
-
-def test_the_idle_quick_start_timing_row_is_the_stored_run():
-    import json
-    import re
-
-    record = REPO / "lab" / "record" / "quickstart-translation-idle"
-    info = json.loads((record / "gradinit.json").read_text(encoding="utf-8"))
-    steps = [float(x) for x in re.findall(r"step\d ([\d.]+) s", (record / "times.txt").read_text(encoding="utf-8"))]
-    row = _timing_row("quickstart-translation-idle")
-    cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2] == f"{steps[0]:.0f} s" and cells[4] == f"{steps[2]:.0f} s"
-    assert cells[3] == f"{steps[1]:.0f} s (log {_log_span(record):.0f} s, GradInit {info['wall_time']:.0f} s)"
-    assert cells[1] == info["fingerprint"]["version"] and info["num_objective"] == info["iterations"] == 20
-    assert "PyTorch uses" not in (record / "train.log").read_text(encoding="utf-8")  # idle: PyTorch's threads
 
 
 def test_the_readme_states_the_quick_start_times_of_the_stored_runs():
@@ -229,27 +168,16 @@ def test_the_readme_states_the_quick_start_times_of_the_stored_runs():
 
 
 def test_the_sentences_on_what_makes_the_variant_train_are_the_stored_runs():
-    """docs/no-warmup.md's bullets on gi-K2, gi-look4-g, gi-floors, gi-default-780 and xavier-warm50-s2 quote the
-    stored curves, gap warnings and the phase's count of constraint iterations."""
+    """docs/no-warmup.md's bullets under the testbed's table, where the table cannot carry them: `gi-K2` below the
+    warmup run at every validation (the table shows two), and the count of constraint iterations of
+    `gi-look4-g`'s phase. Their losses are the generated table's."""
     import json
 
     page = _flat(REPO / "docs" / "no-warmup.md")
-    one, two = curves_of_testbed(), _curves()
-    at = lambda curves, arm, u: f"{curves[arm][u][0]:.2f}"  # noqa: E731
-    assert f"(`gi-K2`) the run's loss falls without warmup ({at(one, 'gi-K2', 800)} at 800" in page
+    one = curves_of_testbed()
     assert all(one["gi-K2"][u][0] < one["warmup"][u][0] for u in one["warmup"])
+    assert "below the warmup run at every validation); with four simulated steps" in page
     study = json.loads((TESTBED / "study-study8.json").read_text(encoding="utf-8"))
     group = study["arms"]["gi-look4-g"]["gradinit_group"]
     phase = json.loads((TESTBED / "gradinit" / group / "gradinit.json").read_text(encoding="utf-8"))
     assert f"binds in {phase['num_constraint']} of {phase['iterations']} iterations" in page
-    assert f"stays on the plateau ({at(one, 'gi-look4-g', 800)})" in page
-    with gzip.open(TESTBED / "arms" / "gi-floors" / "train.log.gz", "rt", encoding="utf-8") as f:
-        gaps = sum("monitor: eval - train loss" in line for line in f)
-    assert gaps == 2 and f"break down in eval mode ({at(one, 'gi-floors', 800)}, two gap warnings)" in page
-    raw = lambda arm: one[arm][800][0]  # noqa: E731  (as the table prints them)
-    assert (f"({raw('gi-default-780')} at 800 against the warmup run's {raw('warmup')}), but less far than at 200 "
-            f"iterations ({raw('gi-look4')})") in page
-    assert f"({at(one, 'xavier-warm50-s2', 800)} against {at(two, 'warmup-s2', 800)} at 800)" in page
-    assert (f"({at(two, 'gi-K2', 1000)} and {at(two, 'gi-K2-s2', 1000)} at 1000 against {at(two, 'warmup', 1000)} "
-            f"and {at(two, 'warmup-s2', 1000)})") in page
-    assert f"(`gi-warm50`: {at(one, 'gi-warm50', 800)} at 800, Xavier with the same warmup {at(one, 'xavier-warm50', 800)})" in page
