@@ -84,7 +84,7 @@ def source_use_table(dirs: Sequence[Path] = (), *, comparator: str = "warmup",
             verdict = "–"
         else:
             v = judge(name, c, ref_name, curves[ref_name])
-            verdict = "–" if v.holds is None else ("holds" if v.holds else "fails: " + v.reasons[0])
+            verdict = "–" if v.holds is None else ("holds" if v.holds else "fails: " + "; ".join(v.reasons))
         lines.append("| " + " | ".join(
             [f"`{name}`", batch_of[name], str(seed_of(name))] + [_fmt(loss.get(u)) for u in updates]
             + [_fmt(gap.get(u)) for u in updates]
