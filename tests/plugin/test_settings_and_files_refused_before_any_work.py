@@ -225,8 +225,9 @@ def test_a_validation_split_of_which_fairseq_makes_no_batch_is_refused_before_th
 
 def test_a_save_dir_fairseq_train_cannot_write_into_is_refused_when_parsed(tmp_path, capsys, monkeypatch):
     """An existing --save-dir that fairseq-train's own first check cannot write into (its probe file 'dummy' a
-    folder there; a read-only file system) is refused when parsed, in one line (before: accepted, then fairseq's
-    OSError traceback before any work). Folder permissions, which do not stop root, are the next test's."""
+    folder there; a read-only file system, as os.access and statvfs report it) is refused when parsed, in one line
+    (before: accepted, then fairseq's OSError traceback before any work). Folder permissions, which do not stop root,
+    are the next test's."""
     import os
 
     from fairseq import checkpoint_utils
@@ -250,9 +251,16 @@ def test_a_save_dir_fairseq_train_cannot_write_into_is_refused_when_parsed(tmp_p
     class ReadOnly:
         f_flag = os.ST_RDONLY
 
-    monkeypatch.setattr("os.access", lambda *a, **k: False)
+    # a read-only file system (which stops root too), as the kernel answers for that folder
+    access = os.access
+    monkeypatch.setattr("os.access", lambda path, mode, **k: os.fspath(path) != str(save) and access(path, mode, **k))
     monkeypatch.setattr("os.statvfs", lambda path: ReadOnly)
     assert unwritable_folder_reason(save) == f"cannot be written: {save} is on a read-only file system"
+    with pytest.raises(SystemExit) as exc:
+        _parse(base + ["--save-dir", str(save)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and (f"error: argument --save-dir: {save} cannot be written: {save} is on a read-only "
+                                    "file system, and fairseq-train writes into it before any work") in err, err
 
 
 def test_a_save_dir_without_write_permission_is_refused_when_parsed(tmp_path, capsys):
