@@ -122,6 +122,12 @@ def unwritable_folder_reason(path: PathLike) -> Optional[str]:
     if not os.path.isdir(existing):
         return "is a file, not a folder" if existing == path else f"is below the file {existing}, not a folder"
     if not os.access(existing, os.W_OK | os.X_OK):
+        try:
+            read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        except (OSError, AttributeError):  # no statvfs on this system
+            read_only = False
+        if read_only:
+            return f"cannot be written: {existing} is on a read-only file system"
         return f"cannot be written: no permission to write into {existing}"
     return None
 

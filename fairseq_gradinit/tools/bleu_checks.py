@@ -3,6 +3,7 @@ the files it writes (:class:`ArgumentProblem`, reported as argparse reports its 
 from __future__ import annotations
 
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -139,23 +140,120 @@ def option_value(argv: Sequence[str], *names: str) -> Optional[str]:
     return value
 
 
+#: A dictionary's segmentation: fairseq-generate's ``--remove-bpe`` that joins its entries back into words (None:
+#: they are words, printed as they are) and what its entries look like.
+SEGMENTATIONS = {
+    "sentencepiece": ("sentencepiece", "SentencePiece pieces ('\u2581' starts a word)"),
+    "subword_nmt": ("subword_nmt", "subword-nmt pieces ('@@' ends a piece that a word goes on from)"),
+    "words": (None, "whole words (no '\u2581' or '@@' pieces)"),
+}
+
+
+@dataclass(frozen=True)
+class Segmentation:
+    """How the target side of a data-bin is segmented (a key of :data:`SEGMENTATIONS`), read from ``dictionary``."""
+
+    kind: str
+    dictionary: Path
+
+    @property
+    def post_process(self) -> Optional[str]:
+        return SEGMENTATIONS[self.kind][0]
+
+    @property
+    def entries(self) -> str:
+        return SEGMENTATIONS[self.kind][1]
+
+    def note(self) -> str:
+        """The one line that says how the decode turns this segmentation into the text it scores."""
+        how = (f"the decode joins them with --remove-bpe {self.post_process}" if self.post_process else
+               "the decode scores them as they are (no --remove-bpe)")
+        return f"{self.dictionary} holds {self.entries}: {how}"
+
+
+def dictionary_segmentation(path: Path) -> Optional[str]:
+    """How the fairseq dictionary ``path`` (``dict.*.txt``) segments text: 'sentencepiece' where a tenth of its
+    entries start with '\u2581' (SentencePiece's mark of a word's start, on most of its pieces), 'subword_nmt' where
+    one in twenty ends with '@@' (subword-nmt's mark of a piece a word goes on from), else 'words'; None where it
+    cannot be read or is empty."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            entries = [line.split(" ", 1)[0] for line in f if line.strip()]
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not entries:
+        return None
+    starts = sum(e.startswith("\u2581") for e in entries)
+    joins = sum(e.endswith("@@") for e in entries)
+    if 10 * starts >= len(entries) and starts >= joins:
+        return "sentencepiece"
+    if 20 * joins >= len(entries):
+        return "subword_nmt"
+    return "words"
+
+
+def data_segmentation(data: Path, fairseq_options: Sequence[str] = ()) -> Optional[Segmentation]:
+    """How the target side of the data-bin ``data`` is segmented, read from its target dictionary (of the
+    ``--target-lang`` among ``fairseq_options``, or of the language pair fairseq infers from the folder; where
+    neither names one, the folder's dictionaries where they agree); None where no dictionary tells."""
+    data = Path(data)
+    if not data.is_dir():
+        return None
+    target = option_value(fairseq_options, "--target-lang", "-t")
+    if target is None:
+        from fairseq.data import data_utils
+
+        target = data_utils.infer_language_pair(str(data))[1]
+    named = data / f"dict.{target}.txt"
+    paths = [named] if target is not None and named.is_file() else sorted(data.glob("dict.*.txt"))
+    kinds = {dictionary_segmentation(path) for path in paths}
+    if len(kinds) != 1 or None in kinds:
+        return None
+    return Segmentation(kinds.pop(), paths[0])
+
+
+def post_process_problem(segmentation: Optional[Segmentation], fairseq_options: Sequence[str]) -> Optional[str]:
+    """Why a ``--remove-bpe``/``--post-process`` among the further fairseq-generate options does not fit the
+    data-bin's segmentation (SentencePiece's on a dictionary without its pieces removes every space, subword-nmt's on
+    SentencePiece pieces leaves their marks in the text), or None."""
+    given = option_value(fairseq_options, "--post-process", "--remove-bpe")
+    if segmentation is None or given is None:
+        return None
+    given = "subword_nmt" if given == "@@ " else given
+    if given == "sentencepiece" and segmentation.kind != "sentencepiece":
+        effect = "removes every space of such a text, which makes each sentence one word and its BLEU near 0"
+    elif given == "subword_nmt" and segmentation.kind == "sentencepiece":
+        effect = "leaves their '\u2581' marks in every sentence scored"
+    else:
+        return None
+    return (f"argument --remove-bpe {given} (after --): {segmentation.dictionary} holds {segmentation.entries}, and "
+            f"--remove-bpe {given} {effect}; drop it: the decode picks the post-processing from the dictionary")
+
+
 def binarized_references(config: DecodeConfig) -> Optional[List[str]]:
     """The target side of the split ``config.gen_subset`` of ``config.data`` as the decode's ``T-`` lines read (the
     target dictionary's strings, unknown words as ``<<unk>>``, the decode's ``--remove-bpe``/``--post-process``), for
     the language pair its options name or fairseq infers from the folder; None where that cannot be read here
     (no such pair, another format, a ``--bpe``/``--tokenizer`` decoder among the further options)."""
+    cmd = config.fairseq_args()
+    if option_value(cmd, "--bpe") or option_value(cmd, "--tokenizer"):
+        return None
+    return target_strings(config.data, config.gen_subset, option_value(cmd, "--post-process", "--remove-bpe"),
+                          option_value(cmd, "--source-lang", "-s"), option_value(cmd, "--target-lang", "-t"))
+
+
+def target_strings(data: Path, subset: str, post_process: Optional[str], src: Optional[str] = None,
+                   tgt: Optional[str] = None) -> Optional[List[str]]:
+    """The target side of the split ``subset`` of ``data`` as fairseq-generate prints its ``T-`` lines with
+    ``--remove-bpe post_process`` (None: none), for the pair ``src``-``tgt`` or the one fairseq infers from the
+    folder; None where it cannot be read here."""
     from fairseq.data import Dictionary, data_utils
     from fairseq.data.indexed_dataset import MMapIndexedDataset, infer_dataset_impl
 
-    cmd, data, subset = config.fairseq_args(), config.data, config.gen_subset
-    if option_value(cmd, "--bpe") or option_value(cmd, "--tokenizer"):
-        return None
-    src, tgt = option_value(cmd, "--source-lang", "-s"), option_value(cmd, "--target-lang", "-t")
     if src is None or tgt is None:
         src, tgt = data_utils.infer_language_pair(str(data))
     if src is None or tgt is None:
         return None
-    post_process = option_value(cmd, "--post-process", "--remove-bpe")
     for pair in (f"{src}-{tgt}", f"{tgt}-{src}"):
         prefix = str(Path(data) / f"{subset}.{pair}.{tgt}")
         dictionary = Path(data) / f"dict.{tgt}.txt"
@@ -172,10 +270,38 @@ def binarized_references(config: DecodeConfig) -> Optional[List[str]]:
     return None
 
 
+def saved_output_problem(parsed, output: Path, data: Path, subset: str) -> Optional[str]:
+    """Why the sentences of a saved fairseq-generate output (``--from-output``) are not the plain text BLEU scores:
+    its ``T-`` lines are the split's target joined with a ``--remove-bpe`` that does not fit the data-bin's
+    segmentation (SentencePiece's on whole words or subword-nmt pieces, or none or subword-nmt's on SentencePiece
+    pieces); None where they fit it or are not that split's target joined in any of these ways."""
+    segmentation = data_segmentation(data)
+    references = getattr(parsed, "references", None)
+    if segmentation is None or not references:
+        return None
+    right = target_strings(data, subset, segmentation.post_process)
+    if right is None or max(references) >= len(right):
+        return None
+    if all(references[i] == right[i] for i in references):
+        return None
+    wrong = ["sentencepiece"] if segmentation.kind != "sentencepiece" else [None, "subword_nmt"]
+    for post_process in wrong:
+        strings = target_strings(data, subset, post_process)
+        if strings is not None and all(references[i] == strings[i] for i in references):
+            used = f"--remove-bpe {post_process}" if post_process else "no --remove-bpe"
+            fits = (f"--remove-bpe {segmentation.post_process}" if segmentation.post_process else
+                    "no --remove-bpe")
+            return (f"--from-output {output}: its T- lines are the split {subset!r} joined with {used}, but "
+                    f"{segmentation.dictionary} holds {segmentation.entries}, which need {fits}: its sentences are "
+                    "not the plain text BLEU scores; decode again with gradinit-evaluate-bleu, which picks "
+                    "the post-processing from the dictionary")
+    return None
+
+
 def binarized_reference_problem(ref: Path, config: DecodeConfig) -> Optional[str]:
     """Which line of ``ref`` is not the sentence of the decoded split at its place (a line lost and another added
     keep the count but shift every line between them), or None; each ``<<unk>>`` of the binarized side stands for
-    any text (:func:`~.bleu_score.same_reference`)."""
+    text within one word (:func:`~.bleu_score.same_reference`)."""
     binarized = binarized_references(config)
     data, subset = config.data, config.gen_subset
     if binarized is None:

@@ -59,7 +59,9 @@ class DecodeConfig:
     user_dir: Optional[Path] = None
     cpu: bool = False
     fp16: bool = False
-    post_process: str = "sentencepiece"
+    #: fairseq-generate's ``--remove-bpe``: how the target dictionary's pieces are joined back into words (None: the
+    #: tokens are words, printed as they are; :func:`~.bleu_checks.data_segmentation` picks it from the dictionary)
+    post_process: Optional[str] = "sentencepiece"
     num_workers: int = GENERATE_NUM_WORKERS
     #: fairseq 0.12 drops the last batch when its size is not a multiple of this value (default 8), silently
     #: leaving up to 7 sentences untranslated (fairseq issue #5036)
@@ -78,8 +80,9 @@ class DecodeConfig:
     def fairseq_args(self) -> List[str]:
         """fairseq-generate's arguments for this decode: the fields, then the further options."""
         given = set(self.fairseq_options)
-        args = [str(self.data), "--path", str(self.path), "--gen-subset", self.gen_subset, "--beam", str(self.beam),
-                "--remove-bpe", self.post_process]
+        args = [str(self.data), "--path", str(self.path), "--gen-subset", self.gen_subset, "--beam", str(self.beam)]
+        if self.post_process is not None:
+            args += ["--remove-bpe", self.post_process]
         if self.batch_size is not None:
             args += ["--batch-size", str(self.batch_size)]
         if self.max_tokens is not None:

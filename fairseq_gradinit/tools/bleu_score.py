@@ -115,29 +115,55 @@ def comparable(text: str) -> str:
     return "".join(c for c in unicodedata.normalize("NFKC", html.unescape(text)).lower() if c.isalnum())
 
 
+def words_comparable(text: str) -> str:
+    """:func:`comparable` with the words kept apart: each run of whitespace one space, other characters that are
+    no letter or digit dropped (punctuation that tokenization split off, HTML entities, '▁')."""
+    kept = (c if c.isalnum() else " " if c.isspace() else ""
+            for c in unicodedata.normalize("NFKC", html.unescape(text)).lower())
+    return " ".join("".join(kept).split())
+
+
+def _unknown_words(n: int) -> str:
+    """The pattern of ``n`` unknown tokens in a row: an unknown token is one token of the binarized text, and no
+    tokenizer or subword model joins two words into one token, so it stands for text without a space; ``n`` of them
+    for at most ``n`` words."""
+    return " ?[^ ]*" + (f"(?: [^ ]*){{0,{n - 1}}}" if n > 1 else "") + " ?"
+
+
 def same_reference(file_line: str, t_line: str) -> bool:
-    """Whether a ``--ref`` line is the ``T-`` line's sentence; each ``<<unk>>`` stands for any text."""
-    pieces = [re.escape(comparable(p)) for p in t_line.split("<<unk>>")]
-    return re.fullmatch(".*".join(pieces), comparable(file_line)) is not None
+    """Whether a ``--ref`` line is the ``T-`` line's sentence, compared as :func:`comparable` reads them (a space of
+    either side may be missing on the other: tokenization splits words, ``--remove-bpe sentencepiece`` on a text
+    without '▁' pieces removes spaces); each ``<<unk>>`` stands for any text within one word of the line."""
+    pattern, unknown = "", 0
+    for k, part in enumerate(t_line.split("<<unk>>")):
+        unknown += k > 0
+        fixed = comparable(part)
+        if fixed:
+            if unknown:
+                pattern, unknown = pattern + _unknown_words(unknown), 0
+            pattern += " ?".join(re.escape(c) for c in fixed)
+    if unknown:
+        pattern += _unknown_words(unknown)
+    return re.fullmatch(pattern, words_comparable(file_line)) is not None
 
 
 def reference_mismatch(parsed: GenerateOutput, reference_lines: Sequence[str]) -> Optional[str]:
     """Why ``reference_lines`` (``--ref``) are not the references of the generated subset, or None.
 
-    Compares them with the ``T-`` lines that fairseq-generate printed: a reference file of
-    another split or language matches almost none of them.
+    Compares each with the ``T-`` line that fairseq-generate printed for its sample id: a reference file of another
+    split matches almost none of them, one with a line lost and another added (the same count) none between the two;
+    a ``T-`` line with no letter or digit outside unknown words is not compared.
     """
     pairs = [(i, t) for i, t in sorted(parsed.references.items())
              if i < len(reference_lines) and comparable(t.replace("<<unk>>", ""))]
-    if not pairs:
-        return None
     differ = [(i, t) for i, t in pairs if not same_reference(reference_lines[i], t)]
-    if 2 * len(differ) <= len(pairs):
+    if not differ:
         return None
     i, t = differ[0]
-    return (f"{len(differ)} of {len(pairs)} lines differ from the references in the binarized subset (e.g. "
-            f"sample {i}: the file has {reference_lines[i][:60]!r}, the subset {t[:60]!r}); pass the "
-            "plain-text target file of the split given as --gen-subset")
+    return (f"{len(differ)} of {len(pairs)} lines differ from the references in the binarized subset, the first at "
+            f"line {i + 1} (sample {i}: the file has {reference_lines[i][:60]!r}, the subset {t[:60]!r}); line i + 1 "
+            "of the file must be the reference of sample i: pass the plain-text target file of the split given as "
+            "--gen-subset")
 
 
 def pair_up(

@@ -8,14 +8,17 @@ before any work (:mod:`.bleu_checks`).
 The decode is the one of the command::
 
     python -m fairseq_gradinit.tools.host_generate DATA --path CKPT --gen-subset SUBSET --beam 5 \\
-        --remove-bpe sentencepiece --max-tokens N [--batch-size B] [--user-dir D] [--cpu] \\
+        [--remove-bpe sentencepiece|subword_nmt] --max-tokens N [--batch-size B] [--user-dir D] [--cpu] \\
         --num-workers 0 [EXTRA...]
 
 (fairseq-generate, with token strings built from host lists: :mod:`.host_generate`), run through fairseq's
 Python API in this process (:mod:`.inprocess_generate`): fairseq's generation parser reads those arguments,
 the task is set up, the ensemble loaded onto it, the split batched by the task's iterator and decoded by the
-task's sequence generator. The hypotheses (fairseq-generate's ``H`` strings, which ``--remove-bpe
-sentencepiece`` has already turned back into plain text) and the references (its ``T`` strings) are scored
+task's sequence generator. ``--remove-bpe`` follows the target dictionary (:func:`~.bleu_checks.data_segmentation`,
+said in one line): ``sentencepiece`` where its entries are SentencePiece pieces ('▁' starts a word), ``subword_nmt``
+where they are subword-nmt pieces ('@@' ends one a word goes on from), none where they are words; a ``--remove-bpe``
+after ``--`` that does not fit them is refused. The hypotheses (fairseq-generate's ``H`` strings, which that
+post-processing has already turned back into plain text) and the references (its ``T`` strings) are scored
 with ``sacrebleu.metrics.BLEU`` (13a tokenization by default), or with ``sacrebleu.metrics.CHRF`` given
 ``--metric chrf``. A JSON file with the score, its signature and the run details (``generate_command``: the
 command above, which prints the same hypotheses) is written, and a one-line summary is printed.
@@ -27,8 +30,9 @@ Everything after ``--`` is passed unchanged to fairseq-generate's arguments, e.g
 
 ``--ref FILE`` scores against a raw reference file (line i = sample id i) instead of the ``T-``
 lines, which come from the binarized data (SentencePiece-normalized, unknown words as
-``<<unk>>``). The file is compared with the ``T-`` lines (letters and digits, lowercased) and
-refused when more than half of them differ (the target file of another split). ``--from-output FILE`` scores
+``<<unk>>``). The file is compared line for line with the ``T-`` lines (letters and digits, lowercased; each
+``<<unk>>`` stands for text within one word), before the decode with the split's binarized target side, and refused
+naming the first line that differs (the target file of another split, a line lost and another added). ``--from-output FILE`` scores
 a saved fairseq-generate output (``--save-output`` writes the decode's lines as fairseq-generate prints them)
 without decoding.
 
@@ -70,11 +74,15 @@ from .bleu_checks import (  # noqa: F401
     binarized_references,
     check_inputs,
     check_paths,
+    data_segmentation,
     data_subsets,
     default_json_path,
+    option_value,
     plugin_need,
+    post_process_problem,
     reference_problem,
     resolve_user_dir,
+    saved_output_problem,
 )
 from .bleu_decode import (  # noqa: F401
     COMMAND,
@@ -138,10 +146,12 @@ def decode_config(args, extra: Sequence[str], *, cuda: Optional[bool] = None, fp
     ``cuda`` (detected when None) picks the batch defaults."""
     if cuda is None:
         cuda = not args.cpu and cuda_available()
+    segmentation = data_segmentation(args.data, extra)
     return DecodeConfig.for_device(
         cuda, max_tokens=args.max_tokens, batch_size=args.batch_size, data=args.data, path=args.path,
         gen_subset=args.gen_subset, beam=args.beam, cpu=args.cpu, fp16=fp16, fairseq_options=tuple(extra),
-        user_dir=resolve_user_dir(args.user_dir) if args.user_dir else None)
+        user_dir=resolve_user_dir(args.user_dir) if args.user_dir else None,
+        post_process="sentencepiece" if segmentation is None else segmentation.post_process)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -237,6 +247,12 @@ def decoded(args, extra: Sequence[str]) -> Tuple[GenerateOutput, DecodeConfig, D
     """Decode the split the command line names: (the sentences, the decode, its meter, wall seconds, the device's
     note); the result file of a stopped decode is written before :class:`TimeLimitReached` goes on."""
     check_inputs(args)
+    segmentation = data_segmentation(args.data, extra)
+    problem = post_process_problem(segmentation, extra)
+    if problem:
+        raise ArgumentProblem(problem)
+    if segmentation is not None and option_value(extra, "--post-process", "--remove-bpe") is None:
+        print(f"evaluate_bleu: {segmentation.note()}", file=sys.stderr)
     cuda, fp16, device_note = decode_device(args.cpu, args.fp16)
     if device_note:
         print(f"note: {device_note}", file=sys.stderr)
@@ -263,6 +279,9 @@ def evaluate(args, extra: Sequence[str]) -> int:
             raise EvaluationError("--path CHECKPOINT is required (unless --from-output is given)")
         if args.from_output is not None:
             parsed = parse_generate_output(text_lines(args.from_output))
+            problem = saved_output_problem(parsed, args.from_output, args.data, result_subset(args, parsed))
+            if problem:
+                raise EvaluationError(problem)
         else:
             parsed, config, meter, wall, device_note = decoded(args, extra)
         expected = subset_size(args.data, result_subset(args, parsed))

@@ -188,3 +188,97 @@ def test_a_data_path_that_does_not_exist_is_one_line_when_the_task_is_set_up(tmp
     with pytest.raises(GradInitStop, match=f"gradinit: error: argument data: {missing} does not exist; give the "
                                            "data-bin folder that fairseq-preprocess wrote"):
         tasks.setup_task(cfg.task)
+
+
+def test_a_validation_split_of_which_fairseq_makes_no_batch_is_refused_before_the_phase(tmp_path, caplog):
+    """A language-modeling validation split of fewer blocks than --required-batch-size-multiple (8): fairseq drops
+    that last batch, so validation has no batch at all. Refused before the phase, naming the split (before: the phase
+    ran, then fairseq's "The dataset is empty" at the first validation); batches fairseq keeps pass."""
+    import re
+
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from fairseq_gradinit.fairseq_plugin.settings.plan import build_plan
+    from fairseq_gradinit.fairseq_plugin.settings.validation import valid_split_error
+    from fairseq_helpers import make_tiny_lm_bin
+    from fairseq_train import NO_BATCH_THREAD, TINY_LM, train_inprocess
+
+    data = make_tiny_lm_bin(tmp_path, {"train": 60, "valid": 2}, 300)
+    argv = [str(data), "--arch", "transformer_lm", *TINY_LM, "--max-update", "1", *NO_BATCH_THREAD,
+            "--gradinit-iters", "2"]
+    caplog.set_level("INFO")
+    with pytest.raises(SystemExit) as exc:
+        train_inprocess(argv + ["--save-dir", str(tmp_path / "a")])
+    message = str(exc.value.code)
+    assert re.fullmatch(r"gradinit: error: validation split 'valid': its (\d) samples make no batch: fairseq drops a "
+                        r"last batch of fewer than --required-batch-size-multiple 8 samples; fairseq-train would stop "
+                        r"at its first validation, after the GradInit phase \('The dataset is empty'\)\. Pass "
+                        r"--required-batch-size-multiple 1 \(any value up to \1 keeps them\), use a larger validation split, or "
+                        r"pass --disable-validation", message), message
+    assert "gradinit iter" not in caplog.text and not (tmp_path / "a" / "gradinit.json").exists()
+    ns = _parse(argv + ["--save-dir", str(tmp_path / "b"), "--required-batch-size-multiple", "1"])
+    cfg = convert_namespace_to_omegaconf(ns)
+    task = tasks.setup_task(cfg.task)
+    assert valid_split_error(task, task.build_model(cfg.model, from_checkpoint=True), build_plan(ns)) is None
+
+
+def test_a_save_dir_fairseq_train_cannot_write_into_is_refused_when_parsed(tmp_path, capsys, monkeypatch):
+    """An existing --save-dir that fairseq-train's own first check cannot write into (its probe file 'dummy' a
+    folder there; a read-only file system, as os.access and statvfs report it) is refused when parsed, in one line
+    (before: accepted, then fairseq's OSError traceback before any work). Folder permissions, which do not stop root,
+    are the next test's."""
+    import os
+
+    from fairseq import checkpoint_utils
+
+    from fairseq_gradinit.paths import unwritable_folder_reason
+
+    base = ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--gradinit-iters", "5"]
+    save = tmp_path / "ck"
+    (save / "dummy").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError):  # what fairseq-train meets first thing
+        checkpoint_utils.verify_checkpoint_directory(str(save))
+    with pytest.raises(SystemExit) as exc:
+        _parse(base + ["--save-dir", str(save)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("error:") == 1 and "Traceback" not in err
+    assert (f"error: argument --save-dir: {save / 'dummy'} is a folder; fairseq-train checks that it can write the "
+            "save folder by writing that file before any work") in err, err[-600:]
+    (save / "dummy").rmdir()
+    _parse(base + ["--save-dir", str(save)])
+
+    class ReadOnly:
+        f_flag = os.ST_RDONLY
+
+    # a read-only file system (which stops root too), as the kernel answers for that folder
+    access = os.access
+    monkeypatch.setattr("os.access", lambda path, mode, **k: os.fspath(path) != str(save) and access(path, mode, **k))
+    monkeypatch.setattr("os.statvfs", lambda path: ReadOnly)
+    assert unwritable_folder_reason(save) == f"cannot be written: {save} is on a read-only file system"
+    with pytest.raises(SystemExit) as exc:
+        _parse(base + ["--save-dir", str(save)])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and (f"error: argument --save-dir: {save} cannot be written: {save} is on a read-only "
+                                    "file system, and fairseq-train writes into it before any work") in err, err
+
+
+def test_a_save_dir_without_write_permission_is_refused_when_parsed(tmp_path, capsys):
+    """An existing --save-dir this user may not write into: refused when parsed, in one line (before: accepted,
+    then fairseq's PermissionError traceback before any work)."""
+    import os
+
+    if os.geteuid() == 0:
+        pytest.skip("runs as root, whom folder permissions do not stop: fairseq-train writes into such a folder too")
+    base = ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--gradinit-iters", "5"]
+    save = tmp_path / "ck"
+    save.mkdir()
+    save.chmod(0o500)
+    try:
+        with pytest.raises(SystemExit) as exc:
+            _parse(base + ["--save-dir", str(save)])
+    finally:
+        save.chmod(0o700)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and (f"error: argument --save-dir: {save} cannot be written: no permission to write "
+                                    f"into {save}, and fairseq-train writes into it before any work") in err, err

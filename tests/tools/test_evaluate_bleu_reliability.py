@@ -204,3 +204,122 @@ def test_a_ref_with_a_line_lost_and_one_added_is_refused_before_the_decode(tiny_
     with pytest.raises(Decoded):  # the split's own target file goes on to the decode
         evaluate_bleu.main([*argv, "--ref", str(tiny_data.parent / "test.en")])
     assert len(started) == 1
+
+
+def _dictionary_bin(root, name, entries):
+    """A folder with only a target dictionary of ``entries`` (what the segmentation is read from)."""
+    data = root / name
+    data.mkdir()
+    (data / "dict.en.txt").write_text("".join(f"{e} {100 - i}\n" for i, e in enumerate(entries)), encoding="utf-8")
+    (data / "dict.de.txt").write_text((data / "dict.en.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    return data
+
+
+def test_the_post_processing_follows_the_dictionarys_segmentation(tiny_data, tmp_path, monkeypatch, capsys):
+    """--remove-bpe follows the target dictionary: sentencepiece for '▁' pieces, subword_nmt for '@@' pieces, none
+    for words, said in one line (before: sentencepiece always, which removed every space of a word-level or
+    subword-nmt split: one word per sentence, BLEU near 0, and the reference check passed); a --remove-bpe after --
+    that does not fit is refused before the decode."""
+    parser = evaluate_bleu.build_parser()
+    kinds = {"sentencepiece": ["\u2581the", "\u2581file", "s", "\u2581open", "ed"],
+             "subword_nmt": ["the", "fi@@", "le", "open@@", "ed", "a", "b", "c"],
+             "words": ["the", "file", "opened", "e-mail", "a@@b"]}
+    for kind, entries in kinds.items():
+        data = _dictionary_bin(tmp_path, kind, entries)
+        assert evaluate_bleu.data_segmentation(data).kind == kind
+        args = parser.parse_args([str(data), "--path", "ck.pt", "--cpu"])
+        cmd = evaluate_bleu.decode_config(args, [], cuda=False).fairseq_args()
+        expected = {"sentencepiece": ["--remove-bpe", "sentencepiece"], "subword_nmt": ["--remove-bpe", "subword_nmt"],
+                    "words": []}[kind]
+        assert [a for a in cmd if a in ("--remove-bpe", "sentencepiece", "subword_nmt")] == expected, cmd
+
+    class Decoded(Exception):
+        pass
+
+    configs = []
+
+    def decode(config, *args, **kwargs):
+        configs.append(config)
+        raise Decoded
+
+    monkeypatch.setattr(evaluate_bleu, "run_generate", decode)
+    import torch
+
+    ckpt = tmp_path / "checkpoint.pt"
+    torch.save({"model": {}}, ckpt)
+    argv = [str(tiny_data), "--path", str(ckpt), "--cpu", "--output-json", str(tmp_path / "b.json")]
+    with pytest.raises(Decoded):
+        evaluate_bleu.main(argv)
+    err = capsys.readouterr().err
+    assert (f"evaluate_bleu: {tiny_data / 'dict.en.txt'} holds whole words (no '\u2581' or '@@' pieces): the decode "
+            "scores them as they are (no --remove-bpe)") in err, err
+    assert configs[0].post_process is None and "--remove-bpe" not in configs[0].fairseq_args()
+    err = _refusal([*argv, "--", "--remove-bpe", "sentencepiece"], capsys)
+    assert (f"error: argument --remove-bpe sentencepiece (after --): {tiny_data / 'dict.en.txt'} holds whole words "
+            "(no '\u2581' or '@@' pieces), and --remove-bpe sentencepiece removes every space of such a text") in err
+    assert len(configs) == 1
+    with pytest.raises(Decoded):  # one that fits is the user's to give
+        evaluate_bleu.main([*argv, "--", "--remove-bpe", "subword_nmt"])
+    assert len(configs) == 2
+
+
+def _saved_output(path, references, hypotheses=None):
+    hypotheses = references if hypotheses is None else hypotheses
+    lines = [f"T-{i}\t{t}\nH-{i}\t-0.5\t{h}\n" for i, (t, h) in enumerate(zip(references, hypotheses))]
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+def test_a_saved_output_joined_with_another_segmentations_post_processing_is_refused(tiny_data, tmp_path, capsys):
+    """--from-output of a decode whose T- lines are the split joined with --remove-bpe sentencepiece on a word-level
+    data-bin: refused naming the dictionary (before: scored, BLEU of sentences without spaces); the same output
+    joined as the dictionary needs is scored."""
+    from fairseq_gradinit.tools.bleu_checks import target_strings
+
+    joined = _saved_output(tmp_path / "joined.txt", target_strings(tiny_data, "test", "sentencepiece"))
+    rc = evaluate_bleu.main([str(tiny_data), "--from-output", str(joined), "--output-json", str(tmp_path / "j.json")])
+    err = capsys.readouterr().err
+    assert rc == 1 and not (tmp_path / "j.json").exists()
+    assert (f"error: --from-output {joined}: its T- lines are the split 'test' joined with --remove-bpe sentencepiece, "
+            f"but {tiny_data / 'dict.en.txt'} holds whole words (no '\u2581' or '@@' pieces), which need no "
+            "--remove-bpe") in err, err
+    plain = _saved_output(tmp_path / "plain.txt", target_strings(tiny_data, "test", None))
+    rc = evaluate_bleu.main([str(tiny_data), "--from-output", str(plain), "--output-json", str(tmp_path / "p.json")])
+    assert rc == 0 and json.loads((tmp_path / "p.json").read_text())["bleu"] == 100.0
+
+
+def test_a_ref_with_a_line_lost_and_one_added_is_refused_when_scoring_a_saved_output(tiny_data, tmp_path, capsys):
+    """--from-output with a --ref of the right count whose line 6 was lost and a line added after line 8: four of 40
+    lines differ, and the first is named (before: scored, as fewer than half of the lines differed). The split's own
+    target file passes. The saved T- lines are the plain sentences (a dictionary that knows every word)."""
+    lines = (tiny_data.parent / "test.en").read_text(encoding="utf-8").splitlines()
+    saved = _saved_output(tmp_path / "gen.txt", lines)
+    ref = tmp_path / "ref.en"
+    ref.write_text("\n".join(lines[:5] + lines[6:9] + ["A sentence of another file."] + lines[9:]) + "\n",
+                   encoding="utf-8")
+    argv = [str(tiny_data), "--from-output", str(saved), "--output-json", str(tmp_path / "b.json")]
+    rc = evaluate_bleu.main([*argv, "--ref", str(ref)])
+    err = capsys.readouterr().err
+    assert rc == 1 and not (tmp_path / "b.json").exists()
+    assert (f"error: --ref {ref}: 4 of 40 lines differ from the references in the binarized subset, the first at line 6 "
+            f"(sample 5: the file has {lines[6][:60]!r}") in err, err
+    assert evaluate_bleu.main([*argv, "--ref", str(tiny_data.parent / "test.en")]) == 0
+
+
+def test_the_line_check_keeps_duplicates_and_real_references_and_bounds_unknown_words():
+    """Line for line: a test set with repeated sentences and references that differ from the binarized target only
+    in what tokenization, case, Unicode forms and unknown words change pass; the same set with one repeat lost and
+    another added is refused; an unknown word stands for text within one word (before: for any text, so a T- line of
+    unknown words matched every reference)."""
+    from fairseq_gradinit.tools.bleu_score import GenerateOutput
+
+    t_lines = ["thank you .", "open the <<unk>>", "thank you .", "Ｆｉｌｅ  saved", "don &apos;t <<unk>> it !"]
+    refs = ["Thank you.", "Open the café", "Thank you.", "File saved", "Don't save it!"]
+    parsed = GenerateOutput(references=dict(enumerate(t_lines)))
+    assert evaluate_bleu.reference_mismatch(parsed, refs) is None
+    shifted = [refs[0], refs[1], refs[3], refs[4], "Thank you."]
+    assert "3 of 5 lines differ" in evaluate_bleu.reference_mismatch(parsed, shifted)
+    assert evaluate_bleu.same_reference("Facebook profile picture", "<<unk>> <<unk>> <<unk>>")
+    assert evaluate_bleu.same_reference("Facebook profile picture", "<<unk>><<unk>><<unk>>")  # spaces removed
+    assert not evaluate_bleu.same_reference("Loads the paragraph styles", "<<unk>> <<unk>> <<unk>>")
+    assert not evaluate_bleu.same_reference("Open the new file", "open the <<unk>>")

@@ -65,7 +65,9 @@ def build_training_model(train_argv: Sequence[str], *, device: Optional[str] = N
     ``gradinit`` False drops ``--gradinit-iters``/``--gradinit-init-file`` (the caller applies
     scales itself); True lets the task run GradInit in ``build_criterion`` as fairseq-train does.
     """
-    cfg = training_config(train_argv)
+    # A reader of the run (no GradInit here) writes nothing into its --save-dir, which need not be writable on
+    # this machine: --no-save keeps the parse's checks of that folder out of its way.
+    cfg = training_config(list(train_argv) + ([] if gradinit else ["--no-save"]))
     if not gradinit:
         for key, off in (("gradinit_iters", 0), ("gradinit_init_file", None)):
             if getattr(cfg.task, key, off) not in (off, None):

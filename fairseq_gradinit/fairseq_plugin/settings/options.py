@@ -173,6 +173,8 @@ class PluginOptions(FairseqDataclass):
     gradinit_skip_invalid_valid: Any = II("dataset.skip_invalid_size_inputs_valid_test")
     gradinit_disable_validation: Any = II("dataset.disable_validation")
     gradinit_max_tokens_valid: Any = II("dataset.max_tokens_valid")
+    gradinit_batch_size_valid: Any = II("dataset.batch_size_valid")
+    gradinit_required_batch_size_multiple: Any = II("dataset.required_batch_size_multiple")
     gradinit_fp16: Any = II("common.fp16")
     gradinit_memory_efficient_fp16: Any = II("common.memory_efficient_fp16")
     gradinit_bf16: Any = II("common.bf16")

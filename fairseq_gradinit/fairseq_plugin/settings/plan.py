@@ -58,6 +58,10 @@ class TrainingFacts:
     skip_invalid_valid: bool
     #: ``--max-tokens-valid`` (fairseq's default: ``--max-tokens``).
     max_tokens_valid: Optional[int]
+    #: ``--batch-size-valid`` (fairseq's default: ``--batch-size``).
+    batch_size_valid: Optional[int]
+    #: ``--required-batch-size-multiple``: fairseq drops a last batch of fewer sentences.
+    required_batch_size_multiple: int
     fp16: bool
     memory_efficient_fp16: bool
     bf16: bool
@@ -160,6 +164,8 @@ def given_settings(source) -> types.SimpleNamespace:
     # same rule here, so that the parse's plan and the task's are one
     if out["gradinit_max_tokens_valid"] is None:
         out["gradinit_max_tokens_valid"] = out["gradinit_train_max_tokens"]
+    if out["gradinit_batch_size_valid"] is None:
+        out["gradinit_batch_size_valid"] = out["gradinit_train_batch_size"]
     if not namespace and out["gradinit_train_optimizer"] is None:
         out["gradinit_train_optimizer"] = training_optimizer(source)
     return types.SimpleNamespace(**out)
@@ -232,6 +238,8 @@ def _training_facts(given) -> TrainingFacts:
         combine_valid_subsets=given.gradinit_combine_valid_subsets is True,
         skip_invalid_valid=given.gradinit_skip_invalid_valid is True,
         max_tokens_valid=given.gradinit_max_tokens_valid,
+        batch_size_valid=_positive(given.gradinit_batch_size_valid),
+        required_batch_size_multiple=_positive(given.gradinit_required_batch_size_multiple) or 1,
         fp16=given.gradinit_fp16 is True, memory_efficient_fp16=given.gradinit_memory_efficient_fp16 is True,
         bf16=given.gradinit_bf16 is True, memory_efficient_bf16=given.gradinit_memory_efficient_bf16 is True,
         amp=given.gradinit_amp is True, tpu=given.gradinit_tpu is True, cpu=bool(given.gradinit_cpu),
@@ -239,6 +247,11 @@ def _training_facts(given) -> TrainingFacts:
         model_parallel_size=mp if isinstance(mp, int) and not isinstance(mp, bool) else 1,
         pipeline_model_parallel=given.gradinit_pipeline_model_parallel is True,
     )
+
+
+def _positive(value) -> Optional[int]:
+    """An integer setting above 0 as given, else None (fairseq's 'no limit')."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _count(value) -> bool:

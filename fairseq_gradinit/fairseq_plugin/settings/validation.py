@@ -307,6 +307,10 @@ def _optimizer_error(plan) -> Optional[str]:
     return None
 
 
+#: The file fairseq-train writes into --save-dir (and removes) to check that it can write there, before any work.
+VERIFY_FILE = "dummy"
+
+
 def _saves(plan) -> Optional[str]:
     """The save dir fairseq-train writes into, or None with --no-save."""
     return None if not plan.save_dir or plan.checkpoints.no_save else plan.save_dir
@@ -320,15 +324,19 @@ def _save_dir_error(plan) -> Optional[str]:
     if too_long:  # fairseq-train's own check of the folder fails on it with an OSError traceback
         return too_long
     reason = unwritable_folder_reason(save_dir)
-    # Only a file in the way, or a folder still to be created where nothing can be written: the permissions of
-    # an existing folder (and CUDA for --fp16) belong to the machine that runs the command, while the same
-    # command line is also parsed elsewhere (study plans, the per-layer report of a run it only reads).
     if reason and "not a folder" in reason:
         return f"argument --save-dir: {save_dir} {reason}; GradInit's result and the checkpoints go there: give a " \
                "folder you can write"
-    if reason and "cannot be written" in reason and not os.path.exists(save_dir):
-        return (f"argument --save-dir: {save_dir} {reason}, and fairseq-train creates it before any work: give a "
+    if reason and "cannot be written" in reason:
+        # fairseq-train's first act is to create the folder and write a file into it, with an OSError traceback
+        # where it cannot: the same refusal in one line, whether the folder exists or is still to be created
+        return (f"argument --save-dir: {save_dir} {reason}, and fairseq-train writes into it before any work: give a "
                 "folder you can write")
+    probe = os.path.join(save_dir, VERIFY_FILE)
+    if os.path.isdir(save_dir) and os.path.lexists(probe) and not os.path.isfile(probe):
+        return (f"argument --save-dir: {probe} is {'a folder' if os.path.isdir(probe) else 'not a regular file'}; "
+                "fairseq-train checks that it can write the save folder by writing that file before any work, and "
+                "would stop with an OSError: move it away, or give another --save-dir")
     return None
 
 
@@ -410,19 +418,18 @@ def data_files_check(plan) -> Optional[str]:
 
 # -- phase: on the machine that runs it, when the phase starts ----------------------------------------
 def valid_split_error(task, model, plan) -> Optional[str]:
-    """fairseq's refusal of a validation sample, which fairseq-train meets at its first validation, after
-    the GradInit phase (and a validation split it cannot load): a sample longer than the model and task
-    allow (e.g. a long document with ``--sample-break-mode complete_doc``; skipped with
-    ``--skip-invalid-size-inputs-valid-test``), or one of more tokens than ``--max-tokens-valid`` (default
-    ``--max-tokens``), which fairseq batches without skipping, whatever the flag says. The splits are
-    loaded here as fairseq-train loads them next. None with ``--disable-validation`` (all read from the
-    run's ``plan``)."""
+    """fairseq's refusal of a validation split, which fairseq-train meets at its first validation, after the
+    GradInit phase (and a validation split it cannot load): a sample longer than the model and task allow (e.g. a
+    long document with ``--sample-break-mode complete_doc``; skipped with ``--skip-invalid-size-inputs-valid-test``),
+    one of more tokens than ``--max-tokens-valid`` (default ``--max-tokens``), which fairseq batches without
+    skipping, whatever the flag says, or a split of which fairseq makes no batch ("The dataset is empty": no
+    samples, all skipped, or fewer than ``--required-batch-size-multiple``, whose last batch fairseq drops). The
+    splits are loaded and batched here as fairseq-train loads and batches them next. None with
+    ``--disable-validation`` (all read from the run's ``plan``)."""
     training = plan.training
     if training.disable_validation:
         return None
     skip, max_tokens = training.skip_invalid_valid, training.max_tokens_valid
-    if skip and not max_tokens:
-        return None
     from fairseq import utils
     from fairseq.data import data_utils
 
@@ -441,10 +448,32 @@ def valid_split_error(task, model, plan) -> Optional[str]:
             indices = task.filter_indices_by_size(indices, dataset, max_positions, ignore_invalid_inputs=skip)
         except Exception as e:  # fairseq raises a bare Exception naming the sample
             return f"validation split '{subset}': {e} (found before GradInit)"
-        error = over_budget_error(dataset, indices, max_tokens)
+        error = over_budget_error(dataset, indices, max_tokens) or no_batch_error(dataset, indices, training)
         if error:
             return f"validation split '{subset}': {error}"
     return None
+
+
+def no_batch_error(dataset, indices, training) -> Optional[str]:
+    """Why fairseq batches none of the samples ``indices`` of the validation split ``dataset`` (after its filter
+    by size) as it batches them for validation, or None: fairseq-train then stops at its first validation with
+    "The dataset is empty". Read from the plan's ``training`` facts."""
+    multiple = training.required_batch_size_multiple
+    if len(indices) > 0 and len(dataset.batch_by_size(indices, max_tokens=training.max_tokens_valid,
+                                                      max_sentences=training.batch_size_valid,
+                                                      required_batch_size_multiple=multiple)) > 0:
+        return None
+    after = ("; fairseq-train would stop at its first validation, after the GradInit phase ('The dataset is "
+             "empty')")
+    if len(dataset) == 0:
+        return f"it has no samples{after}. Binarize a validation split with sentences, or pass --disable-validation"
+    if len(indices) == 0:
+        return (f"--skip-invalid-size-inputs-valid-test skips all {len(dataset)} of its samples (each longer than the "
+                f"model's positions){after}. Raise the model's positions (e.g. --tokens-per-sample), or pass "
+                "--disable-validation")
+    return (f"its {len(indices)} samples make no batch: fairseq drops a last batch of fewer than "
+            f"--required-batch-size-multiple {multiple} samples{after}. Pass --required-batch-size-multiple 1 "
+            f"(any value up to {len(indices)} keeps them), use a larger validation split, or pass --disable-validation")
 
 
 def over_budget_error(dataset, indices, max_tokens) -> Optional[str]:
