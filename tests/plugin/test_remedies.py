@@ -83,7 +83,7 @@ def test_init_clamp_applies_clamped_scales_and_records_them(tmp_path):
             for n in names}
     assert record["scales"] == pytest.approx(want)
     # the degenerate file's verdict is recorded with the clamped scales: no weight left at the floor
-    from fairseq_gradinit.fairseq_plugin.features.health_report import measure_health
+    from fairseq_gradinit.fairseq_plugin.features.health import measure_health
 
     health = record["health"]
     assert health["floor"]["weights"]["count"] == 0 and not health["pairs_off"], health

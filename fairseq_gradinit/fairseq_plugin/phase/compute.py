@@ -28,7 +28,7 @@ from ...core.scales import scales_error
 from ..data.files import atomic_write_json, remove_stale_temp_files, write_result
 from ..errors import GradInitError
 from ..features.groups import transformer_group
-from ..features.health_report import measure_health, nonfinite_blocks
+from ..features.health import measure_health, nonfinite_blocks
 from ..features.tied import (
     apply_multiplier_scales,
     effective_use_scales,
