@@ -24,9 +24,9 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from ..argtypes import int_at_least
-from ..paths import OutputError, check_output, json_result, png_output, write_json
-from ..quiet import quiet_command
+from ..command_line.argtypes import int_at_least
+from ..command_line.quiet import quiet_command
+from ..files.paths import OutputError, check_output, json_result, png_output, write_json
 
 COMMAND = "gradinit-report"
 

@@ -27,7 +27,7 @@ from ...core import apply_scales
 from ...core.health import scale_health, snapshot_weights, swapped_weights
 from ...core.modes import gradinit_mode
 from ...core.norms_and_spread import ReportConfig, init_report, unique_trainable
-from ...paths import png_metadata
+from ...files.paths import png_metadata
 from ..data.loss import mean_loss_fn
 from ..data.training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 from ..features.groups import transformer_place
