@@ -339,7 +339,7 @@ def run_branch(model, state, loss_fn, pair_stream, branch, precision, args, devi
             sync(device)
             seconds = (time.perf_counter() - t0) / args.iters
             engine.finalize()
-            scales = engine.scaled.scales_dict()
+            scales = engine.target.scaled.scales_dict()
             # One more iteration, counted, then a few profiled (the scales above are already taken).
             pair = next(pairs)
             with HostSyncCounter(device) as counter:
@@ -354,7 +354,7 @@ def run_branch(model, state, loss_fn, pair_stream, branch, precision, args, devi
         raise RuntimeError(f"{precision} {branch} run took the branches {sorted(branches)}")
     return {"seconds": seconds, "peak_mib": peak_mib(device, base), "scales": scales, "host_syncs": syncs,
             "host_reads": counter.total, "profile": profiled, "last_loss_s": engine.history[-1].loss_s,
-            "tensors": len(engine.scaled.params)}
+            "tensors": len(engine.target.scaled.params)}
 
 
 def gpu_peaks(device, override):

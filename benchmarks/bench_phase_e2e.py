@@ -260,7 +260,7 @@ class Probe:
         def wrapper(eng, pair):
             i = len(eng.history)
             if self.plan is not None and i < len(self.plan):
-                eng.gamma = math.inf if self.plan[i] == "O" else 0.0
+                eng.state.gamma = math.inf if self.plan[i] == "O" else 0.0
             previous = eng.history[-1].branch if eng.history else None
             tail = i - self.timed_iters if self.plan is not None else -1
             before = dict(self.clock.total)

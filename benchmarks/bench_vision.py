@@ -216,8 +216,8 @@ def bench_model(name: str, bn: Optional[bool], args, device: torch.device) -> Di
                 branches.append(engine.step(pair).branch)
 
         def gi_resident():
-            return tensor_bytes(list(model.parameters()) + list(model.buffers()) + list(engine.scaled.W)
-                                + [engine.alpha, engine.adam.m, engine.adam.v])
+            return tensor_bytes(list(model.parameters()) + list(model.buffers()) + list(engine.target.scaled.W)
+                                + [engine.state.alpha, engine.state.adam.m, engine.state.adam.v])
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)

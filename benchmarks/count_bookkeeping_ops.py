@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from fairseq_gradinit.core import GradInit, GradInitConfig
+from fairseq_gradinit.core.engine import grad_norm, step_direction
 from fairseq_gradinit.vision import create_model
 
 
@@ -49,22 +50,22 @@ def count(name: str, bn: bool, args) -> dict:
     torch.manual_seed(0)
     model = create_model(name, bn=bn, width=args.width)
     engine = GradInit(model, lambda m, b: None, GradInitConfig(optimizer=args.optimizer, eta=1e-3, gamma=1.0))
-    stand_in = [torch.randn_like(p) for p in engine.scaled.params]
+    stand_in = [torch.randn_like(p) for p in engine.target.scaled.params]
 
     def bookkeeping(grads):
-        engine.scaled.write(engine.alpha)
-        grads = engine.scaled.gather(grads)  # as GradInit.step: g in one buffer
-        gnorm = engine.grad_norm(grads)
-        direction = engine.step_direction(grads, gnorm)
-        engine.scaled.write(engine.alpha, direction=direction, eta=1e-3)
-        return engine.scaled.alpha_grad(stand_in)
+        engine.target.scaled.write(engine.state.alpha)
+        grads = engine.target.scaled.gather(grads)  # as GradInit.step: g in one buffer
+        gnorm = grad_norm(grads, engine.cfg.norm_p)
+        direction = step_direction(grads, gnorm, engine.cfg, engine.state.gamma)
+        engine.target.scaled.write(engine.state.alpha, direction=direction, eta=1e-3)
+        return engine.target.scaled.alpha_grad(stand_in)
 
     bookkeeping([g.clone() for g in stand_in])  # warm-up
     grads = [g.clone() for g in stand_in]
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         bookkeeping(grads)
     return {"model": name, "bn": bn, "tensors": len(stand_in), "ops": top_level_aten_ops(prof.events()),
-            "flat_buffer": getattr(engine.scaled, "_flat", None) is not None}
+            "flat_buffer": getattr(engine.target.scaled, "_flat", None) is not None}
 
 
 def main(args) -> dict:

@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from fairseq_gradinit.checkpoints import trusted_loading_env
-from fairseq_gradinit.paths import header_line
+from fairseq_gradinit.files.checkpoints import trusted_loading_env
+from fairseq_gradinit.files.paths import header_line
 from fairseq_gradinit.tools import evaluate_bleu
 from fairseq_gradinit.tools.evaluate_bleu import (
     COMMAND,

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from fairseq_gradinit.paths import check_output, header_line, json_result, text_output, write_json
+from fairseq_gradinit.files.paths import check_output, header_line, json_result, text_output, write_json
 
 from .study.tables import build_table, markdown, to_json
 

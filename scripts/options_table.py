@@ -22,7 +22,7 @@ def tables() -> dict:
     """``{name: Markdown}`` for each generated block."""
     from fairseq_gradinit.core import GradInitConfig
     from fairseq_gradinit.core.options import options_of
-    from fairseq_gradinit.option_forms import markdown_table
+    from fairseq_gradinit.command_line.option_forms import markdown_table
     from fairseq_gradinit.vision.api import VISION_DEFAULTS
 
     out = {}

@@ -238,9 +238,9 @@ def gradinit_step(model: ScaledModel, state: GradInitState, pair: BatchPair, con
         if gnorm_v > state.gamma:
             branch = state.last_branch = "constraint"
             if fd:
-                alpha_grad = _constraint_grad_fd(model, alpha, s, grads, gnorm, config, g_all)
+                alpha_grad = constraint_grad_fd(model, alpha, s, grads, gnorm, config, g_all)
             else:
-                alpha_grad = _constraint_grad(model, alpha, s, grads, gnorm, config, g_local)
+                alpha_grad = constraint_grad(model, alpha, s, grads, gnorm, config, g_local)
             del grads, g_local, g_all
             group.mean_([alpha_grad])
             ok = torch.ones((), dtype=torch.bool, device=alpha.device)
@@ -252,8 +252,8 @@ def gradinit_step(model: ScaledModel, state: GradInitState, pair: BatchPair, con
             if config.lookahead_steps > 1:
                 direction = _lookahead_direction(model, alpha, s, grads, config, group)
             else:
-                direction = _step_direction(grads, gnorm, config, state.gamma)
-            alpha_grad, loss_t = _objective_grad(model, alpha, s_tilde, direction, config)
+                direction = step_direction(grads, gnorm, config, state.gamma)
+            alpha_grad, loss_t = objective_grad(model, alpha, s_tilde, direction, config)
             del direction, grads
             loss_t = loss_t.reshape(1)
             group.mean_([alpha_grad, loss_t])
@@ -291,16 +291,17 @@ def _first_pass(model: ScaledModel, state: GradInitState, s, config: GradInitCon
     group.mean_([grads.flat] if isinstance(grads, FlatViews) else grads)
     group.mean_([loss_s])
     g_all, grads = grads, scaled.without_fixed(grads)
-    return grads, g_all, g_local, loss_s, _grad_norm(grads, config.norm_p)
+    return grads, g_all, g_local, loss_s, grad_norm(grads, config.norm_p)
 
 
-# -- the two branches (the math of gradinit_step) --------------------------------------------
-def _grad_norm(grads: Sequence[torch.Tensor], norm_p: int) -> torch.Tensor:
+# -- the two branches (the math of gradinit_step; public so that each piece can be checked alone) ------
+def grad_norm(grads: Sequence[torch.Tensor], norm_p: int) -> torch.Tensor:
+    """||g||_p over all tensors of ``grads`` (p = 1 or 2)."""
     norms = foreach_norm(grads, norm_p)
     return norms.sum() if norm_p == 1 else norms.pow(2).sum().sqrt()
 
 
-def _step_direction(grads: List[torch.Tensor], gnorm: torch.Tensor, config: GradInitConfig,
+def step_direction(grads: List[torch.Tensor], gnorm: torch.Tensor, config: GradInitConfig,
                     gamma: Optional[float]) -> List[torch.Tensor]:
     """A[g], computed in place in ``grads`` (one kernel where they are :class:`FlatViews`)."""
     flat = getattr(grads, "flat", None)
@@ -327,7 +328,7 @@ def _norm_grad(scaled: ScaledParameters, gbar: List[torch.Tensor], gnorm: torch.
     return list(torch._foreach_mul(gbar, inv.to(gbar[0].dtype)))
 
 
-def _constraint_grad(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
+def constraint_grad(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
                      config: GradInitConfig, g_local: Optional[SecondOrderGraph] = None) -> torch.Tensor:
     """d||gbar||_p/d alpha by double backward through ``g_local``, this rank's gradient on S with
     its graph (computed here by a second-order pass on S when not given)."""
@@ -352,7 +353,7 @@ def _constraint_grad(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torc
     return scaled.alpha_grad(h, consume=True) + dots / alpha.clamp(min=torch.finfo(alpha.dtype).tiny)
 
 
-def _constraint_grad_fd(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torch.Tensor],
+def constraint_grad_fd(model: ScaledModel, alpha: torch.Tensor, s, gbar: List[torch.Tensor],
                         gnorm: torch.Tensor, config: GradInitConfig,
                         g_all: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
     """d||gbar||_p / d alpha = <H v, W_i> with H v from a forward difference of the gradient on
@@ -405,7 +406,7 @@ def _lookahead_direction(model: ScaledModel, alpha: torch.Tensor, s, grads: List
     return total
 
 
-def _objective_grad(model: ScaledModel, alpha: torch.Tensor, s_tilde, direction: List[torch.Tensor],
+def objective_grad(model: ScaledModel, alpha: torch.Tensor, s_tilde, direction: List[torch.Tensor],
                     config: GradInitConfig):
     """d L(S~; alpha W - eta A) / d alpha / eta with A held constant, and the loss."""
     scaled, unstepped = model.scaled, model.unstepped
@@ -427,9 +428,13 @@ def _objective_grad(model: ScaledModel, alpha: torch.Tensor, s_tilde, direction:
 
 
 class GradInit:
-    """A GradInit run: :func:`gradinit_step` over a :class:`ScaledModel` and a :class:`GradInitState`,
-    with the history, skip counting, warnings and progress lines around it; :func:`gradinit` is the
-    usual entry point."""
+    """A GradInit run: :func:`gradinit_step` over ``target`` (a :class:`ScaledModel`) and ``state`` (a
+    :class:`GradInitState`), with the history, skip counting, warnings and progress lines around it;
+    :func:`gradinit` is the usual entry point."""
+
+    # Fixed attributes: an assignment to a name the class does not hold (``engine.gamma = ...`` for
+    # ``engine.state.gamma``) raises instead of adding an attribute that nothing reads.
+    __slots__ = ("cfg", "dist", "target", "state", "history", "_waiting", "_consecutive_skips")
 
     def __init__(self, model: nn.Module, loss_fn: LossFn, config: GradInitConfig, *,
                  process_group=None):
@@ -460,62 +465,6 @@ class GradInit:
         self.history: List[IterationRecord] = []
         self._waiting: Optional[IterationRecord] = None  # the record whose S~ statistics are pending
         self._consecutive_skips = 0
-
-    # -- the run's pieces, as attributes ------------------------------------------------------
-    @property
-    def model(self) -> nn.Module:
-        return self.target.model
-
-    @property
-    def loss_fn(self) -> LossFn:
-        return self.target.loss_fn
-
-    @property
-    def scaled(self) -> ScaledParameters:
-        return self.target.scaled
-
-    @property
-    def unstepped(self) -> Optional[UnsteppedUses]:
-        return self.target.unstepped
-
-    @property
-    def alpha(self) -> torch.Tensor:
-        return self.state.alpha
-
-    @property
-    def adam(self) -> ScaleAdam:
-        return self.state.adam
-
-    @property
-    def adam_constraint(self) -> ScaleAdam:
-        return self.state.adam_constraint
-
-    @property
-    def gamma(self) -> Optional[float]:
-        return self.state.gamma
-
-    @gamma.setter
-    def gamma(self, value: Optional[float]) -> None:
-        self.state.gamma = value
-
-    # -- the branches' pieces, for checking them one by one ------------------------------------
-    def grad_norm(self, grads: Sequence[torch.Tensor]) -> torch.Tensor:
-        return _grad_norm(grads, self.cfg.norm_p)
-
-    def step_direction(self, grads: List[torch.Tensor], gnorm: torch.Tensor) -> List[torch.Tensor]:
-        """A[g], computed in place in ``grads``."""
-        return _step_direction(grads, gnorm, self.cfg, self.gamma)
-
-    def _constraint_grad(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
-                         g_local: Optional[Sequence[Optional[torch.Tensor]]] = None) -> torch.Tensor:
-        return _constraint_grad(self.target, self.alpha, s, gbar, gnorm, self.cfg, g_local)
-
-    def _constraint_grad_fd(self, s, gbar: List[torch.Tensor], gnorm: torch.Tensor,
-                            g_all: Optional[Sequence[torch.Tensor]] = None) -> torch.Tensor:
-        return _constraint_grad_fd(self.target, self.alpha, s, gbar, gnorm, self.cfg, g_all)
-
-    def _objective_grad(self, s_tilde, direction: List[torch.Tensor]):
-        return _objective_grad(self.target, self.alpha, s_tilde, direction, self.cfg)
 
     # -- bookkeeping ----------------------------------------------------------------------
     def _flush_pending(self, values: Optional[Sequence[float]] = None) -> None:
@@ -555,7 +504,7 @@ class GradInit:
         S~ statistics with them unless ``settled_only``); iterations that log nothing read nothing."""
         if settled_only and not self.settled:
             return
-        a, mask = self.alpha.detach(), self.scaled.scaled  # no boolean indexing: it would read the mask
+        a, mask = self.state.alpha.detach(), self.target.scaled.scaled  # no boolean indexing: it would read the mask
         head = [torch.where(mask, a, math.inf).min(), (a * mask).sum() / mask.sum(),
                 torch.where(mask, a, -math.inf).max()]
         pending = self._waiting is not None and not settled_only
@@ -573,7 +522,7 @@ class GradInit:
         logger.info(
             "gradinit iter %d%s | %s | L(S) %s | L(S~) %s | |g|_%d %s (gamma %.4g) | scale min/mean/max "
             "%.4g/%.4g/%.4g | skipped %d%s", it, tot, rec.branch, fmt(rec.loss_s), fmt(rec.loss_s_tilde),
-            self.cfg.norm_p, fmt(rec.grad_norm), self.gamma or float("nan"), *stats,
+            self.cfg.norm_p, fmt(rec.grad_norm), self.state.gamma or float("nan"), *stats,
             sum(r.branch == "skipped" for r in self.history), f" | {timing}" if timing else "",
         )
 
@@ -593,7 +542,7 @@ class GradInit:
             return rec
         if measuring:
             logger.info("gradinit: gamma = %g x ||g||_%d at the init (%.6g) = %.6g", self.cfg.gamma_init_factor,
-                        self.cfg.norm_p, out.grad_norm, self.gamma)
+                        self.cfg.norm_p, out.grad_norm, self.state.gamma)
         self._waiting = rec
         return rec
 
@@ -605,14 +554,14 @@ class GradInit:
         squared norms of the W_i and the config, against which :meth:`load_state_dict` checks. With
         more than one rank, every rank calls it at the same iteration (the random states are gathered)."""
         self._flush_pending()
-        separate = self.adam_constraint is not self.adam
+        separate = self.state.adam_constraint is not self.state.adam
         return {
-            "rng": capture_random_state(self.scaled.params, self.dist),
-            "format": 1, "names": list(self.scaled.names), "w_sq_norms": self._w_sq_norms(),
-            "config": _result_settings(self.cfg), "alpha": self.alpha.detach().cpu().clone(),
-            "adam": self.adam.state_dict(), "adam_constraint": self.adam_constraint.state_dict() if separate else None,
+            "rng": capture_random_state(self.target.scaled.params, self.dist),
+            "format": 1, "names": list(self.target.scaled.names), "w_sq_norms": self._w_sq_norms(),
+            "config": _result_settings(self.cfg), "alpha": self.state.alpha.detach().cpu().clone(),
+            "adam": self.state.adam.state_dict(), "adam_constraint": self.state.adam_constraint.state_dict() if separate else None,
             "history": [dataclasses.asdict(r) for r in self.history],
-            "consecutive_skips": self._consecutive_skips, "last_branch": self.state.last_branch, "gamma": self.gamma,
+            "consecutive_skips": self._consecutive_skips, "last_branch": self.state.last_branch, "gamma": self.state.gamma,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -625,35 +574,35 @@ class GradInit:
         rng_problem = random_state_problem(state["rng"]) if state.get("rng") is not None else None
         if rng_problem:
             raise ValueError(f"the GradInit state is damaged: {rng_problem}")
-        if state["names"] != list(self.scaled.names):
+        if state["names"] != list(self.target.scaled.names):
             raise ValueError("the GradInit state was saved for other tensors: e.g. "
-                             f"{sorted(set(state['names']) ^ set(self.scaled.names))[:3]}")
+                             f"{sorted(set(state['names']) ^ set(self.target.scaled.names))[:3]}")
         saved_w, own_w = torch.tensor(state["w_sq_norms"]), torch.tensor(self._w_sq_norms())
         if not torch.allclose(saved_w, own_w, rtol=1e-6, atol=0):
             k = int((saved_w - own_w).abs().argmax())
-            raise ValueError(f"the GradInit state was saved for other initial weights ({self.scaled.names[k]!r} "
+            raise ValueError(f"the GradInit state was saved for other initial weights ({self.target.scaled.names[k]!r} "
                              "differs): resume with the same model, seed and data, or start GradInit anew")
         own_cfg = _result_settings(self.cfg)
         diff = sorted(k for k in set(own_cfg) | set(state["config"]) if own_cfg.get(k) != state["config"].get(k))
         if diff:
             raise ValueError(f"the GradInit state was saved with other settings: {', '.join(diff)}")
-        damaged = state_values_problem(state, len(self.scaled.names), IterationRecord,
-                                       separate_constraint=self.adam_constraint is not self.adam)
+        damaged = state_values_problem(state, len(self.target.scaled.names), IterationRecord,
+                                       separate_constraint=self.state.adam_constraint is not self.state.adam)
         if damaged:
             raise ValueError(f"the GradInit state is damaged: {damaged}")
         with torch.no_grad():
-            self.alpha.copy_(state["alpha"].to(self.alpha))
-        self.adam.load_state_dict(state["adam"])
-        if self.adam_constraint is not self.adam:
-            self.adam_constraint.load_state_dict(state["adam_constraint"])
+            self.state.alpha.copy_(state["alpha"].to(self.state.alpha))
+        self.state.adam.load_state_dict(state["adam"])
+        if self.state.adam_constraint is not self.state.adam:
+            self.state.adam_constraint.load_state_dict(state["adam_constraint"])
         self.history = [IterationRecord(**r) for r in state["history"]]
         self._waiting = self.state.pending = None
         self._consecutive_skips = int(state["consecutive_skips"])
         self.state.last_branch = str(state["last_branch"])
         if self.cfg.gamma_init_factor is not None and state.get("gamma") is not None:
-            self.gamma = float(state["gamma"])
+            self.state.gamma = float(state["gamma"])
         if state.get("rng") is not None:
-            restore_random_state(state["rng"], self.scaled.params, self.dist)
+            restore_random_state(state["rng"], self.target.scaled.params, self.dist)
         elif self.cfg.dropout:
             logger.warning("gradinit: the GradInit state holds no random state (it was saved by an older "
                            "fairseq_gradinit): with dropout on, the resumed run draws other dropout masks than an "
@@ -661,7 +610,7 @@ class GradInit:
                            "resumes exactly")
 
     def _w_sq_norms(self) -> List[float]:
-        return [float(w.detach().double().pow(2).sum()) for w in self.scaled.W]
+        return [float(w.detach().double().pow(2).sum()) for w in self.target.scaled.W]
 
     @property
     def settled(self) -> int:
@@ -670,7 +619,7 @@ class GradInit:
 
     def finalize(self) -> None:
         self._flush_pending()
-        self.scaled.write(self.alpha)
+        self.target.scaled.write(self.state.alpha)
 
 
 def gradinit(
@@ -733,27 +682,27 @@ def gradinit(
                          "interval >= 1) or neither")
     else:
         every = None
-    with gradinit_mode(inner, dropout=config.dropout), heap_kept(engine.scaled.params[0].device):
-        run_iterations(engine, _pair_stream(batches, config), config.iters, log_interval=config.log_interval,
-                       callback=callback, name="GradInit", log_seconds=config.log_seconds,
-                       start=len(engine.history), every=every)
+    with gradinit_mode(inner, dropout=config.dropout), heap_kept(engine.target.scaled.params[0].device):
+        run_iterations(engine, engine.target.scaled, _pair_stream(batches, config), config.iters,
+                       log_interval=config.log_interval, callback=callback, name="GradInit",
+                       log_seconds=config.log_seconds, start=len(engine.history), every=every)
     return _finished(engine, config, time.perf_counter() - start, option_name)
 
 
 def _finished(engine: GradInit, config: GradInitConfig, wall: float, option_name: OptionNamer) -> GradInitResult:
     """The result of a finished run, with its health verdict, its summary line and the warning it deserves."""
-    result = GradInitResult(scales=engine.scaled.scales_dict(), config=config, history=engine.history,
-                            wall_time=wall, aliases=engine.scaled.aliases, world_size=engine.dist.world_size,
-                            gamma=engine.gamma)
+    result = GradInitResult(scales=engine.target.scaled.scales_dict(), config=config, history=engine.history,
+                            wall_time=wall, aliases=engine.target.scaled.aliases, world_size=engine.dist.world_size,
+                            gamma=engine.state.gamma)
     # The health check from the scales and the phase alone, at no cost (no pass over the model): the vision API
     # and the fairseq plugin replace it by theirs, which also measure the LayerNorm gains and the blocks.
-    result.health = scale_verdict(result.scales, config=config, history=result.history, gamma=engine.gamma)
+    result.health = scale_verdict(result.scales, config=config, history=result.history, gamma=engine.state.gamma)
     # The one measured time of the phase: gradinit.json's wall_time and the plugin's summary line say the same.
     logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %s",
                 len(result.history), result.num_objective, result.num_constraint, result.num_skipped,
                 format_duration(wall))
     advice = no_objective_advice([r.branch for r in result.history], [r.grad_norm for r in result.history],
-                                 engine.gamma, config.norm_p, option_name)
+                                 engine.state.gamma, config.norm_p, option_name)
     if advice:
         logger.warning(advice)
     return result

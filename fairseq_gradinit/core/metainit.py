@@ -325,8 +325,8 @@ def metainit(
     engine = MetaInit(inner, loss_fn, config, process_group=process_group)
     stream = cycle_iterable(batches) if config.iters is not None else iter(batches)
     with gradinit_mode(inner), higher_order_batch_norm(inner), heap_kept(engine.scaled.params[0].device):
-        run_iterations(engine, stream, config.iters, log_interval=config.log_interval, callback=callback,
-                       name="MetaInit", log_seconds=config.log_seconds)
+        run_iterations(engine, engine.scaled, stream, config.iters, log_interval=config.log_interval,
+                       callback=callback, name="MetaInit", log_seconds=config.log_seconds)
     wall = time.perf_counter() - start
     result = engine.result(wall)
     logger.info("metainit: %d iterations (%d skipped) in %.1fs", len(result.history), result.num_skipped, wall)

@@ -5,7 +5,8 @@ Each front end derives its options from :func:`options_of`: the fairseq plugin's
 fields, the vision API's keyword arguments and ``scripts/train_vision.py``'s flags. A front end
 only says which defaults differ for it (a mapping ``name -> Default``); help texts, choices,
 types, parsing from the command line and whether an option changes the result all come from here.
-Their argparse flags and Markdown tables are made outside the engine, by :mod:`fairseq_gradinit.option_forms`.
+Their argparse flags and Markdown tables are made outside the engine, by
+:mod:`fairseq_gradinit.command_line.option_forms`.
 """
 from __future__ import annotations
 

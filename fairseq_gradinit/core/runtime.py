@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from .progress import ProgressClock
+from .scales import ScaledParameters
 
 #: ``loss_fn(model, batch) -> scalar loss tensor``.
 LossFn = Callable[[nn.Module, Any], torch.Tensor]
@@ -83,34 +84,35 @@ def nothing_done_error(name: str, completed: int, total: Optional[int]) -> Optio
             "and check that it is not an exhausted iterator")
 
 
-def unusable_result_error(engine, name: str) -> Optional[str]:
-    """Why the scales ``engine`` ends with are no result, or None: scales that are not finite numbers, or
-    a run whose last iterations were skipped for a non-finite loss or gradient, since the scales it ends
-    with are those that gave NaN/Inf on those batches. The one rule of every entry point, so that such
-    scales are never written or applied."""
-    if not bool(torch.isfinite(engine.alpha.detach()).all()):
+def unusable_result_error(scales: torch.Tensor, history: Sequence[Any], name: str) -> Optional[str]:
+    """Why the ``scales`` a run ends with are no result, or None: scales that are not finite numbers, or
+    a run whose last iterations (``history``) were skipped for a non-finite loss or gradient, since the
+    scales it ends with are those that gave NaN/Inf on those batches. The one rule of every entry point,
+    so that such scales are never written or applied."""
+    if not bool(torch.isfinite(scales.detach()).all()):
         return (f"{name}: the learned scales are not all finite numbers; no scale is applied and the model is left "
                 "as it was given. Lower the learning rates, or set max_scale")
     tail = 0
-    for rec in reversed(engine.history):
+    for rec in reversed(history):
         if rec.branch != "skipped":
             break
         tail += 1
     if tail:
         return (f"{name}: the last {tail} iteration{'s' if tail > 1 else ''} had a non-finite loss or gradient at the "
-                f"final scales ({engine.history[-1].reason}), so these scales give NaN/Inf on the data; they are not "
+                f"final scales ({history[-1].reason}), so these scales give NaN/Inf on the data; they are not "
                 "applied and the model is left as it was given. Check the data and the loss for NaN/Inf, lower the "
                 "learning rates, or set max_scale")
     return None
 
 
-def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_interval: int,
-                   callback: Optional[Callable[[Any], None]], name: str, log_seconds: float = 0.0,
+def run_iterations(engine, scaled: ScaledParameters, stream: Iterator[Any], total: Optional[int], *,
+                   log_interval: int, callback: Optional[Callable[[Any], None]], name: str, log_seconds: float = 0.0,
                    start: int = 0, every: Optional[tuple] = None) -> int:
     """Drive ``engine.step`` over ``stream`` for ``total`` iterations (``None``: until it ends).
 
-    ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize``,
-    ``log_progress(completed, total, timing=..., settled_only=...)``, ``scaled`` and ``alpha``. Progress is
+    ``engine`` has ``step``, ``history``, ``settled`` (records that are final), ``finalize`` and
+    ``log_progress(completed, total, timing=..., settled_only=...)``; ``scaled`` holds the tensors it
+    writes and the scales it steps (``scaled.alpha``, updated in place). Progress is
     logged at the first iteration, every ``log_interval`` iterations and at the end, and also whenever
     ``log_seconds`` of wall time have passed (0: never); those lines show the last settled record, as
     reading a pending one would sync the host at a moment that differs between data-parallel ranks. On success the model holds alpha*W of the last update; if
@@ -161,13 +163,13 @@ def run_iterations(engine, stream: Iterator[Any], total: Optional[int], *, log_i
                 f"{name}: all {n} iteration{'s were' if n > 1 else ' was'} skipped ({engine.history[-1].reason}); "
                 "no scale was learned and the model is left as it was given. Check the data and the loss "
                 "for NaN/Inf (e.g. run one batch through the model), or lower the learning rates.")
-        unusable = unusable_result_error(engine, name)
+        unusable = unusable_result_error(scaled.alpha, engine.history, name)
         if unusable:
             raise FloatingPointError(unusable)
     except BaseException:
         # A half-finished run must not leave the model partly scaled: alpha = 1 gives back W exactly.
         with torch.no_grad():
-            engine.scaled.write(torch.ones_like(engine.alpha))
+            scaled.write(torch.ones_like(scaled.alpha))
         raise
     if engine.history and logged != completed:
         engine.log_progress(completed, total, timing=clock.timing(completed, total))

@@ -10,7 +10,7 @@ The GradInit adapter is in rooms by concern, each importing only the rooms below
 :mod:`.features` (tied per-use scales, the monitor, the attention guard, the health report) >
 :mod:`.data` (fairseq data glue) > :mod:`.errors` (the one error type). ``pyproject.toml``'s import
 contracts hold that order."""
-from ..quiet import hide_known_noise
+from ..command_line.quiet import hide_known_noise
 from .registration.compat import patch_fairseq_checkpoint_loading, patch_fairseq_numpy_compat
 
 hide_known_noise()

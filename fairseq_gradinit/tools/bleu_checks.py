@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from ..checkpoints import load_trusted_checkpoint
-from ..paths import OutputError, check_output, json_result, text_output, utf8_problem
+from ..files.checkpoints import load_trusted_checkpoint
+from ..files.paths import OutputError, check_output, json_result, text_output, utf8_problem
 from .bleu_decode import COMMAND, DecodeConfig, subset_size
 from .bleu_score import read_reference_file, same_reference, scoring_problem
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from ..paths import header_line, write_json
+from ..files.paths import header_line, write_json
 from .bleu_score import EvaluationError, GenerateOutput
 
 #: The command this package installs for the BLEU step (the files it writes are marked as its own).

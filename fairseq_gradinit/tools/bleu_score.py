@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from ..paths import text_lines
+from ..files.paths import text_lines
 
 _HYP_RE = re.compile(r"^H-(\d+)\t")
 _REF_RE = re.compile(r"^T-(\d+)\t")
@@ -104,7 +104,7 @@ def parse_generate_output(lines: Iterable[str]) -> GenerateOutput:
 
 
 def read_reference_file(path: Path) -> List[str]:
-    """The lines of ``--ref``, split at line feeds only (:func:`~fairseq_gradinit.paths.text_lines`): a lone
+    """The lines of ``--ref``, split at line feeds only (:func:`~fairseq_gradinit.files.paths.text_lines`): a lone
     CR inside a sentence stays in it instead of splitting it and shifting every later reference."""
     return text_lines(path)
 

@@ -25,11 +25,11 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from ..argtypes import float_in, positive_int
+from ..command_line.argtypes import float_in, positive_int
+from ..command_line.quiet import quiet_command
 from ..core.progress import format_duration
-from ..locks import FolderBusy, folder_lock
-from ..paths import OutputError, check_output, json_result, png_metadata, png_output, write_json
-from ..quiet import quiet_command
+from ..files.locks import FolderBusy, folder_lock
+from ..files.paths import OutputError, check_output, json_result, png_metadata, png_output, write_json
 from .train_vision.cli import get_args_parser as train_parser
 from .train_vision.cli import main as train_main
 from .train_vision.cli import name_too_long, seed
@@ -114,7 +114,7 @@ def check_names(args) -> None:
 def check_outputs(args) -> None:
     """Before any training: each run's folder is empty or holds a run of this command (a
     gradinit-train-vision run or other files there are never replaced), and ``--json``/``--plot`` are new
-    or this command's own files (:mod:`fairseq_gradinit.paths`); :class:`UsageError` otherwise."""
+    or this command's own files (:mod:`fairseq_gradinit.files.paths`); :class:`UsageError` otherwise."""
     for init in INITS:
         folder = Path(args.output_dir) / init
         present = [n for n in RUN_FILES if (folder / n).exists()]

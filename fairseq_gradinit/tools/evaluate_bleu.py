@@ -62,9 +62,10 @@ import time
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
 
-from ..argtypes import positive_int
-from ..paths import text_lines, write_json
-from ..quiet import quiet_command
+from ..command_line.argtypes import positive_int
+from ..command_line.quiet import quiet_command
+from ..files.paths import text_lines, write_json
+
 # Names of the parts used from this module too (by the lab, the tests and benchmarks/subprocess_bleu.py).
 from .bleu_checks import (  # noqa: F401
     GRADINIT_USER_DIR,

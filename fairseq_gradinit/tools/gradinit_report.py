@@ -14,7 +14,7 @@ gradient std before/after; per group summaries; a check that GradInit's first re
 reproduced; the ``health`` block that the plugin stores in gradinit.json, see docs/health.md) and
 OUT.png (needs matplotlib: ``pip install matplotlib``, the ``[plot]`` extra). ``--health-only`` writes
 the ``health`` block alone, e.g. for a gradinit.json written before the plugin stored it.
-Definitions and the choice of train mode: ``fairseq_gradinit/core/report.py``.
+Definitions and the choice of train mode: ``fairseq_gradinit/core/norms_and_spread.py``.
 """
 from __future__ import annotations
 
@@ -24,9 +24,9 @@ import os
 import sys
 from typing import List, Optional, Sequence, Tuple
 
-from ..argtypes import int_at_least
-from ..paths import OutputError, check_output, json_result, png_output, write_json
-from ..quiet import quiet_command
+from ..command_line.argtypes import int_at_least
+from ..command_line.quiet import quiet_command
+from ..files.paths import OutputError, check_output, json_result, png_output, write_json
 
 COMMAND = "gradinit-report"
 
@@ -112,7 +112,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.batches < 2:
         logger.error("--batches must be at least 2 (a standard deviation needs two minibatches)")
         return 1
-    from fairseq_gradinit.fairseq_plugin.analysis import report as rep
+    from fairseq_gradinit.fairseq_plugin.analysis import per_layer as rep
 
     try:
         result = rep.run_report(train_argv, args.gradinit_json, num_batches=args.batches, mode=args.mode,

@@ -46,7 +46,7 @@ def configure_logging() -> None:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
-    from ..quiet import hide_known_noise
+    from ..command_line.quiet import hide_known_noise
 
     configure_logging()
     hide_known_noise()  # before fairseq's imports, which warn

@@ -32,9 +32,13 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional, Sequence, Tuple
 
-# The parsing and plotting live in the package (shared with the research lab's study runner);
-# importing fairseq_gradinit.curves needs neither torch nor fairseq.
-from ..curves import (  # noqa: F401  (re-exported: this module's API)
+from ..command_line.argtypes import output_prefix
+from ..command_line.quiet import quiet_command
+from ..files.paths import OutputError, check_output, header_line, json_result, png_output, text_output, write_json
+
+# The parsing and plotting live beside this command in .curves (shared with the research lab's study runner);
+# importing fairseq_gradinit.tools.curves needs neither torch nor fairseq.
+from .curves import (  # noqa: F401  (re-exported: this module's API)
     Curve,
     log_file_problem,
     markdown_table,
@@ -48,9 +52,6 @@ from ..curves import (  # noqa: F401  (re-exported: this module's API)
     plot_panels,
     plot_png,
 )
-from ..argtypes import output_prefix
-from ..paths import OutputError, check_output, header_line, json_result, png_output, text_output, write_json
-from ..quiet import quiet_command
 
 COMMAND = "gradinit-plot-curves"
 

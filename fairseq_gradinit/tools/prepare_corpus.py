@@ -49,10 +49,10 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator, List, Optional, Sequence
 
-from ..argtypes import float_in, int_at_least
-from ..locks import FolderBusy, folder_lock
-from ..paths import FOLDER, OutputError, check_output, utf8_problem, write_json
-from ..quiet import quiet_command
+from ..command_line.argtypes import float_in, int_at_least
+from ..command_line.quiet import quiet_command
+from ..files.locks import FolderBusy, folder_lock
+from ..files.paths import FOLDER, OutputError, check_output, utf8_problem, write_json
 
 logger = logging.getLogger("prepare_corpus")
 COMMAND = "gradinit-prepare-corpus"

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
-from ..quiet import quiet_command
+from ..command_line.quiet import quiet_command
 
 
 def user_dir() -> str:

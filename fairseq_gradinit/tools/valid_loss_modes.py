@@ -20,10 +20,10 @@ from typing import Optional
 
 import torch
 
-from ..argtypes import positive_int
-from ..checkpoints import checkpoint_file_error
-from ..paths import OutputError, check_output, json_result, json_text, write_json
-from ..quiet import quiet_command
+from ..command_line.argtypes import positive_int
+from ..command_line.quiet import quiet_command
+from ..files.checkpoints import checkpoint_file_error
+from ..files.paths import OutputError, check_output, json_result, json_text, write_json
 
 COMMAND = "gradinit-valid-loss-modes"
 

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import List, Optional, Sequence
 
-from fairseq_gradinit.paths import marked_tar_gz
+from fairseq_gradinit.files.paths import marked_tar_gz
 
 #: Files of the study folder, where they exist.
 SUMMARY_FILES = ("study.json", "study.log", "curves.csv", "curves.png", "curves.md", "bleu.json")

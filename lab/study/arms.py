@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from fairseq_gradinit.paths import text_lines, utf8_problem
+from fairseq_gradinit.files.paths import text_lines, utf8_problem
 
 _ARM_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: An arm's name names its folder, and a file system allows 255 bytes per name; the rest is kept for the

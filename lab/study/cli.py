@@ -12,9 +12,9 @@ import threading
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from fairseq_gradinit.locks import FolderBusy, folder_lock
-from fairseq_gradinit.paths import FOLDER, check_output, tar_gz_output
-from fairseq_gradinit.quiet import quiet_command
+from fairseq_gradinit.command_line.quiet import quiet_command
+from fairseq_gradinit.files.locks import FolderBusy, folder_lock
+from fairseq_gradinit.files.paths import FOLDER, check_output, tar_gz_output
 
 from .archive import COMMAND, SUMMARY_FILES, check_archive_path, pack_study
 from .arms import Arm, parse_arm_spec, read_arms_file
@@ -394,5 +394,5 @@ def failed_arm_lines(result: Mapping) -> List[str]:
 
 
 #: ``python -m lab.study``: :func:`main` with known third-party warnings hidden, and the commands' one
-#: top-level handler of Ctrl-C and OSError (:func:`fairseq_gradinit.quiet.quiet_command`).
+#: top-level handler of Ctrl-C and OSError (:func:`fairseq_gradinit.command_line.quiet.quiet_command`).
 run = quiet_command(main, COMMAND)

@@ -7,8 +7,8 @@ import shutil
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from fairseq_gradinit import curves as curve_logs
-from fairseq_gradinit.paths import marked_tar_gz
+from fairseq_gradinit.files.paths import marked_tar_gz
+from fairseq_gradinit.tools import curves as curve_logs
 
 from .archive import ARM_FILES
 from .archive import COMMAND as ARCHIVE_COMMAND
@@ -24,7 +24,7 @@ _STOP_TIME_MSG = "Stopping training due to cumulative_training_time"
 CSV_FIELDS = ("arm", "num_updates", "valid_loss", "valid_nll_loss", "train_loss", "train_nll_loss",
               "loss_scale", "lr", "gnorm", "wall_s")
 #: Columns added when an arm's save dir has the training monitor's ``monitor.jsonl``
-#: (``--gradinit-monitor-interval``): its series, named as in :data:`~fairseq_gradinit.curves.MONITOR_SERIES`.
+#: (``--gradinit-monitor-interval``): its series, named as in :data:`~fairseq_gradinit.tools.curves.MONITOR_SERIES`.
 MONITOR_FIELDS = tuple(curve_logs.MONITOR_SERIES)
 #: The monitor's panels of ``curves.png``: (y label, series, log-scale y).
 MONITOR_PANELS = (

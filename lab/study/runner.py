@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from fairseq_gradinit.paths import write_json
+from fairseq_gradinit.files.paths import write_json
 
 from .arms import merge_args
 from .merge import earlier_arms, earlier_study, merge_results

@@ -23,7 +23,14 @@ from fairseq_gradinit.core import (
     math_attention,
     overlapping_pairs,
 )
-from fairseq_gradinit.core.engine import foreach_norm
+from fairseq_gradinit.core.engine import (
+    constraint_grad,
+    constraint_grad_fd,
+    foreach_norm,
+    grad_norm,
+    objective_grad,
+    step_direction,
+)
 from fairseq_gradinit.core.runtime import gradients
 from fairseq_gradinit.core.scales import ScaledParameters
 from tiny_models import TinyTransformer, central_differences, lm_loss
@@ -146,23 +153,24 @@ def test_scale_gradients_match_finite_differences(optimizer, sgd_step, branch, c
     eta = 0.05
     cfg = GradInitConfig(optimizer=optimizer, sgd_step=sgd_step, eta=eta, gamma=1.0, iters=1)
     engine = GradInit(model, ce_loss, cfg)
-    sc = engine.scaled
+    sc = engine.target.scaled
     assert len(sc.params) == len(list(model.parameters()))  # everything is scaled
-    engine.alpha.copy_(torch.empty_like(engine.alpha).uniform_(0.6, 1.4))
-    base = engine.alpha.double().clone()
+    engine.state.alpha.copy_(torch.empty_like(engine.state.alpha).uniform_(0.6, 1.4))
+    base = engine.state.alpha.double().clone()
     p_norm = 1 if optimizer == "adam" else 2
 
     with gradinit_mode(model):
         # -- the engine's analytic gradient, exactly as GradInit.step computes it
-        sc.write(engine.alpha)
+        sc.write(engine.state.alpha)
         grads = gradients(ce_loss(model, s), sc.params)
-        gnorm = engine.grad_norm(grads)
+        gnorm = grad_norm(grads, engine.cfg.norm_p)
         if branch == "constraint":
-            analytic = engine._constraint_grad(s, grads, gnorm)
+            analytic = constraint_grad(engine.target, engine.state.alpha, s, grads, gnorm, engine.cfg)
             direction = None
         else:
-            direction = [d.detach().clone() for d in engine.step_direction([x.clone() for x in grads], gnorm)]
-            analytic, _ = engine._objective_grad(s_tilde, direction)
+            direction = [d.detach().clone() for d in step_direction([x.clone() for x in grads], gnorm, engine.cfg,
+                                                                    engine.state.gamma)]
+            analytic, _ = objective_grad(engine.target, engine.state.alpha, s_tilde, direction, engine.cfg)
         analytic = analytic.double()
         if optimizer == "adam" and branch == "objective":
             assert all(torch.equal(d, x.sign()) for d, x in zip(direction, grads))
@@ -216,8 +224,8 @@ def test_constraint_branch_reduces_grad_norm_below_gamma(optimizer, constraint_g
     batches = make_batches(6)
     cfg = GradInitConfig(optimizer=optimizer, eta=0.01, iters=1, lr=0.05, constraint_grad=constraint_grad)
     g0 = GradInit(copy.deepcopy(model), ce_loss, cfg)
-    grads = gradients(ce_loss(g0.model, batches[0]), g0.scaled.params)
-    gamma = g0.grad_norm(grads).item() / 4
+    grads = gradients(ce_loss(g0.target.model, batches[0]), g0.target.scaled.params)
+    gamma = grad_norm(grads, g0.cfg.norm_p).item() / 4
     res = gradinit(model, batches, ce_loss, cfg, gamma=gamma, iters=60)
     branches = [r.branch for r in res.history]
     assert branches[0] == "constraint"
@@ -242,7 +250,8 @@ def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch)
     model = make_mlp(dims=(6, 16, 16, 3), weight_scale=3.0)
     pairs = make_pairs(30)
     gnorm0 = GradInit(copy.deepcopy(model), ce_loss, cfg)
-    gamma = gnorm0.grad_norm(gradients(ce_loss(gnorm0.model, pairs[0][0]), gnorm0.scaled.params)).item() / 2
+    grads = gradients(ce_loss(gnorm0.target.model, pairs[0][0]), gnorm0.target.scaled.params)
+    gamma = grad_norm(grads, gnorm0.cfg.norm_p).item() / 2
 
     second_order = []
     orig_grad = torch.autograd.grad
@@ -267,7 +276,7 @@ def test_second_order_graph_reused_only_after_constraint_iterations(monkeypatch)
                 engine.step(pair)
                 per_iter.append(len(second_order) - before)
             engine.finalize()
-        runs[reuse] = (engine.alpha.clone(), [r.branch for r in engine.history], per_iter)
+        runs[reuse] = (engine.state.alpha.clone(), [r.branch for r in engine.history], per_iter)
     (a1, br1, n1), (a0, br0, n0) = runs[True], runs[False]
     assert br1 == br0, (br1, br0)
     assert br1 and "constraint" in br1 and "objective" in br1
@@ -285,11 +294,11 @@ def _constraint_grads_both_ways(model, batch, loss_fn, optimizer, fd_eps):
                          constraint_grad="finite_difference")
     with gradinit_mode(model):
         engine = GradInit(model, loss_fn, cfg)
-        params = engine.scaled.params
+        params = engine.target.scaled.params
         grads = gradients(loss_fn(model, batch), params)
-        gnorm = engine.grad_norm(grads)
-        exact = engine._constraint_grad(batch, grads, gnorm).double()
-        fd = engine._constraint_grad_fd(batch, grads, gnorm).double()
+        gnorm = grad_norm(grads, engine.cfg.norm_p)
+        exact = constraint_grad(engine.target, engine.state.alpha, batch, grads, gnorm, engine.cfg).double()
+        fd = constraint_grad_fd(engine.target, engine.state.alpha, batch, grads, gnorm, engine.cfg).double()
         engine.finalize()
     return exact, fd
 
@@ -333,7 +342,7 @@ def test_scales_are_clamped(max_scale):
     with gradinit_mode(model):
         for pair in overlapping_pairs(make_batches(16), 0.5):
             engine.step(pair)
-            a = engine.alpha.clone()
+            a = engine.state.alpha.clone()
             seen.append(a)
             assert a.min().item() >= 0.4
             if max_scale is not None:
@@ -343,7 +352,7 @@ def test_scales_are_clamped(max_scale):
     assert (allv == 0.4).any(), "lr=1 should push some scale onto the lower bound"
     if max_scale is not None:
         assert (allv == max_scale).any(), "lr=1 should push some scale onto the upper bound"
-    for p, w, a in zip(engine.scaled.params, engine.scaled.W, engine.alpha):
+    for p, w, a in zip(engine.target.scaled.params, engine.target.scaled.W, engine.state.alpha):
         assert torch.equal(p.detach(), w * a)
 
 
@@ -1021,18 +1030,19 @@ def test_fixed_tensor_scale_gradients_are_exact(optimizer):
                          constraint_grad="finite_difference", fd_eps=1e-6)
     with gradinit_mode(model):
         engine = GradInit(model, ce_loss, cfg)
-        params = engine.scaled.params
+        params = engine.target.scaled.params
         g_all = gradients(ce_loss(model, s), params)
-        grads = engine.scaled.without_fixed(g_all)
-        gnorm = engine.grad_norm(grads)
-        exact = engine._constraint_grad(s, grads, gnorm).double()
-        fd = engine._constraint_grad_fd(s, grads, gnorm, g_all).double()
+        grads = engine.target.scaled.without_fixed(g_all)
+        gnorm = grad_norm(grads, engine.cfg.norm_p)
+        exact = constraint_grad(engine.target, engine.state.alpha, s, grads, gnorm, engine.cfg).double()
+        fd = constraint_grad_fd(engine.target, engine.state.alpha, s, grads, gnorm, engine.cfg, g_all).double()
         assert (fd - exact).norm() < 1e-4 * exact.norm()
-        direction = [d.detach().clone() for d in engine.step_direction([g.clone() for g in grads], gnorm)]
-        assert engine.scaled.fixed == [n == "m" for n in engine.scaled.names]
-        assert float(direction[engine.scaled.names.index("m")].abs().sum()) == 0.0
-        analytic, _ = engine._objective_grad(s_tilde, direction)
-        W = [w.clone() for w in engine.scaled.W]
+        direction = [d.detach().clone() for d in step_direction([g.clone() for g in grads], gnorm, engine.cfg,
+                                                                engine.state.gamma)]
+        assert engine.target.scaled.fixed == [n == "m" for n in engine.target.scaled.names]
+        assert float(direction[engine.target.scaled.names.index("m")].abs().sum()) == 0.0
+        analytic, _ = objective_grad(engine.target, engine.state.alpha, s_tilde, direction, engine.cfg)
+        W = [w.clone() for w in engine.target.scaled.W]
 
         def objective(alpha):
             with torch.no_grad():
@@ -1041,7 +1051,7 @@ def test_fixed_tensor_scale_gradients_are_exact(optimizer):
                 return float(ce_loss(model, s_tilde)) / eta
 
         h = 1e-6
-        for i, name in enumerate(engine.scaled.names):
+        for i, name in enumerate(engine.target.scaled.names):
             up, down = torch.ones(len(params), dtype=torch.float64), torch.ones(len(params), dtype=torch.float64)
             up[i] += h
             down[i] -= h
@@ -1091,11 +1101,11 @@ def test_gradinit_step_called_directly_equals_the_class(options):
     assert "skipped" not in branches and len(set(branches)) == 2, branches  # both branches ran
     assert branches == [r.branch for r in records]
     assert [(r.loss_s, r.grad_norm) for r in results] == [(r.loss_s, r.grad_norm) for r in records]
-    assert torch.equal(state.alpha, engine.alpha) and not torch.equal(state.alpha, torch.ones_like(state.alpha))
-    for mine, theirs in ((state.adam, engine.adam), (state.adam_constraint, engine.adam_constraint)):
+    assert torch.equal(state.alpha, engine.state.alpha) and not torch.equal(state.alpha, torch.ones_like(state.alpha))
+    for mine, theirs in ((state.adam, engine.state.adam), (state.adam_constraint, engine.state.adam_constraint)):
         assert torch.equal(mine.m, theirs.m) and torch.equal(mine.v, theirs.v)
     assert (state.adam is state.adam_constraint) == (cfg.adam_state == "shared")
-    assert state.gamma == engine.gamma and state.last_branch == branches[-1]
+    assert state.gamma == engine.state.gamma and state.last_branch == branches[-1]
     assert_params_equal(params_of(direct), params_of(held))
     # the previous step's S~ loss (0 after a constraint step) and its ok flag
     assert results[0].previous is None

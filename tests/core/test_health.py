@@ -202,7 +202,7 @@ def test_docs_state_the_default_thresholds_and_a_usable_bounds_example():
 
 def test_plugin_check_failure_is_recorded_not_raised(caplog):
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.fairseq_plugin.features.health_report import measure_health
+    from fairseq_gradinit.fairseq_plugin.features.health import measure_health
 
     model = PostLN()
 

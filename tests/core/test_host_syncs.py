@@ -21,7 +21,7 @@ def _steps(engine, model, batches, counter_device="cpu"):
     counts = []
     with gradinit_mode(model):
         for i, gamma in enumerate(SCHEDULE):
-            engine.gamma = gamma
+            engine.state.gamma = gamma
             with HostSyncCounter(counter_device) as syncs:
                 rec = engine.step(BatchPair(batches[i], batches[i + 1]))
             assert rec.branch == ("objective" if gamma > 1 else "constraint")
@@ -85,7 +85,7 @@ def test_a_progress_line_reads_the_device_once(caplog):
             assert dict(syncs.counts) == {"tolist": 1}
     lines = [r.getMessage() for r in caplog.records if "gradinit iter" in r.getMessage()]
     assert len(lines) == 2 and "objective" in lines[0]
-    a = list(engine.scaled.scales_dict().values())  # the learned scales only
+    a = list(engine.target.scaled.scales_dict().values())  # the learned scales only
     assert f"{min(a):.4g}/{sum(a) / len(a):.4g}/{max(a):.4g}" in lines[-1]
 
 
@@ -106,11 +106,11 @@ def test_flat_weight_buffer_is_built_once():
     torch.manual_seed(0)
     model = TinyTransformer()
     engine = GradInit(model, lm_loss, GradInitConfig(eta=1e-3, gamma=1.0))
-    flat = engine.scaled._flat
-    ptrs = (flat.data_ptr(), engine.alpha.data_ptr())
+    flat = engine.target.scaled._flat
+    ptrs = (flat.data_ptr(), engine.state.alpha.data_ptr())
     _steps(engine, model, token_batches(5))
-    assert engine.scaled._flat is flat and (flat.data_ptr(), engine.alpha.data_ptr()) == ptrs
-    assert all(w.data_ptr() >= flat.data_ptr() for w in engine.scaled.W)  # views into it
+    assert engine.target.scaled._flat is flat and (flat.data_ptr(), engine.state.alpha.data_ptr()) == ptrs
+    assert all(w.data_ptr() >= flat.data_ptr() for w in engine.target.scaled.W)  # views into it
 
 
 @pytest.fixture(scope="module")

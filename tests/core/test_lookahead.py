@@ -20,14 +20,14 @@ def _engine(k, **kw):
 
 def _captured_direction(engine, pair, monkeypatch):
     seen = {}
-    real = engine_module._objective_grad  # what gradinit_step calls
+    real = engine_module.objective_grad  # what gradinit_step calls
 
     def spy(target, alpha, s_tilde, direction, config):
         seen["direction"] = [d.clone() for d in direction]
-        seen["theta_start"] = [w * a for w, a in zip(engine.scaled.W, engine.alpha.unbind())]
+        seen["theta_start"] = [w * a for w, a in zip(engine.target.scaled.W, engine.state.alpha.unbind())]
         return real(target, alpha, s_tilde, direction, config)
 
-    monkeypatch.setattr(engine_module, "_objective_grad", spy)
+    monkeypatch.setattr(engine_module, "objective_grad", spy)
     engine.step(pair)
     return seen
 
@@ -58,22 +58,22 @@ def test_objective_gradient_matches_central_differences(monkeypatch):
     s, s_tilde = token_batches(2)
     model, engine = _engine(2)
     captured = {}
-    real = engine_module._objective_grad  # what gradinit_step calls
+    real = engine_module.objective_grad  # what gradinit_step calls
 
     def spy(target, alpha, st, direction, config):
         captured["direction"] = [d.clone() for d in direction]
-        captured["alpha"] = engine.alpha.detach().clone()
+        captured["alpha"] = engine.state.alpha.detach().clone()
         grad, loss = real(target, alpha, st, direction, config)
         captured["grad"] = grad.detach().clone()
         return grad, loss
 
-    monkeypatch.setattr(engine_module, "_objective_grad", spy)
+    monkeypatch.setattr(engine_module, "objective_grad", spy)
     engine.step(BatchPair(s, s_tilde))
     U = captured["direction"]
 
     def objective(alpha):
         with torch.no_grad():
-            for p, w, a, u in zip(engine.scaled.params, engine.scaled.W, alpha.unbind(), U):
+            for p, w, a, u in zip(engine.target.scaled.params, engine.target.scaled.W, alpha.unbind(), U):
                 p.copy_(a * w - 1e-2 * u)
             return float(lm_loss(model, s_tilde)) / 1e-2
 

@@ -6,10 +6,10 @@ import pickle
 
 import pytest
 
-from fairseq_gradinit.argtypes import parse_betas
+from fairseq_gradinit.command_line.argtypes import parse_betas
 from fairseq_gradinit.core.errors import OptionValueError
 from fairseq_gradinit.core.options import options_of, parse_scale_bounds, values_from
-from fairseq_gradinit.option_forms import add_arguments
+from fairseq_gradinit.command_line.option_forms import add_arguments
 
 SPECS = {s.name: s for s in options_of(python_only=False)}
 

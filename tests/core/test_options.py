@@ -14,7 +14,7 @@ import pytest
 from fairseq_gradinit.core import GradInitConfig
 from fairseq_gradinit.core.config import option
 from fairseq_gradinit.core.options import Default, options_of, result_options, values_from
-from fairseq_gradinit.option_forms import add_arguments
+from fairseq_gradinit.command_line.option_forms import add_arguments
 
 REPO = Path(__file__).resolve().parents[2]
 DECLARED = [s for s in options_of(GradInitConfig) if not s.python_only]
@@ -115,7 +115,7 @@ def test_the_python_api_page_states_each_front_ends_default_gamma():
 def test_research_settings_are_listed_apart_in_the_tables():
     """The settings that test an explanation or a remedy are marked once, where they are declared, and
     every generated table lists them after the others; their defaults run GradInit as the paper does."""
-    from fairseq_gradinit.option_forms import EXPERIMENTAL_NOTE, markdown_table
+    from fairseq_gradinit.command_line.option_forms import EXPERIMENTAL_NOTE, markdown_table
 
     specs = options_of(GradInitConfig)
     research = {s.name for s in specs if s.experimental}
@@ -135,7 +135,7 @@ def test_research_settings_are_listed_apart_in_the_tables():
 
 def test_plugin_research_settings_are_marked_where_declared():
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.option_forms import EXPERIMENTAL_NOTE
+    from fairseq_gradinit.command_line.option_forms import EXPERIMENTAL_NOTE
     from fairseq_gradinit.fairseq_plugin.settings.options import PLUGIN_OPTIONS, option_table
 
     assert {s.name for s in PLUGIN_OPTIONS if s.experimental} == {"init_clamp", "source_contrast", "source_margin"}

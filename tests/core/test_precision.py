@@ -104,8 +104,8 @@ def test_bf16_autocast_in_every_loss_pass_and_scales_stay_fp32(gamma, monkeypatc
     model = TinyTransformer()
     engine = GradInit(model, loss_fn, GradInitConfig(eta=1e-3, gamma=gamma, lr=2.5e-3, precision="bf16"))
     norm_inputs = []
-    grad_norm = engine_module._grad_norm  # the step's ||g||, which gradinit_step calls
-    monkeypatch.setattr(engine_module, "_grad_norm", lambda grads, p: norm_inputs.append({g.dtype for g in grads})
+    grad_norm = engine_module.grad_norm  # the step's ||g||, which gradinit_step calls
+    monkeypatch.setattr(engine_module, "grad_norm", lambda grads, p: norm_inputs.append({g.dtype for g in grads})
                         or grad_norm(grads, p))
     batches = token_batches(4)
     with gradinit_mode(model):
@@ -118,11 +118,12 @@ def test_bf16_autocast_in_every_loss_pass_and_scales_stay_fp32(gamma, monkeypatc
     assert all(c == (True, torch.bfloat16) for c in calls)
     assert not torch.is_autocast_enabled("cpu")  # nothing leaks out of the loss passes
     assert norm_inputs and all(d == {torch.float32} for d in norm_inputs)
-    adam = engine.adam_constraint if gamma < 1 else engine.adam
-    for t in (engine.alpha, adam.m, adam.v, engine.scaled.min_scales):
+    adam = engine.state.adam_constraint if gamma < 1 else engine.state.adam
+    for t in (engine.state.alpha, adam.m, adam.v, engine.target.scaled.min_scales):
         assert t.dtype == torch.float32
     assert all(p.dtype == torch.float32 for p in model.parameters())
-    assert torch.isfinite(engine.alpha).all() and not torch.equal(engine.alpha, torch.ones_like(engine.alpha))
+    alpha = engine.state.alpha
+    assert torch.isfinite(alpha).all() and not torch.equal(alpha, torch.ones_like(alpha))
     assert all(isinstance(r.loss_s, float) and math.isfinite(r.loss_s) for r in engine.history)
 
 

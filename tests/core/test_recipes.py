@@ -10,7 +10,7 @@ from torch import nn
 from fairseq_gradinit.core import GradInitConfig
 from fairseq_gradinit.core.config import first_step
 from fairseq_gradinit.core.options import options_of, values_from
-from fairseq_gradinit.option_forms import add_arguments
+from fairseq_gradinit.command_line.option_forms import add_arguments
 from fairseq_gradinit.core.recipes import Recipe, list_recipes, recipe
 
 # The published numbers, written out here rather than read from the package: the paper's Appendix A and

@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fairseq_gradinit.core import BatchPair, GradInitConfig
-from fairseq_gradinit.core.engine import GradInit
+from fairseq_gradinit.core.engine import GradInit, constraint_grad, grad_norm
 from fairseq_gradinit.core.modes import gradinit_mode, math_attention
 from fairseq_gradinit.core.runtime import gradients
 from fairseq_gradinit.core.second_order import gradient_with_graph
@@ -75,7 +75,7 @@ def seq2seq_loss(model, sample):
 
 def reference(model, loss_fn, batch, engine, norm_p):
     """<(H v)_i, W_i> by a plain double backward, v = d||g||_p / dg."""
-    params = engine.scaled.params
+    params = engine.target.scaled.params
     with math_attention():
         g = torch.autograd.grad(loss_fn(model, batch), params, create_graph=True)
         if norm_p == 1:
@@ -87,20 +87,22 @@ def reference(model, loss_fn, batch, engine, norm_p):
         hv = torch.autograd.grad([x for x, _ in used], params, grad_outputs=[vi for _, vi in used],
                                  allow_unused=True)
     return torch.stack([(h * w).sum() if h is not None else w.new_zeros(())
-                        for h, w in zip(hv, engine.scaled.W)]) * engine.scaled.scaled
+                        for h, w in zip(hv, engine.target.scaled.W)]) * engine.target.scaled.scaled
 
 
 def engine_grad(model, loss_fn, batch, engine):
-    params = engine.scaled.params
-    engine.scaled.write(engine.alpha)
+    params = engine.target.scaled.params
+    engine.target.scaled.write(engine.state.alpha)
     grads = gradients(loss_fn(model, batch), params)
-    return engine._constraint_grad(batch, grads, engine.grad_norm(grads))
+    return constraint_grad(engine.target, engine.state.alpha, batch, grads, grad_norm(grads, engine.cfg.norm_p),
+                           engine.cfg)
 
 
 def covered(model, loss_fn, batch, engine):
-    names = engine.scaled.names
+    scaled = engine.target.scaled
+    names = scaled.names
     with math_attention():
-        _, graph = gradient_with_graph(model, loss_fn, batch, engine.scaled.params, engine.scaled.learned_positive)
+        _, graph = gradient_with_graph(model, loss_fn, batch, scaled.params, scaled.learned_positive)
     return {names[i] for i in graph.covered}, graph
 
 
@@ -108,7 +110,8 @@ def _engine(model, loss_fn, optimizer="adam", **kw):
     cfg = GradInitConfig(optimizer=optimizer, eta=1e-3, gamma=1e-9, lr=1e-3, **kw)
     engine = GradInit(model, loss_fn, cfg)
     g = torch.Generator().manual_seed(5)
-    engine.alpha.copy_(torch.rand(engine.alpha.shape, generator=g, dtype=engine.alpha.dtype) * 0.8 + 0.6)
+    alpha = engine.state.alpha
+    alpha.copy_(torch.rand(alpha.shape, generator=g, dtype=alpha.dtype) * 0.8 + 0.6)
     return engine
 
 
@@ -132,13 +135,13 @@ def test_fairseq_transformer_matches_a_plain_double_backward(optimizer):
     with gradinit_mode(model):
         engine = _engine(model, seq2seq_loss, optimizer)
         with torch.no_grad():  # a padding row that is not zero: its positions must drop out
-            engine.scaled.W[engine.scaled.names.index("encoder.embed_tokens.weight")][d.pad()].normal_()
+            engine.target.scaled.W[engine.target.scaled.names.index("encoder.embed_tokens.weight")][d.pad()].normal_()
         got = engine_grad(model, seq2seq_loss, batch, engine)
         want = reference(model, seq2seq_loss, batch, engine, 1 if optimizer == "adam" else 2)
         names, _ = covered(model, seq2seq_loss, batch, engine)
         engine.finalize()
     torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12 * float(want.abs().max()))
-    weights = {n for n in engine.scaled.names if n.endswith(".weight") and "layer_norm" not in n}
+    weights = {n for n in engine.target.scaled.names if n.endswith(".weight") and "layer_norm" not in n}
     # fairseq scales cross-attention queries in place after the projection: those keep the full product
     in_place = {n for n in weights if "encoder_attn.q_proj" in n}
     assert in_place and names == weights - in_place
@@ -152,14 +155,14 @@ def test_a_covered_linear_use_saves_two_matrix_products_of_the_double_backward()
         engine = _engine(model, seq2seq_loss)
         _, graph = covered(model, seq2seq_loss, batch, engine)
         linear_uses = sum(1 for u in graph.uses if u.x_edge is not None)
-        positive = engine.scaled.learned_positive
+        positive = engine.target.scaled.learned_positive
         for name, floors in (("recorded", positive), ("full", [False] * len(positive))):
-            engine.scaled.learned_positive = floors
-            engine.scaled.write(engine.alpha)
-            grads = gradients(seq2seq_loss(model, batch), engine.scaled.params)
-            gnorm = engine.grad_norm(grads)
+            engine.target.scaled.learned_positive = floors
+            engine.target.scaled.write(engine.state.alpha)
+            grads = gradients(seq2seq_loss(model, batch), engine.target.scaled.params)
+            gnorm = grad_norm(grads, engine.cfg.norm_p)
             with CountMatmuls() as c:
-                out = engine._constraint_grad(batch, grads, gnorm)
+                out = constraint_grad(engine.target, engine.state.alpha, batch, grads, gnorm, engine.cfg)
             counts[name] = (c.n, out)
         engine.finalize()
     assert linear_uses > 20
@@ -294,16 +297,16 @@ def test_scales_after_constraint_iterations_match_the_full_products(dtype):
             engine = GradInit(model, seq2seq_loss, GradInitConfig(optimizer="adam", eta=1e-3, gamma=None,
                                                                   gamma_init_factor=0.8, lr=5e-3))
             if full:
-                engine.scaled.learned_positive = [False] * len(engine.scaled.params)
+                engine.target.scaled.learned_positive = [False] * len(engine.target.scaled.params)
             for pair in pairs:
                 engine.step(pair)
             engine.finalize()
-        runs[full] = (engine.alpha.clone(), [r.branch for r in engine.history])
+        runs[full] = (engine.state.alpha.clone(), [r.branch for r in engine.history])
     assert runs[False][1] == runs[True][1] and runs[False][1].count("constraint") >= 6
     # A key bias shifts every attention logit of a query alike: its exact gradient is 0, so the sign
     # of its computed gradient, and with it its Adam steps, follow the rounding of whichever sums
     # computed it (in either dtype, and in a run against itself with other thread counts).
-    keep = torch.tensor(["k_proj.bias" not in n for n in engine.scaled.names])
+    keep = torch.tensor(["k_proj.bias" not in n for n in engine.target.scaled.names])
     # float64 checks the arithmetic; in float32 a few scales drift by up to ~2e-4 relative over the iterations,
     # since Adam's normalized steps carry the rounding of near-zero gradients in full
     torch.testing.assert_close(runs[False][0][keep], runs[True][0][keep], rtol=5e-4 if dtype == torch.float32

@@ -5,6 +5,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fairseq_gradinit.core import GradInit, GradInitConfig, gradinit, gradinit_mode
+from fairseq_gradinit.core.engine import grad_norm, objective_grad, step_direction
 from fairseq_gradinit.core.runtime import gradients
 from tiny_models import central_differences
 
@@ -57,17 +58,19 @@ def test_objective_scale_gradient_with_an_unstepped_tied_use_matches_finite_diff
     eta = 0.05
     cfg = GradInitConfig(optimizer=optimizer, eta=eta, gamma=1e9, iters=1, unstepped_uses=r"^output_projection\.")
     engine = GradInit(model, lm_loss, cfg)
-    sc = engine.scaled
-    assert engine.unstepped.names == ["output_projection.weight"]
-    assert engine.unstepped.whole == [] and len(engine.unstepped.partial) == 1
-    engine.alpha.copy_(torch.empty_like(engine.alpha).uniform_(0.6, 1.4))
-    base = engine.alpha.clone()
+    sc = engine.target.scaled
+    assert engine.target.unstepped.names == ["output_projection.weight"]
+    assert engine.target.unstepped.whole == [] and len(engine.target.unstepped.partial) == 1
+    engine.state.alpha.copy_(torch.empty_like(engine.state.alpha).uniform_(0.6, 1.4))
+    base = engine.state.alpha.clone()
     with gradinit_mode(model):
-        sc.write(engine.alpha)
+        sc.write(engine.state.alpha)
         grads = gradients(lm_loss(model, s), sc.params)
-        direction = [d.detach().clone() for d in engine.step_direction([x.clone() for x in grads],
-                                                                          engine.grad_norm(grads))]
-        analytic, loss = engine._objective_grad(s_tilde, [d.clone() for d in direction])
+        gnorm = grad_norm(grads, engine.cfg.norm_p)
+        direction = [d.detach().clone()
+                     for d in step_direction([x.clone() for x in grads], gnorm, engine.cfg, engine.state.gamma)]
+        analytic, loss = objective_grad(engine.target, engine.state.alpha, s_tilde, [d.clone() for d in direction],
+                                        engine.cfg)
         # the module is tied again afterwards
         assert model.output_projection.weight is model.embed.weight
         W = [w.clone() for w in sc.W]
@@ -77,9 +80,10 @@ def test_objective_scale_gradient_with_an_unstepped_tied_use_matches_finite_diff
     torch.testing.assert_close(analytic, fd, rtol=1e-6, atol=1e-8)
     # and it differs from the step that moves every use
     engine_all = GradInit(model, lm_loss, GradInitConfig(optimizer=optimizer, eta=eta, gamma=1e9, iters=1))
-    engine_all.alpha.copy_(base)
+    engine_all.state.alpha.copy_(base)
     with gradinit_mode(model):
-        all_uses, _ = engine_all._objective_grad(s_tilde, [d.clone() for d in direction])
+        all_uses, _ = objective_grad(engine_all.target, engine_all.state.alpha, s_tilde, [d.clone() for d in direction],
+                                     engine_all.cfg)
     assert not torch.allclose(all_uses, analytic, rtol=1e-3)
 
 
@@ -87,10 +91,10 @@ def test_a_tensor_whose_every_use_is_unstepped_takes_no_step_and_a_pattern_match
     torch.manual_seed(0)
     model = TiedLM().double()
     engine = GradInit(model, lm_loss, GradInitConfig(eta=0.05, gamma=1e9, iters=1, unstepped_uses=r"^lin\.weight$"))
-    i = engine.scaled.names.index("lin.weight")
-    assert engine.unstepped.whole == [i] and engine.unstepped.partial == []
-    direction = [torch.ones_like(p) for p in engine.scaled.params]
-    engine.unstepped.drop_steps(direction)
+    i = engine.target.scaled.names.index("lin.weight")
+    assert engine.target.unstepped.whole == [i] and engine.target.unstepped.partial == []
+    direction = [torch.ones_like(p) for p in engine.target.scaled.params]
+    engine.target.unstepped.drop_steps(direction)
     assert direction[i].abs().sum() == 0 and all(d.abs().sum() > 0 for k, d in enumerate(direction) if k != i)
     with pytest.raises(ValueError, match="matches no use"):
         GradInit(model, lm_loss, GradInitConfig(eta=0.05, iters=1, unstepped_uses=r"^decoder\."))

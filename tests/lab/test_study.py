@@ -194,7 +194,7 @@ def test_common_update_and_curve_rows(tmp_path):
         "2026-11-26 18:53:50 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 9.76 | nll_loss 9.4 | "
         "ppl 1 | num_updates 150 | best_loss 9.76",
     ]
-    from fairseq_gradinit import curves
+    from fairseq_gradinit.tools import curves
 
     rows = study_results.curve_rows("g98", curves.parse_training_log(log))
     assert rows[0] == {"arm": "g98", "num_updates": 100, "valid_loss": 9.86, "valid_nll_loss": 9.5,
@@ -217,7 +217,7 @@ def test_curves_include_the_training_monitor_beside_the_loss(tmp_path):
     an arm without one keeps the plain columns; the export packs the monitor with the logs."""
     import tarfile
 
-    from fairseq_gradinit import curves
+    from fairseq_gradinit.tools import curves
 
     log_lines = [
         "2026-11-26 18:53:44 | INFO | train_inner | epoch 001:    101 / 187 loss=10.191, nll_loss=9.784, "

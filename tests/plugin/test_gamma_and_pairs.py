@@ -58,15 +58,15 @@ def test_gamma_init_factor_below_one_makes_the_first_iteration_a_constraint_step
     model, data = small_model(), batches()
     cfg = GradInitConfig(eta=0.01, iters=2, lr=0.01, gamma_init_factor=0.5, pairs="overlap")
     engine = GradInit(model, loss_fn, cfg)
-    assert engine.gamma is None
+    assert engine.state.gamma is None
     rec = engine.step(next(iter(_pairs(data))))
-    assert rec.branch == "constraint" and engine.gamma == pytest.approx(0.5 * rec.grad_norm)
+    assert rec.branch == "constraint" and engine.state.gamma == pytest.approx(0.5 * rec.grad_norm)
     state = engine.state_dict()
     other = GradInit(copy.deepcopy(model), loss_fn, cfg)
     engine.finalize()
-    other.scaled.write(torch.ones_like(other.alpha))
+    other.target.scaled.write(torch.ones_like(other.state.alpha))
     other.load_state_dict(state)
-    assert other.gamma == engine.gamma  # a resumed run keeps the bound measured at the init
+    assert other.state.gamma == engine.state.gamma  # a resumed run keeps the bound measured at the init
 
 
 def _pairs(data):

@@ -133,7 +133,7 @@ def test_constraint_share_and_first_norm_thresholds():
 
 def test_pairs_switched_off_together_against_their_own_bounds():
     pytest.importorskip("fairseq")
-    from fairseq_gradinit.fairseq_plugin.features.health_report import FAIRSEQ_STRUCTURE as fairseq
+    from fairseq_gradinit.fairseq_plugin.features.health import FAIRSEQ_STRUCTURE as fairseq
 
     scales = {"a.q_proj.weight": 0.01, "a.k_proj.weight": 0.02, "b.fc1.weight": 0.01, "b.fc2.weight": 0.5,
               "c.v_proj.weight": 0.0150, "c.out_proj.weight": 0.012, "d.q_proj.weight": 0.3, "d.k_proj.weight": 0.3,
@@ -171,7 +171,7 @@ def d512():
 def test_the_collapsed_d512_scales_are_flagged_for_all_three(d512):
     from fairseq_gradinit.fairseq_plugin.settings.init_file import saved_gamma
     from fairseq_gradinit.fairseq_plugin.data.loss import mean_loss_fn
-    from fairseq_gradinit.fairseq_plugin.features.health_report import FAIRSEQ_STRUCTURE
+    from fairseq_gradinit.fairseq_plugin.features.health import FAIRSEQ_STRUCTURE
 
     fm, sample = d512
     saved = json.loads(EVIDENCE.read_text())

@@ -581,7 +581,7 @@ def test_interval_records_of_a_tiny_fairseq_run_hold_attention_branch_and_gap_st
         assert s["max_branch_ratio_eval"] == max(v["eval"] for b in r["branches"].values() for v in b.values())
     assert intervals[0]["eval_train_gap"]["baseline"] is None
     assert intervals[1]["eval_train_gap"]["baseline"] == pytest.approx(intervals[0]["eval_train_gap"]["gap"], abs=1e-5)
-    from fairseq_gradinit import curves
+    from fairseq_gradinit.tools import curves
 
     series = curves.parse_monitor_file(save / "monitor.jsonl")
     for key, path in (("monitor_eval_train_gap", ("eval_train_gap", "gap")),
@@ -595,7 +595,7 @@ def test_docs_name_every_curve_series_the_panels_and_the_warning_threshold():
     import re
     from pathlib import Path
 
-    from fairseq_gradinit import curves
+    from fairseq_gradinit.tools import curves
     from lab.study.results import MONITOR_PANELS as STUDY_PANELS
     from fairseq_gradinit.tools.plot_curves import MONITOR_PANELS as PLOT_PANELS
 

@@ -167,10 +167,10 @@ def test_one_gamma_rule_with_the_engines_and_the_plugins_bounds():
 
 
 def test_one_loss_function_type():
-    from fairseq_gradinit.core import report, runtime
+    from fairseq_gradinit.core import norms_and_spread, runtime
     from fairseq_gradinit.vision import api
 
-    assert report.LossFn is runtime.LossFn and api.LossFn is runtime.LossFn
+    assert norms_and_spread.LossFn is runtime.LossFn and api.LossFn is runtime.LossFn
 
 
 def test_the_restore_decision_is_the_save_dir_s_when_the_run_starts(tmp_path):

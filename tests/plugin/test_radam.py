@@ -7,7 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 
-from fairseq_gradinit.argtypes import parse_betas
+from fairseq_gradinit.command_line.argtypes import parse_betas
 from fairseq_gradinit.fairseq_plugin.optim.radam import FairseqRAdam, FairseqRAdamConfig
 
 

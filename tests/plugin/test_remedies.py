@@ -83,7 +83,7 @@ def test_init_clamp_applies_clamped_scales_and_records_them(tmp_path):
             for n in names}
     assert record["scales"] == pytest.approx(want)
     # the degenerate file's verdict is recorded with the clamped scales: no weight left at the floor
-    from fairseq_gradinit.fairseq_plugin.features.health_report import measure_health
+    from fairseq_gradinit.fairseq_plugin.features.health import measure_health
 
     health = record["health"]
     assert health["floor"]["weights"]["count"] == 0 and not health["pairs_off"], health
@@ -143,7 +143,7 @@ def test_max_step_ratio_floors_each_scale_so_the_sign_step_stays_a_fraction_of_t
     cfg = GradInitConfig(eta=eta, gamma=1e9, lr=0.5, iters=1, max_step_ratio=ratio,
                          scale_bounds=(("bias", 0, None),))
     engine = GradInit(model, lambda m, b: m(b).sum(), cfg)
-    floors = dict(zip(engine.scaled.names, engine.scaled.min_scales.tolist()))
+    floors = dict(zip(engine.target.scaled.names, engine.target.scaled.min_scales.tolist()))
     rms = {n: p.detach().double().pow(2).mean().sqrt().item() for n, p in model.named_parameters()}
     assert floors["fc2.weight"] == pytest.approx(eta / (ratio * rms["fc2.weight"]), rel=1e-6)
     assert floors["fc1.weight"] == 1.0

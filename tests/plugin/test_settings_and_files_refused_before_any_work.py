@@ -32,7 +32,7 @@ def test_an_init_file_scale_that_float32_makes_zero_or_inf_is_refused_when_parse
 
 
 def test_scales_whose_gradient_is_not_finite_are_never_written_or_applied(tmp_path):
-    from fairseq_gradinit.fairseq_plugin.features.health_report import nonfinite_blocks
+    from fairseq_gradinit.fairseq_plugin.features.health import nonfinite_blocks
     from fairseq_gradinit.fairseq_plugin.phase.compute import _refuse_nonfinite_final_scales
 
     health = {"blocks": [{"name": "encoder.layers.0", "rms_after": 0.5},
@@ -125,7 +125,7 @@ def test_a_dictionary_shorter_than_the_ids_of_the_split_is_refused_when_parsed(t
 
 
 def test_a_report_input_without_config_or_with_a_history_that_is_no_list(tmp_path):
-    from fairseq_gradinit.fairseq_plugin.analysis import report as rep
+    from fairseq_gradinit.fairseq_plugin.analysis import per_layer as rep
 
     saved = {"scales": {"w": 0.5}, "history": [{"iteration": 1, "loss_s": 2.0, "grad_norm": 3.0}]}
     # before: compared with p=2 for lack of the optimizer, and reported as "NOT reproduced"

@@ -8,7 +8,7 @@ import torch
 
 pytest.importorskip("fairseq")
 
-from fairseq_gradinit import curves  # noqa: E402
+from fairseq_gradinit.tools import curves  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.features import source_use  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.settings.options import plugin_result_options  # noqa: E402
 

@@ -185,7 +185,7 @@ def test_effective_use_scales_of_a_shared_run(tiny_data):
 
 
 def test_per_layer_report_applies_multiplier_scales(tiny_data):
-    from fairseq_gradinit.core.report import init_report
+    from fairseq_gradinit.core.norms_and_spread import init_report
 
     fm = _model(tiny_data, "--share-all-embeddings")
     install_multipliers(fm.model)

@@ -5,7 +5,7 @@ import pytest
 
 pytest.importorskip("fairseq")
 
-from fairseq_gradinit import curves  # noqa: E402
+from fairseq_gradinit.tools import curves  # noqa: E402
 from fairseq_gradinit.fairseq_plugin.settings.options import plugin_result_options  # noqa: E402
 
 from fairseq_helpers import make_tiny_lm_bin  # noqa: E402

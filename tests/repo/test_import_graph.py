@@ -92,7 +92,7 @@ def test_the_graph_sees_the_lab_and_its_imports_of_the_library():
     edges, _ = import_graph()
     assert "lab.study.plan" in edges["lab.study.runner"]
     assert "fairseq_gradinit.fairseq_plugin.phase.provenance" in edges["lab.study.plan"]  # lazy import
-    assert "fairseq_gradinit.curves" in edges["lab.study.results"]
+    assert "fairseq_gradinit.tools.curves" in edges["lab.study.results"]
 
 
 def test_the_library_never_imports_the_lab():

@@ -42,7 +42,7 @@ def test_every_module_of_the_plugin_is_in_a_room():
     loose = [m for m in modules if m.startswith(PLUGIN + ".") and room(m) not in LEVEL]
     assert not loose, loose
     for name in ("registration.task", "registration.hook", "settings.plan", "settings.validation", "phase.compute",
-                 "phase.run", "features.tied", "features.monitor", "data.training", "analysis.report",
+                 "phase.run", "features.tied", "features.monitor", "data.training", "analysis.per_layer",
                  "models.wskip", "optim.radam", "errors"):
         assert f"{PLUGIN}.{name}" in modules, name
 
@@ -79,7 +79,7 @@ def test_models_and_optimizers_use_only_the_public_check_registration_and_two_he
 
 def test_the_report_uses_public_names_and_nothing_imports_it():
     modules = our_modules()
-    report = f"{PLUGIN}.analysis.report"
+    report = f"{PLUGIN}.analysis.per_layer"
     used = [(t, names) for m, t, names in plugin_imports(modules) if m == report]
     assert used and not any(n.startswith("_") for _, names in used for n in names)
     assert not [m for m, t, _ in plugin_imports(modules) if t == report]

@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 # the messages as hydra and torch print them during a fairseq-train run
 EMIT = r'''
 import warnings
-from fairseq_gradinit.quiet import hide_known_noise
+from fairseq_gradinit.command_line.quiet import hide_known_noise
 hide_known_noise()
 warnings.warn("hydra.experimental.initialize() is no longer experimental. Use hydra.initialize()", UserWarning)
 warnings.warn("\nThe version_base parameter is not specified.\nHydra will assume defaults for version 1.1.")
@@ -65,7 +65,7 @@ def test_the_pytest_config_hides_the_same_noise():
     import re
     import tomllib  # Python >= 3.11, the supported versions
 
-    from fairseq_gradinit.quiet import KNOWN_NOISE
+    from fairseq_gradinit.command_line.quiet import KNOWN_NOISE
 
     with open(REPO / "pyproject.toml", "rb") as f:
         filters = tomllib.load(f)["tool"]["pytest"]["ini_options"]["filterwarnings"]

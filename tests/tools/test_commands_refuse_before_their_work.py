@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fairseq_gradinit.paths import save_atomic
+from fairseq_gradinit.files.paths import save_atomic
 
 
 def test_a_failed_torch_save_is_an_oserror_and_leaves_no_temporary_file(tmp_path, monkeypatch):
@@ -75,7 +75,7 @@ def test_a_resume_with_other_settings_is_refused():
 
 
 def test_valid_loss_modes_refuses_a_path_that_is_no_checkpoint(tmp_path, capsys):
-    from fairseq_gradinit.checkpoints import checkpoint_file_error
+    from fairseq_gradinit.files.checkpoints import checkpoint_file_error
     from fairseq_gradinit.tools import valid_loss_modes
 
     path = tmp_path / "gradinit.json"

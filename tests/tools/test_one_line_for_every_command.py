@@ -1,6 +1,6 @@
 """Every console command ends a Ctrl-C or an OSError it does not handle itself with one line and exit
 status 130 or 1, never a traceback: each entry point of setup.py is wrapped by the one top-level handler
-(fairseq_gradinit.quiet.quiet_command). docs/reliability.md ("Tracebacks")."""
+(fairseq_gradinit.command_line.quiet.quiet_command). docs/reliability.md ("Tracebacks")."""
 import importlib
 import os
 import re
@@ -27,7 +27,7 @@ def test_every_console_script_has_the_top_level_handler(name, module, attr):
 
 
 def test_the_handler_turns_ctrl_c_and_os_errors_into_one_line(capsys):
-    from fairseq_gradinit.quiet import quiet_command
+    from fairseq_gradinit.command_line.quiet import quiet_command
 
     def full_disk():
         raise OSError(28, "No space left on device", "out/result.json")
@@ -43,7 +43,7 @@ def test_the_handler_turns_ctrl_c_and_os_errors_into_one_line(capsys):
 
 
 def test_a_real_sigint_in_a_command_is_one_line_and_exit_130():
-    code = ("import os, signal, sys\nfrom fairseq_gradinit.quiet import quiet_command\n"
+    code = ("import os, signal, sys\nfrom fairseq_gradinit.command_line.quiet import quiet_command\n"
             "sys.exit(quiet_command(lambda: os.kill(os.getpid(), signal.SIGINT), 'gradinit-report')())")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)

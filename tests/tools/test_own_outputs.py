@@ -24,7 +24,7 @@ def snapshot(folder: Path) -> dict:
 
 
 def test_only_a_file_the_command_wrote_is_replaced(tmp_path):
-    from fairseq_gradinit import paths
+    from fairseq_gradinit.files import paths
 
     cmd = "gradinit-plot-curves"
     notes = tmp_path / "notes.md"
@@ -90,7 +90,7 @@ def test_plot_curves_never_replaces_a_users_file_and_replaces_its_own(tmp_path, 
 def test_an_output_name_too_long_for_its_file_system_is_refused_before_any_work(tmp_path, capsys):
     """A name over the file system's limit (255 bytes here) fails when the file is written, at the end of
     the work; the output check refuses it first, for every command that uses it."""
-    from fairseq_gradinit import paths
+    from fairseq_gradinit.files import paths
     from fairseq_gradinit.tools import plot_curves
 
     long = tmp_path / ("c" * 300)
@@ -108,7 +108,7 @@ def test_an_output_name_too_long_for_its_file_system_is_refused_before_any_work(
 def test_json_we_write_is_strict(tmp_path):
     """NaN and infinities are written as null: strict readers (JSON.parse, jq, json.loads with
     parse_constant refusing) read every file."""
-    from fairseq_gradinit.paths import write_json
+    from fairseq_gradinit.files.paths import write_json
 
     path = tmp_path / "r.json"
     write_json(path, {"loss": float("nan"), "curve": [1.0, float("inf"), {"x": -float("inf")}]}, command="c")
@@ -121,9 +121,9 @@ def test_json_we_write_is_strict(tmp_path):
 
 
 def test_no_json_is_written_outside_the_one_writer():
-    """Every JSON file of the package and the lab is written by fairseq_gradinit.paths (strict, marked):
+    """Every JSON file of the package and the lab is written by fairseq_gradinit.files.paths (strict, marked):
     the other json.dumps calls make log lines and hashes, never files."""
-    allowed = {("fairseq_gradinit/paths.py", "json.dumps(finite_json(obj)"),
+    allowed = {("fairseq_gradinit/files/paths.py", "json.dumps(finite_json(obj)"),
                ("fairseq_gradinit/fairseq_plugin/phase/compute.py", "json.dumps(settings, default=str)"),
                ("fairseq_gradinit/fairseq_plugin/phase/provenance.py", "json.dumps(value, default=str, sort_keys=True)"),
                ("fairseq_gradinit/fairseq_plugin/phase/provenance.py", "json.dumps(value, sort_keys=True, default=str)"),
@@ -200,7 +200,7 @@ def test_train_vision_overwrite_replaces_only_a_run_of_its_own(tmp_path):
     assert snapshot(out) == before
 
 
-HOLD = ("import sys\nfrom fairseq_gradinit.locks import folder_lock\n"
+HOLD = ("import sys\nfrom fairseq_gradinit.files.locks import folder_lock\n"
         "with folder_lock(sys.argv[1], flag='--out', command=sys.argv[2]):\n"
         "    print('held', flush=True)\n    sys.stdin.read()\n")
 

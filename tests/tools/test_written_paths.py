@@ -26,7 +26,7 @@ def _data_bin(path: Path, *splits: str) -> Path:
 
 
 def test_the_check_follows_links_and_tells_the_kind_of_an_existing_file(tmp_path):
-    from fairseq_gradinit.paths import FOLDER, OutputError, check_output, json_result
+    from fairseq_gradinit.files.paths import FOLDER, OutputError, check_output, json_result
 
     ckpt = _checkpoint(tmp_path / "checkpoint.pt")
     (tmp_path / "link.json").symlink_to(ckpt)

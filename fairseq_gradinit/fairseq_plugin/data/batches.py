@@ -12,6 +12,11 @@ from ...core.batching import authors_rows, split_draw
 from .loss import SOURCE_CONTRAST_KEY, SOURCE_MARGIN_KEY
 from .training import collate, slice_sample, training_batch_indices, training_dataset
 
+#: How far apart the shuffle seeds of successive epochs are: epoch e shuffles with seed ``seed + e * stride``.
+#: A large prime, so that each epoch's seed differs and two runs whose ``--seed`` differ by less than it never
+#: replay each other's orders an epoch apart (with a stride of 1, seed 1's second epoch would be seed 2's first).
+EPOCH_SEED_STRIDE = 7919
+
 
 @dataclasses.dataclass(frozen=True)
 class BatchSource:
@@ -56,7 +61,7 @@ class BatchSource:
         epoch = 0
         while True:
             epoch += 1
-            rng = np.random.RandomState((self.seed + 7919 * epoch) % (2 ** 32))
+            rng = np.random.RandomState((self.seed + EPOCH_SEED_STRIDE * epoch) % (2 ** 32))
             shard = [batches[i] for i in rng.permutation(len(batches))][rank::world]
             for idx in shard:
                 idx = idx if authors else idx[rng.permutation(len(idx))]

@@ -7,8 +7,8 @@ import os
 import tempfile
 from typing import List, Optional
 
-from ...paths import json_text
-from ...paths import unwritable_folder_reason  # noqa: F401  (the one path check, shared with the commands)
+from ...files.paths import json_text
+from ...files.paths import unwritable_folder_reason  # noqa: F401  (the one path check, shared with the commands)
 
 
 
@@ -21,7 +21,7 @@ def _umask() -> int:
 def atomic_write_json(path: str, obj: dict) -> None:
     """Write ``obj`` to ``path`` so that readers see the old file or the whole new one, never a
     part (a killed run leaves at most a ``.{stem}.*.json`` temporary file beside it). Strict JSON: a
-    number that is not finite is written as ``null`` (:func:`~fairseq_gradinit.paths.json_text`)."""
+    number that is not finite is written as ``null`` (:func:`~fairseq_gradinit.files.paths.json_text`)."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     stem = os.path.splitext(os.path.basename(path))[0]

@@ -34,7 +34,7 @@ from torch.nn.modules.batchnorm import _NormBase
 
 from ...core.norm_stats import norm_input_stats
 from ...core.sdpa_guard import HALF_PRECISIONS, SdpaEnvironment, assess
-from ...paths import json_text
+from ...files.paths import json_text
 from ...version import __version__
 from .groups import transformer_place
 from .monitor_stats import recording_attention, recording_branches

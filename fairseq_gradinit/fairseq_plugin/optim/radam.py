@@ -15,7 +15,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II
 
-from ...argtypes import parse_betas
+from ...command_line.argtypes import parse_betas
 
 
 @dataclass

@@ -20,15 +20,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ...argtypes import parse_betas
+from ...command_line.argtypes import parse_betas
 from ...core import apply_scales, gradinit, summarize_scales
-from ...core.health import snapshot_weights
 from ...core.errors import OptionValueError, flag_name
+from ...core.health import snapshot_weights
 from ...core.scales import scales_error
 from ..data.files import atomic_write_json, remove_stale_temp_files, write_result
 from ..errors import GradInitError
 from ..features.groups import transformer_group
-from ..features.health_report import measure_health, nonfinite_blocks
+from ..features.health import measure_health, nonfinite_blocks
 from ..features.tied import (
     apply_multiplier_scales,
     effective_use_scales,

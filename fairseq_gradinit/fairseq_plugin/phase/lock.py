@@ -18,7 +18,7 @@ import os
 import signal
 from typing import Dict, Iterator, Optional
 
-from ...locks import FolderBusy, release_lock, take_lock
+from ...files.locks import FolderBusy, release_lock, take_lock
 from ..errors import GradInitError
 
 logger = logging.getLogger(__name__)

@@ -21,8 +21,8 @@ from typing import Callable, Optional
 
 import torch
 
+from ...command_line.quiet import LOG_LEVEL_ENV, quiet_printouts
 from ...core.progress import format_duration
-from ...quiet import LOG_LEVEL_ENV, quiet_printouts
 
 __all__ = ["LOG_LEVEL_ENV", "TrainingProgress", "progress_from_plan", "quiet_fairseq_printouts", "summarize_at_exit",
            "summary_line"]

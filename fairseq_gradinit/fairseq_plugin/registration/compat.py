@@ -7,14 +7,14 @@ import types
 
 import torch
 
-from ...checkpoints import load_trusted_checkpoint
+from ...files.checkpoints import load_trusted_checkpoint
 
 logger = logging.getLogger(__name__)
 
 
 class _TorchWithPickleLoad(types.ModuleType):
     """``torch`` as seen by fairseq's checkpoint code: ``torch.load`` is
-    :func:`~fairseq_gradinit.checkpoints.load_trusted_checkpoint` (weights_only=False by default), for
+    :func:`~fairseq_gradinit.files.checkpoints.load_trusted_checkpoint` (weights_only=False by default), for
     fairseq's own modules only, leaving ``torch.load`` unchanged for everybody else."""
 
     def __init__(self):

@@ -266,6 +266,6 @@ RESULT_GLOBAL_SETTINGS = ("gradinit_train_batch_size",)
 
 def option_table() -> str:
     """Every ``--gradinit-*`` option of the plugin as a Markdown table (docs/options.md's, generated)."""
-    from ...option_forms import markdown_table
+    from ...command_line.option_forms import markdown_table
 
     return markdown_table(ENGINE_OPTIONS + PLUGIN_OPTIONS)

@@ -37,15 +37,15 @@ from typing import Callable, List, Mapping, Optional, Tuple
 
 import torch
 
-from ...argtypes import parse_betas
+from ...command_line.argtypes import parse_betas
 from ...core.errors import ConfigError, OptionValueError
 from ...core.options import parse_scale_bounds
 from ...core.uses import unstepped_uses_error
+from ...files.paths import name_too_long
 from ..data.binarized import data_bin_error
 from ..data.cfg import cfg_value
 from ..data.dictionaries import DICTIONARIES_KEY, dictionary_digests, dictionary_mismatch
 from ..data.files import unwritable_folder_reason
-from ...paths import name_too_long
 from ..errors import GradInitError
 from ..features.tied import is_multiplier, multiplier_names, uncovered_ties
 from .init_file import compute_only_defaults

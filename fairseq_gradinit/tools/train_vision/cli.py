@@ -27,13 +27,13 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader
 
-from ...argtypes import float_in, int_at_least, positive_int
+from ...command_line.argtypes import float_in, int_at_least, positive_int
+from ...command_line.option_forms import add_arguments
+from ...command_line.quiet import quiet_command
 from ...core.progress import format_duration
-from ...locks import FolderBusy, folder_lock, lock_path
-from ...option_forms import add_arguments
-from ... import paths
-from ...paths import FOLDER, MARKER, OutputError, check_output
-from ...quiet import quiet_command
+from ...files import paths
+from ...files.locks import FolderBusy, folder_lock, lock_path
+from ...files.paths import FOLDER, MARKER, OutputError, check_output
 from ...vision import list_models
 from .data import DATASETS, Limited, build_datasets
 from .errors import Interrupted, RunFailure, UsageError
@@ -215,7 +215,7 @@ def resolve_device(text: Optional[str]) -> torch.device:
 
 
 def name_too_long(flag: str, path: os.PathLike, *, locked: bool = False) -> Optional[str]:
-    """:func:`~fairseq_gradinit.paths.name_too_long`, with ``locked`` also the name of the folder's lock
+    """:func:`~fairseq_gradinit.files.paths.name_too_long`, with ``locked`` also the name of the folder's lock
     file beside it."""
     also = [(os.path.basename(lock_path(os.path.abspath(os.fspath(path)))), "the name of its lock file beside it")]
     return paths.name_too_long(flag, path, also=also if locked else ())

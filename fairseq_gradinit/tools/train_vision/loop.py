@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...paths import MARKER, json_result, kind_problem, save_atomic, write_json
+from ...files.paths import MARKER, json_result, kind_problem, save_atomic, write_json
 from .errors import RunFailure, UsageError
 
 logger = logging.getLogger("train_vision")

@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .paths import png_metadata
+from ..files.paths import png_metadata
 
 Curve = Dict[int, float]
 
@@ -265,7 +265,7 @@ def markdown_table(curves: Dict[str, Curve], metric: str = "loss", subset: str =
 def plot_panels(panels: Sequence[Tuple[str, Dict[str, Curve], bool]], path: Path, *,
                 title: Optional[str] = None, command: Optional[str] = None) -> bool:
     """One figure, one panel per ``(y label, {run: curve}, log-scale y)``, runs in the same colours
-    across panels. ``command``: the command whose mark the PNG carries (:func:`~.paths.png_metadata`).
+    across panels. ``command``: the command whose mark the PNG carries (:func:`~..files.paths.png_metadata`).
     Returns False (and says so) when matplotlib is unavailable."""
     try:
         import matplotlib

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Iterable, List
 
-from .core.errors import OptionValueError
-from .core.options import OptionSpec
+from ..core.errors import OptionValueError
+from ..core.options import OptionSpec
 
 
 def add_arguments(parser, specs: Iterable[OptionSpec], *, prefix: str = "--gradinit-") -> None:

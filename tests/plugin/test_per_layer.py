@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from fairseq_gradinit.core.report import ReportConfig, gradient_std, init_report
+from fairseq_gradinit.core.norms_and_spread import ReportConfig, gradient_std, init_report
 
 from fairseq_helpers import make_tiny_bin  # noqa: E402
 
@@ -188,7 +188,7 @@ def test_report_script_end_to_end(gradinit_run, tmp_path, monkeypatch, capsys):
     assert check["step_params"] == saved["config"]["step_params"] == "all"
     assert check["rel_diff_grad_norm"] == pytest.approx(abs(check["grad_norm_all_tensors"] - rec) / rec)
     assert abs(check["grad_norm_scaled_tensors"] - rec) / rec > 1e-3
-    from fairseq_gradinit.fairseq_plugin.analysis import report as rep
+    from fairseq_gradinit.fairseq_plugin.analysis import per_layer as rep
 
     wrong = {**saved, "config": {**saved["config"], "step_params": "scaled"}}
     other = rep.check_first_iteration(rep.build_training_model([str(data), *TINY]), wrong)

@@ -3,8 +3,9 @@
 :func:`~fairseq_gradinit.core.health.scale_health` runs the criterion's forward pass on the S batch
 of GradInit's last iteration (no extra data) with the weights before and after the scales, and the
 plugin stores its ``to_dict()`` as the ``health`` block of ``gradinit.json``
-(:func:`~.report.health_of_saved` measures the same block for an existing file). The engine's check
-knows no model family: :data:`FAIRSEQ_STRUCTURE` gives it fairseq's blocks and multiplicative pairs.
+(:func:`fairseq_gradinit.fairseq_plugin.analysis.per_layer.health_of_saved` measures the same block
+for an existing file). The engine's check knows no model family: :data:`FAIRSEQ_STRUCTURE` gives it
+fairseq's blocks and multiplicative pairs.
 """
 from __future__ import annotations
 

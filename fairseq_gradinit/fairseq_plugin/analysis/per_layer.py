@@ -2,7 +2,7 @@
 
 From ``fairseq-train`` arguments (data-bin, ``--arch`` ..., ``--seed``) the model is rebuilt exactly
 as fairseq-train builds it before training (same seeding, same Xavier weights); a ``gradinit.json``
-supplies the scales. :func:`fairseq_gradinit.core.report.init_report` then measures, per tensor, the
+supplies the scales. :func:`fairseq_gradinit.core.norms_and_spread.init_report` then measures, per tensor, the
 scale, the weight norm and the cross-minibatch gradient standard deviation before and after the
 scales (see its module docstring for the definitions and for why gradients are taken in train mode
 by default). Tensors are placed by :func:`~..features.groups.transformer_place` (encoder/decoder x layer x kind).
@@ -26,12 +26,12 @@ import torch
 from ...core import apply_scales
 from ...core.health import scale_health, snapshot_weights, swapped_weights
 from ...core.modes import gradinit_mode
-from ...core.report import ReportConfig, init_report, unique_trainable
-from ...paths import png_metadata
+from ...core.norms_and_spread import ReportConfig, init_report, unique_trainable
+from ...files.paths import png_metadata
 from ..data.loss import mean_loss_fn
 from ..data.training import FairseqModel, build_training_model, collate, training_batch_indices, training_dataset
 from ..features.groups import transformer_place
-from ..features.health_report import FAIRSEQ_STRUCTURE, batch_size, log_health
+from ..features.health import FAIRSEQ_STRUCTURE, batch_size, log_health
 from ..features.tied import apply_multiplier_scales
 from ..registration.hook import GradInitTaskMixin
 from ..settings.init_file import field_problem, saved_gamma
@@ -322,8 +322,8 @@ def run_report(train_argv: Sequence[str], gradinit_json: str, *, num_batches: in
                seed: Optional[int] = None, check: bool = True, device: Optional[str] = None,
                health: bool = True, health_only: bool = False) -> dict:
     """Build the model of ``train_argv``, draw ``num_batches`` training minibatches and measure the
-    report (see :func:`~fairseq_gradinit.core.report.init_report`). With ``health``, also the
-    ``health`` block of the ``gradinit.json`` (:func:`~..features.health_report.health_of_saved`); with
+    report (see :func:`~fairseq_gradinit.core.norms_and_spread.init_report`). With ``health``, also the
+    ``health`` block of the ``gradinit.json`` (:func:`health_of_saved`); with
     ``health_only``, only that. Returns a JSON-ready dict."""
     saved = read_report_input(gradinit_json)
     start = time.time()

@@ -9,7 +9,7 @@ import math
 import os
 from typing import Any, Callable, Optional
 
-from .core.errors import OptionValueError
+from ..core.errors import OptionValueError
 
 
 def int_at_least(minimum: int) -> Callable[[str], int]:
