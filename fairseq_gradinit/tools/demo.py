@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 from ..core.progress import format_duration
-from ..curves import parse_training_log, plot_panels
-from ..locks import FolderBusy, folder_lock
-from ..paths import OutputError, check_output, json_result, png_output, write_json
-from ..quiet import quiet_command
+from .curves import parse_training_log, plot_panels
+from ..files.locks import FolderBusy, folder_lock
+from ..files.paths import OutputError, check_output, json_result, png_output, write_json
+from ..command_line.quiet import quiet_command
 from .user_dir import user_dir
 
 COMMAND = "gradinit-demo"

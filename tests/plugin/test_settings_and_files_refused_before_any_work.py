@@ -232,7 +232,7 @@ def test_a_save_dir_fairseq_train_cannot_write_into_is_refused_when_parsed(tmp_p
 
     from fairseq import checkpoint_utils
 
-    from fairseq_gradinit.paths import unwritable_folder_reason
+    from fairseq_gradinit.files.paths import unwritable_folder_reason
 
     base = ["data-not-read", "--task", "translation_gradinit", *TINY_MODEL, "--lr", "1e-3", "--gradinit-iters", "5"]
     save = tmp_path / "ck"
