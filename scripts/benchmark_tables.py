@@ -253,6 +253,21 @@ def compare_vision_times() -> str:
     return " and ".join(times)
 
 
+def demo_runs() -> str:
+    """The stored ``gradinit-demo`` runs, one sentence per machine: each run's validation loss and source gap at
+    its last update, and the wall time of the whole demo."""
+    from fairseq_gradinit.tools.demo import ARMS, stored_runs
+
+    parts = []
+    for r in stored_runs():
+        arms = "; ".join(f"{ARMS[a]}: loss {r['arms'][a]['final_loss']:.3f}, source gap {r['arms'][a]['final_src_gap']:.3f}"
+                         for a in ARMS)
+        m, s = divmod(round(r["wall_s"]), 60)
+        parts.append(f"{arms} (update {r['arms']['xavier']['last_update']}; the whole demo {m}m{s:02d}s on a "
+                     f"{r['machine']['cores']}-core {r['machine']['cpu']})")
+    return "; ".join(parts) or "not measured yet"
+
+
 def bleu_decode_markdown(d: dict) -> str:
     """The table of ``bench_bleu_decode.py``'s report ``d``: per case the decode path, the decodes at once, the wall
     and processor time (start-up included), the start-up and the rate after it, BLEU, and the wall time over the
@@ -297,6 +312,7 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "phase_e2e_cpu_look4.default_phase": lambda: default_phase_cost("phase_e2e_cpu_look4"),
     "bleu_decode_cpu": lambda: bleu_decode_table("bleu_decode_cpu"),
     "compare_vision.payoff": compare_vision_payoff,
+    "demo.runs": demo_runs,
     "compare_vision.times": compare_vision_times,
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
                                                                  "after": "flat buffers (full Hessian-vector products)"}),
