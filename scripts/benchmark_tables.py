@@ -20,7 +20,7 @@ from typing import Callable, Dict, List
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
-FILES = ("docs/fairseq.md", "benchmarks/README.md", "docs/vision.md", "README.md")
+FILES = ("docs/fairseq.md", "benchmarks/README.md", "docs/vision.md", "README.md", "docs/monitor.md")
 BLOCK = re.compile(r"<!-- bench:([\w.]+) -->(.*?)<!-- /bench -->", re.S)
 
 # (label, result key, ratio key of the time, ratio key of the memory, target key of the time, of the memory)
@@ -268,6 +268,17 @@ def demo_runs() -> str:
     return "; ".join(parts) or "not measured yet"
 
 
+def source_gap_cost() -> str:
+    """The measured cost of the source gap at validation (``docs/source-gap-cost.json``), one sentence."""
+    d = json.loads((REPO / "docs" / "source-gap-cost.json").read_text(encoding="utf-8"))
+    a, b, r = d["wall_s"]["a"], d["wall_s"]["b"], d["ratio_a_over_b_wall"]
+    v, m = d["validation"], d["machine"]
+    return (f"on the quick-start model's validation split ({v['sentences']:,} sentences, {v['target_tokens']:,} target "
+            f"tokens), `fairseq-validate` took {a['median']:.1f} s with the gap and {b['median']:.1f} s without it "
+            f"(medians of 3 whole-process runs each, the dropout-on loss scored in both; paired ratio {r['median']:.2f}, "
+            f"{r['min']:.2f}–{r['max']:.2f}) on one thread of an idle {m['cores']}-core {m['cpu']}")
+
+
 def bleu_decode_markdown(d: dict) -> str:
     """The table of ``bench_bleu_decode.py``'s report ``d``: per case the decode path, the decodes at once, the wall
     and processor time (start-up included), the start-up and the rate after it, BLEU, and the wall time over the
@@ -313,6 +324,7 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "bleu_decode_cpu": lambda: bleu_decode_table("bleu_decode_cpu"),
     "compare_vision.payoff": compare_vision_payoff,
     "demo.runs": demo_runs,
+    "monitor.source_gap_cost": source_gap_cost,
     "compare_vision.times": compare_vision_times,
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
                                                                  "after": "flat buffers (full Hessian-vector products)"}),
