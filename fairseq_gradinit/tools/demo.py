@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--corpus", type=Path, default=None,
                    help=f"the corpus archive or its unpacked folder (default: {ARCHIVE} in the current folder or "
                         "in the checkout this package was installed from)")
-    p.add_argument("--updates", type=positive, default=200, help="training updates of each run")
+    p.add_argument("--updates", type=positive, default=160, help="training updates of each run")
     p.add_argument("--gradinit-iters", type=positive, default=20, help="GradInit iterations before training")
     p.add_argument("--valid-every", type=positive, default=50, help="updates between validations")
     p.add_argument("--valid-batches", type=positive, default=4,

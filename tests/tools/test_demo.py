@@ -15,13 +15,13 @@ def _arms(x_loss, x_gap, g_loss, g_gap):
                          "last_update": 200}}
 
 
-def test_the_demo_trains_both_runs_and_reports_loss_and_source_gap(tmp_path, capsys):
+def test_the_demo_trains_both_runs_and_reports_loss_and_source_gap(tmp_path, capfd):
     corpus = small_corpus(tmp_path, (("train", 300), ("valid", 40), ("test", 40)))
     out = tmp_path / "demo"
     argv = ["--corpus", str(corpus), "--out", str(out), "--vocab-size", "200", "--updates", "4",
             "--gradinit-iters", "2", "--valid-every", "2", "--valid-batches", "1", "--max-tokens", "512"]
     assert demo.main(argv) == 0
-    printed = capsys.readouterr().out
+    printed = capfd.readouterr().out
     result = json.loads((out / "demo.json").read_text())
     for arm in demo.ARMS:
         rec = result["arms"][arm]
