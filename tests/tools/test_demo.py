@@ -59,3 +59,18 @@ def test_the_reading_follows_the_numbers():
     assert "does not use its source" in lower_no_source[1]
     both_use = demo.reading(_arms(9.84, 0.6, 9.30, 0.7))
     assert not any("source" in line and "not" in line for line in both_use[:-1])
+
+
+def test_a_run_is_compared_only_with_stored_runs_of_its_settings(tmp_path):
+    stored = demo.stored_runs()
+    assert stored, "docs/demo-runs/ holds the stored demo runs"
+    defaults = demo.build_parser().parse_args([])
+    plan = demo.DemoPlan(out=tmp_path, corpus=tmp_path, updates=defaults.updates,
+                         gradinit_iters=defaults.gradinit_iters, valid_every=defaults.valid_every,
+                         max_tokens=defaults.max_tokens, valid_batches=defaults.valid_batches, seed=defaults.seed,
+                         vocab_size=defaults.vocab_size)
+    same = demo.comparable(stored, plan)
+    assert same, "a stored run was made with the demo's defaults"
+    losses = [r["arms"]["gradinit"]["final_loss"] for r in same]
+    assert f"loss {min(losses):.2f}–{max(losses):.2f}" in demo.stored_range(same)
+    assert demo.comparable(stored, demo.DemoPlan(**{**plan.__dict__, "updates": plan.updates + 1})) == []
