@@ -260,7 +260,8 @@ def train(plan: DemoPlan, data_bin: Path) -> Dict[str, Path]:
     failed = [r for r in runs if r.proc.returncode != 0]
     if failed:
         r = failed[0]
-        tail = r.log.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
+        # the log's last lines, each cut to a width a terminal shows (fairseq's carry whole paths and configs)
+        tail = [line[:200] for line in r.log.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]]
         raise DemoError(f"the {r.name} run stopped with exit {r.proc.returncode} (log {r.log}):\n  " + "\n  ".join(tail))
     return {r.name: r.log for r in runs}
 
@@ -322,6 +323,11 @@ def comparable(runs: List[dict], plan: DemoPlan) -> List[dict]:
     return [r for r in runs if all(r.get("plan", {}).get(k) == getattr(plan, k) for k in SETTINGS)]
 
 
+def _span(values: List[float]) -> str:
+    low, high = f"{min(values):.2f}", f"{max(values):.2f}"
+    return low if low == high else f"{low}–{high}"
+
+
 def stored_range(runs: Optional[List[dict]] = None) -> Optional[str]:
     """The stored demo runs' final numbers as a range over the machines measured (None without the record)."""
     runs = stored_runs() if runs is None else runs
@@ -331,7 +337,7 @@ def stored_range(runs: Optional[List[dict]] = None) -> Optional[str]:
     for arm in ARMS:
         losses = [r["arms"][arm]["final_loss"] for r in runs]
         gaps = [r["arms"][arm]["final_src_gap"] for r in runs]
-        parts.append(f"{ARMS[arm]}: loss {min(losses):.2f}–{max(losses):.2f}, gap {min(gaps):.2f}–{max(gaps):.2f}")
+        parts.append(f"{ARMS[arm]}: loss {_span(losses)}, gap {_span(gaps)}")
     return f"stored runs ({len(runs)} machine{'s' if len(runs) > 1 else ''}): " + "; ".join(parts)
 
 
