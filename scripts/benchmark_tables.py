@@ -276,7 +276,8 @@ def source_gap_cost() -> str:
     return (f"on the quick-start model's validation split ({v['sentences']:,} sentences, {v['target_tokens']:,} target "
             f"tokens), `fairseq-validate` took {a['median']:.1f} s with the gap and {b['median']:.1f} s without it "
             f"(medians of 3 whole-process runs each, the dropout-on loss scored in both; paired ratio {r['median']:.2f}, "
-            f"{r['min']:.2f}–{r['max']:.2f}) on one thread of an idle {m['cores']}-core {m['cpu']}")
+            f"{r['min']:.2f}–{r['max']:.2f}) on one thread of a {m['cores']}-core {m['cpu']}, with other work at the "
+            f"lowest priority beside it")
 
 
 def bleu_decode_markdown(d: dict) -> str:
