@@ -245,11 +245,10 @@ def compare_vision_payoff() -> str:
 
 def compare_vision_times() -> str:
     """The wall time of both runs of each stored default comparison, by machine."""
+    from fairseq_gradinit.core.progress import format_duration
     from fairseq_gradinit.tools.compare_vision import stored_results
 
-    def fmt(s: float) -> str:
-        return f"{int(s // 60)}m{s % 60:02.0f}s"
-    times = [fmt(r["wall_time"]) for r in stored_results()]
+    times = [format_duration(r["wall_time"]) for r in stored_results()]
     return " and ".join(times)
 
 

@@ -352,13 +352,9 @@ def table(arms: Dict[str, dict]) -> List[str]:
 
 def machine() -> dict:
     """What the numbers and the time depend on: the CPU (its kernels round differently) and its cores."""
-    model = None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    except OSError:
-        pass
-    return {"cpu": model or platform.processor() or None, "cores": os.cpu_count(), "python": platform.python_version(),
+    from .compare_vision import cpu_model
+
+    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
             "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
 
 
