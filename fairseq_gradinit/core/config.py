@@ -343,6 +343,13 @@ class GradInitConfig:
     lookahead_betas: Tuple[float, float] = option((0.9, 0.98), experimental=True, since="0.5.0", help=(
         "with lookahead_steps > 1: the Adam betas of the simulated training steps (those of the training, "
         "e.g. '(0.9, 0.98)')"))
+    loss_ceiling: Optional[float] = option(None, experimental=True, since="0.5.0", help=(
+        "the most L(S; alpha W) may rise above its value at the initial scales (the first finite iteration's "
+        "L(S)), in the loss's own units (nats per token with fairseq's criteria): an iteration whose L(S) lies "
+        "above that bound and whose gradient norm is within gamma steps the scales down the gradient of L(S) "
+        "(first order, from the gradient the iteration has already taken; Adam moments of the constraint steps) "
+        "instead of taking its objective step, so that the scales cannot buy their objective with a model that is "
+        "worse before training starts (e.g. sharper logits that widen a loss difference); None: no such bound"))
     dropout: bool = option(False, experimental=True, since="0.4.0", help=(
         "run GradInit's passes in train mode, dropout on, so that the scales are chosen for the loss training "
         "will see (the paper and the authors' code use eval mode, no dropout; normalization layers use batch "
@@ -415,6 +422,9 @@ class GradInitConfig:
                 invalid(self, "max_step_ratio", "None with optimizer='sgd' (the bound is defined for Adam's sign "
                                                 "step, whose size does not depend on the gradient)")
         validate_lookahead(self)
+        if self.loss_ceiling is not None and not (_is_number(self.loss_ceiling) and math.isfinite(self.loss_ceiling)
+                                                  and self.loss_ceiling >= 0):
+            invalid(self, "loss_ceiling", "None or a finite number >= 0, e.g. 0.35 (half a bit per token in nats)")
         if self.unstepped_uses is not None:
             if not isinstance(self.unstepped_uses, str) or not self.unstepped_uses:
                 invalid(self, "unstepped_uses", "None or a non-empty regular expression on parameter names")

@@ -46,7 +46,7 @@ class IterationRecord:
     """What happened in one GradInit iteration."""
 
     iteration: int
-    #: "objective", "constraint" or "skipped".
+    #: "objective", "constraint", "ceiling" (``loss_ceiling``: a step down L(S)) or "skipped".
     branch: str
     #: L(S; alpha W), averaged over ranks.
     loss_s: Optional[float]
@@ -78,6 +78,8 @@ class GradInitResult:
     health: Optional[Any] = None
     #: The gamma the run used (measured on the first batch with ``config.gamma_init_factor``).
     gamma: Optional[float] = None
+    #: With ``config.loss_ceiling``: L(S) of the first finite iteration, the reference of the bound.
+    loss_ref: Optional[float] = None
 
     @property
     def num_skipped(self) -> int:
@@ -90,6 +92,10 @@ class GradInitResult:
     @property
     def num_objective(self) -> int:
         return sum(r.branch == "objective" for r in self.history)
+
+    @property
+    def num_ceiling(self) -> int:
+        return sum(r.branch == "ceiling" for r in self.history)
 
     def to_dict(self) -> dict:
         config = {("tau" if k == "lr" else k): v for k, v in self.config.to_dict().items()}
@@ -106,6 +112,9 @@ class GradInitResult:
             "num_objective": self.num_objective,
             "num_constraint": self.num_constraint,
             "num_skipped": self.num_skipped,
+            # only where the bound exists: gradinit.json of runs without it keeps its keys
+            **({"num_ceiling": self.num_ceiling, "loss_ref": self.loss_ref}
+               if self.config.loss_ceiling is not None else {}),
             **({"health": self.health.to_dict()} if self.health is not None else {}),
         }
 
@@ -168,6 +177,8 @@ class GradInitState:
     gamma: Optional[float]
     #: The last step's branch ("" before the first).
     last_branch: str = ""
+    #: With ``loss_ceiling``: L(S) of the first finite iteration, against which the bound is measured.
+    loss_ref: Optional[float] = None
     #: L(S~) and the ``ok`` flag of the last scale update, left on the device: the next step reads
     #: them with its own host sync (None: nothing waits).
     pending: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
@@ -185,7 +196,7 @@ class GradInitState:
 class StepResult:
     """The host values of one step, all read in its one host sync."""
 
-    #: "objective", "constraint", or "skipped" (a non-finite loss or gradient on S: nothing stepped).
+    #: "objective", "constraint", "ceiling", or "skipped" (a non-finite loss or gradient on S: nothing stepped).
     branch: str
     #: L(S; alpha W), averaged over ranks.
     loss_s: float
@@ -235,6 +246,8 @@ def gradinit_step(model: ScaledModel, state: GradInitState, pair: BatchPair, con
 
         if state.gamma is None:  # gamma_init_factor: no scale has moved yet (skipped iterations do not step)
             state.gamma = config.gamma_init_factor * gnorm_v
+        if config.loss_ceiling is not None and state.loss_ref is None:  # as gamma: before any scale moved
+            state.loss_ref = loss_v
         if gnorm_v > state.gamma:
             branch = state.last_branch = "constraint"
             if fd:
@@ -244,6 +257,16 @@ def gradinit_step(model: ScaledModel, state: GradInitState, pair: BatchPair, con
             del grads, g_local, g_all
             group.mean_([alpha_grad])
             ok = torch.ones((), dtype=torch.bool, device=alpha.device)
+            new_alpha, ok = state.adam_constraint.step(alpha, alpha_grad, ok)
+            state.pending = (torch.zeros((), dtype=alpha.dtype, device=alpha.device), ok)
+        elif config.loss_ceiling is not None and loss_v > state.loss_ref + config.loss_ceiling:
+            # The scales made the model worse than the bound allows: step down L(S) itself. Its gradient
+            # in alpha_i is <g_i, W_i> of the gradient this pass already took (rank-averaged, so every
+            # rank computes the same step); no second pass.
+            branch = state.last_branch = "ceiling"
+            alpha_grad = scaled.alpha_grad(g_all, consume=True)
+            del grads, g_local, g_all
+            ok = torch.isfinite(alpha_grad).all()
             new_alpha, ok = state.adam_constraint.step(alpha, alpha_grad, ok)
             state.pending = (torch.zeros((), dtype=alpha.dtype, device=alpha.device), ok)
         else:
@@ -530,6 +553,7 @@ class GradInit:
     def step(self, pair: BatchPair) -> IterationRecord:
         """One iteration of Algorithm 1 on the pair (S, S~) (:func:`gradinit_step`), recorded."""
         measuring = self.state.gamma is None
+        measuring_ref = self.cfg.loss_ceiling is not None and self.state.loss_ref is None
         out = gradinit_step(self.target, self.state, pair, self.cfg, group=self.dist)
         if out.previous is not None:
             self._flush_pending(out.previous)
@@ -543,6 +567,9 @@ class GradInit:
         if measuring:
             logger.info("gradinit: gamma = %g x ||g||_%d at the init (%.6g) = %.6g", self.cfg.gamma_init_factor,
                         self.cfg.norm_p, out.grad_norm, self.state.gamma)
+        if measuring_ref:
+            logger.info("gradinit: loss ceiling: L(S) may rise to %.6g (%.6g at the init + %g)",
+                        self.state.loss_ref + self.cfg.loss_ceiling, self.state.loss_ref, self.cfg.loss_ceiling)
         self._waiting = rec
         return rec
 
@@ -562,6 +589,7 @@ class GradInit:
             "adam": self.state.adam.state_dict(), "adam_constraint": self.state.adam_constraint.state_dict() if separate else None,
             "history": [dataclasses.asdict(r) for r in self.history],
             "consecutive_skips": self._consecutive_skips, "last_branch": self.state.last_branch, "gamma": self.state.gamma,
+            **({"loss_ref": self.state.loss_ref} if self.cfg.loss_ceiling is not None else {}),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -601,6 +629,8 @@ class GradInit:
         self.state.last_branch = str(state["last_branch"])
         if self.cfg.gamma_init_factor is not None and state.get("gamma") is not None:
             self.state.gamma = float(state["gamma"])
+        if self.cfg.loss_ceiling is not None and state.get("loss_ref") is not None:
+            self.state.loss_ref = float(state["loss_ref"])
         if state.get("rng") is not None:
             restore_random_state(state["rng"], self.target.scaled.params, self.dist)
         elif self.cfg.dropout:
@@ -693,13 +723,14 @@ def _finished(engine: GradInit, config: GradInitConfig, wall: float, option_name
     """The result of a finished run, with its health verdict, its summary line and the warning it deserves."""
     result = GradInitResult(scales=engine.target.scaled.scales_dict(), config=config, history=engine.history,
                             wall_time=wall, aliases=engine.target.scaled.aliases, world_size=engine.dist.world_size,
-                            gamma=engine.state.gamma)
+                            gamma=engine.state.gamma, loss_ref=engine.state.loss_ref)
     # The health check from the scales and the phase alone, at no cost (no pass over the model): the vision API
     # and the fairseq plugin replace it by theirs, which also measure the LayerNorm gains and the blocks.
     result.health = scale_verdict(result.scales, config=config, history=result.history, gamma=engine.state.gamma)
     # The one measured time of the phase: gradinit.json's wall_time and the plugin's summary line say the same.
-    logger.info("gradinit: %d iterations (%d objective, %d constraint, %d skipped) in %s",
-                len(result.history), result.num_objective, result.num_constraint, result.num_skipped,
+    ceiling = f", {result.num_ceiling} at the loss ceiling" if config.loss_ceiling is not None else ""
+    logger.info("gradinit: %d iterations (%d objective, %d constraint%s, %d skipped) in %s",
+                len(result.history), result.num_objective, result.num_constraint, ceiling, result.num_skipped,
                 format_duration(wall))
     advice = no_objective_advice([r.branch for r in result.history], [r.grad_norm for r in result.history],
                                  engine.state.gamma, config.norm_p, option_name)

@@ -215,7 +215,8 @@ def gradinit(
     log_interval: int = _D["log_interval"], log_seconds: float = _D["log_seconds"],
     scale_bounds: Sequence[Any] = _D["scale_bounds"], step_params: str = _D["step_params"],
     max_step_ratio: Optional[float] = _D["max_step_ratio"], lookahead_steps: int = _D["lookahead_steps"],
-    lookahead_betas: Tuple[float, float] = _D["lookahead_betas"], dropout: bool = _D["dropout"],
+    lookahead_betas: Tuple[float, float] = _D["lookahead_betas"], loss_ceiling: Optional[float] = _D["loss_ceiling"],
+    dropout: bool = _D["dropout"],
     unstepped_uses: Optional[str] = _D["unstepped_uses"],
     fixed_params: Optional[Callable[[str, nn.Parameter], bool]] = _D["fixed_params"],
     precision: str = _D["precision"], param_filter: Optional[Callable[[str, nn.Parameter], bool]] = _D["param_filter"],
@@ -247,7 +248,8 @@ def gradinit(
             lookahead_steps, lookahead_betas: how many steps of it the objective simulates (Adam only).
         lr, betas, eps, scale_grad_clip, adam_state: the Adam optimizer of the scales (lr is tau).
         iters, overlap, pairs: the iterations and how S and S~ are drawn.
-        min_scale, max_scale, scale_bounds, max_step_ratio: bounds of the scales.
+        min_scale, max_scale, scale_bounds, max_step_ratio, loss_ceiling: bounds of the scales (loss_ceiling:
+            of the loss they may cost at the init).
         step_params, unstepped_uses, fixed_params, param_filter: which tensors are scaled and stepped.
         constraint_grad, fd_eps, reuse_graph, precision, dropout: how the passes are computed.
         max_consecutive_skips, log_interval, log_seconds: run controls.

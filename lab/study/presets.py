@@ -720,6 +720,12 @@ SOURCE_PATH_PINNED = ("[('re:^encoder\\.', 1, 1), ('re:encoder_attn', 1, 1), ('b
                       "('norm', None, 100)]")
 
 
+#: The contrast at the weight whose seed-1 run came nearest (batch 9).
+CONTRAST_10 = ("--gradinit-source-contrast", "10")
+#: L(S) at the learned scales at most 0.35 nats (half a bit) per token above its value at the init.
+LOSS_CEILING = ("--gradinit-loss-ceiling", "0.35")
+
+
 def _tb(name: str, args: Tuple[str, ...], note: str, drop: Tuple[str, ...] = ()) -> Arm:
     return Arm(name, args, drop=drop, note=note)
 
@@ -794,6 +800,16 @@ TESTBED = Preset(
         _tb("gi-margin", ("--gradinit-iters", "200", "--gradinit-source-contrast", "10", "--gradinit-source-margin",
                           "0.5"),
             "variant: the contrast weighted 10, rewarding the source gap only up to 0.5 bits per token"),
+        _tb("gi-ceiling", ("--gradinit-iters", "200") + CONTRAST_10 + LOSS_CEILING,
+            "variant: the contrast weighted 10 with a ceiling on L(S) at the learned scales: at most 0.35 nats "
+            "(half a bit) per token above the first iteration's"),
+        _tb("gi-ceiling-s2", ("--gradinit-iters", "200", "--seed", "2") + CONTRAST_10 + LOSS_CEILING,
+            "gi-ceiling at seed 2"),
+        _tb("gi-margin005", ("--gradinit-iters", "200") + CONTRAST_10 + ("--gradinit-source-margin", "0.05"),
+            "variant: the contrast weighted 10, rewarding the source gap only up to 0.05 bits per token (below "
+            "the gaps the simulated steps reach)"),
+        _tb("gi-margin005-s2", ("--gradinit-iters", "200", "--seed", "2") + CONTRAST_10
+            + ("--gradinit-source-margin", "0.05"), "gi-margin005 at seed 2"),
         _tb("gi-admin", WSKIP_ARCH + ADMIN_INIT + ("--gradinit-iters", "200"),
             "variant: GradInit (the plugin's defaults) on Admin's w_skip Transformer from Admin's initialization"),
         _tb("gi-srcpin", ("--gradinit-iters", "200", "--gradinit-scale-bounds", SOURCE_PATH_PINNED),

@@ -120,7 +120,7 @@ def test_research_settings_are_listed_apart_in_the_tables():
     specs = options_of(GradInitConfig)
     research = {s.name for s in specs if s.experimental}
     assert research == {"gamma_init_factor", "pairs", "max_step_ratio", "lookahead_steps", "lookahead_betas",
-                        "dropout"}
+                        "loss_ceiling", "dropout"}
     config = GradInitConfig()
     assert (config.gamma_init_factor, config.pairs, config.max_step_ratio, config.dropout) == (
         None, "overlap", None, False)

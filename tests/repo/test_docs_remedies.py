@@ -31,7 +31,7 @@ def test_every_flag_of_the_table_and_commands_parses_with_the_plugin():
     from fairseq_gradinit.fairseq_plugin.registration.task import TranslationGradInitConfig
 
     fields = {"--" + n.replace("_", "-") for n in TranslationGradInitConfig.__dataclass_fields__}
-    assert len(table_flags) == 7 and table_flags <= fields
+    assert len(table_flags) == 8 and table_flags <= fields
     for argv in cmds:
         args = argv[1:]
         i = args.index("--user-dir")
