@@ -221,6 +221,14 @@ def test_a_validation_split_of_which_fairseq_makes_no_batch_is_refused_before_th
     cfg = convert_namespace_to_omegaconf(ns)
     task = tasks.setup_task(cfg.task)
     assert valid_split_error(task, task.build_model(cfg.model, from_checkpoint=True), build_plan(ns)) is None
+    # fairseq validates only from --validate-after-updates on: beyond --max-update it never does, and the split
+    # that makes no batch is no reason to refuse the run; up to --max-update it is
+    for after, refused in (("2", False), ("1", True)):
+        ns = _parse(argv + ["--save-dir", str(tmp_path / f"c{after}"), "--validate-after-updates", after])
+        cfg = convert_namespace_to_omegaconf(ns)
+        task = tasks.setup_task(cfg.task)
+        error = valid_split_error(task, task.build_model(cfg.model, from_checkpoint=True), build_plan(ns))
+        assert (error is not None) == refused, (after, error)
 
 
 def test_a_save_dir_fairseq_train_cannot_write_into_is_refused_when_parsed(tmp_path, capsys, monkeypatch):

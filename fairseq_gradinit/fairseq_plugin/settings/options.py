@@ -172,6 +172,7 @@ class PluginOptions(FairseqDataclass):
     gradinit_valid_subset: Any = II("dataset.valid_subset")
     gradinit_skip_invalid_valid: Any = II("dataset.skip_invalid_size_inputs_valid_test")
     gradinit_disable_validation: Any = II("dataset.disable_validation")
+    gradinit_validate_after_updates: Any = II("dataset.validate_after_updates")
     gradinit_max_tokens_valid: Any = II("dataset.max_tokens_valid")
     gradinit_batch_size_valid: Any = II("dataset.batch_size_valid")
     gradinit_required_batch_size_multiple: Any = II("dataset.required_batch_size_multiple")

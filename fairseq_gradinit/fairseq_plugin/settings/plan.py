@@ -54,6 +54,8 @@ class TrainingFacts:
     train_subset: str
     valid_subsets: Tuple[str, ...]
     disable_validation: bool
+    #: ``--validate-after-updates``: fairseq validates only from that update on.
+    validate_after_updates: int
     combine_valid_subsets: bool
     skip_invalid_valid: bool
     #: ``--max-tokens-valid`` (fairseq's default: ``--max-tokens``).
@@ -72,6 +74,12 @@ class TrainingFacts:
     ddp_backend: str
     model_parallel_size: int
     pipeline_model_parallel: bool
+
+    @property
+    def validates(self) -> bool:
+        """Whether fairseq-train validates at all: not with ``--disable-validation``, nor when
+        ``--validate-after-updates`` lies beyond ``--max-update`` (fairseq validates only at updates >= it)."""
+        return not self.disable_validation and not (self.max_update and self.validate_after_updates > self.max_update)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,6 +243,7 @@ def _training_facts(given) -> TrainingFacts:
         train_subset=str(_known(given, "gradinit_train_subset")),
         valid_subsets=tuple(s for s in str(given.gradinit_valid_subset or "").split(",") if s),
         disable_validation=given.gradinit_disable_validation is True,
+        validate_after_updates=_positive(given.gradinit_validate_after_updates) or 0,
         combine_valid_subsets=given.gradinit_combine_valid_subsets is True,
         skip_invalid_valid=given.gradinit_skip_invalid_valid is True,
         max_tokens_valid=given.gradinit_max_tokens_valid,

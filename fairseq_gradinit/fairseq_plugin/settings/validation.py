@@ -379,7 +379,7 @@ def _checkpoint_paths_error(plan) -> Optional[str]:
         return None
     suffix = plan.checkpoints.suffix
     names = [] if plan.checkpoints.no_last_checkpoints else [f"checkpoint_last{suffix}.pt"]
-    if not plan.training.disable_validation:
+    if plan.training.validates:
         names.append(f"checkpoint_best{suffix}.pt")
     for name in names:
         path = os.path.join(save_dir, name)
@@ -392,13 +392,13 @@ def _checkpoint_paths_error(plan) -> Optional[str]:
 
 def _data_files_error(plan) -> Optional[str]:
     """A truncated or mismatched ``.idx``/``.bin`` pair of a split the run reads (the training split,
-    and the validation splits unless ``--disable-validation``): fairseq fails on it only when a batch
+    and the validation splits where fairseq-train validates): fairseq fails on it only when a batch
     reaches the missing tokens, or with a traceback when it loads the split."""
     training = plan.training
     if not training.data:
         return None
     train, data = training.train_subset, training.data
-    valid = [] if training.disable_validation else list(training.valid_subsets)
+    valid = list(training.valid_subsets) if training.validates else []
     shards = [train] + (valid if training.combine_valid_subsets else [])
     error = data_bin_error(str(data), [train] + valid, shards=shards)
     if error is None:
@@ -425,9 +425,10 @@ def valid_split_error(task, model, plan) -> Optional[str]:
     skipping, whatever the flag says, or a split of which fairseq makes no batch ("The dataset is empty": no
     samples, all skipped, or fewer than ``--required-batch-size-multiple``, whose last batch fairseq drops). The
     splits are loaded and batched here as fairseq-train loads and batches them next. None with
-    ``--disable-validation`` (all read from the run's ``plan``)."""
+    ``--disable-validation`` or a ``--validate-after-updates`` beyond ``--max-update`` (all read from the run's
+    ``plan``)."""
     training = plan.training
-    if training.disable_validation:
+    if not training.validates:
         return None
     skip, max_tokens = training.skip_invalid_valid, training.max_tokens_valid
     from fairseq import utils
