@@ -21,7 +21,7 @@ from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
 from .docs_tables.health import clamp_health_table, decoder_quieting_table, layer_norm_gains_table
 from .docs_tables.hold import hold_a_table, hold_table
-from .docs_tables.quickstart import timings_table
+from .docs_tables.quickstart import threads_table, timings_table
 from .docs_tables.testbed import testbed_table, two_seeds_table
 from .study.tables import read_curves_csv
 from .study.verdict import judge
@@ -108,6 +108,7 @@ TABLES: Mapping[str, Tuple[Path, Callable[[], str]]] = {
     "health-layer-norm-gains": (DOCS / "health.md", layer_norm_gains_table),
     "health-decoder-quieting": (DOCS / "health.md", decoder_quieting_table),
     "quickstart-timings": (DOCS / "fairseq.md", timings_table),
+    "threads": (DOCS / "fairseq.md", threads_table),
 }
 
 

@@ -41,3 +41,19 @@ def timings_table() -> str:
              f"| log {log_span_s(LOADED):.0f} s, GradInit {loaded['wall_time']:.0f} s | not timed "
              f"| [log]({_link(LOADED, 'train.log')}), [gradinit.json]({_link(LOADED, 'gradinit.json')}) |"]
     return "\n".join(lines) + "\n"
+
+
+#: The stored measurement of PyTorch's thread count on a 2-core machine, idle and with one core busy.
+THREADS = RECORD.parents[1] / "docs" / "threads-translation.json"
+
+
+def threads_table(path: Path = THREADS) -> str:
+    """docs/fairseq.md's table of the quick start's step 2 with PyTorch's default threads and with one, without and
+    with one core busy (seconds of the stored runs)."""
+    data = json.loads(path.read_text(encoding="utf-8"))
+    seconds = {(r["one_core_busy"], r["setting"]): r["seconds"] for r in data["runs"]}
+    lines = [f"| other load | default threads ({data['cpu_count']}) | `OMP_NUM_THREADS=1` |", "|---|---|---|"]
+    for busy, label in ((False, "no extra load"), (True, "one core busy")):
+        lines.append(f"| {label} | {seconds[(busy, 'default threads')]:.1f} s | "
+                     f"{seconds[(busy, 'OMP_NUM_THREADS=1')]:.1f} s |")
+    return "\n".join(lines) + "\n"
