@@ -306,6 +306,31 @@ def bleu_decode_table(tag: str) -> str:
     return "\n" + bleu_decode_markdown(d) + note
 
 
+def quickstart_thread_speedup() -> str:
+    """How much faster the vision quick start ran with one thread than with PyTorch's default, over the stored
+    measurements (``docs/threads-quickstart*.json``); the loaded file's run with a core busy is left out, its load
+    changed during it (docs/quickstart-vision.md says so)."""
+    ratios = []
+    for name in ("threads-quickstart.json", "threads-quickstart-loaded.json"):
+        rows = json.loads((REPO / "docs" / name).read_text(encoding="utf-8"))["runs"]
+        for busy in (False, True):
+            t = {r["setting"]: r["seconds"] for r in rows if r["one_core_busy"] == busy}
+            ratios.append(t["default threads"] / t["OMP_NUM_THREADS=1"])
+    kept = ratios[:3]
+    return f"{min(kept):.1f}–{max(kept):.1f}× faster"
+
+
+def fmnist_gpu_resnet110() -> str:
+    """The GPU runs of the full-width ResNet-110 without normalization (``docs/fmnist-gpu-results.json``): Kaiming's
+    accuracy after one epoch (both seeds) and GradInit's (each seed)."""
+    gpu = json.loads((REPO / "docs" / "fmnist-gpu-results.json").read_text(encoding="utf-8"))
+    kaiming = sorted({gpu[f"resnet110--no-bn-kaiming-s{s}"]["acc_1"] for s in (0, 1)})
+    g = sorted(gpu[f"resnet110--no-bn-gradinit-s{s}"]["acc_1"] for s in (0, 1))
+    start = (f"stays at chance level ({kaiming[0]:.2f} %)" if kaiming == [10.0]
+             else "reaches " + " and ".join(f"{k:.2f} %" for k in kaiming))
+    return f"{start} from Kaiming's initialization and reaches {g[0]:.2f} % and {g[1]:.2f} % (two seeds)"
+
+
 TRANSFORMER_TIME_KEYS = ["objective_time", "constraint_time", "constraint_switch_time"]
 
 #: name -> renderer of each generated block.
@@ -326,6 +351,8 @@ BLOCKS: Dict[str, Callable[[], str]] = {
     "demo.runs": demo_runs,
     "monitor.source_gap_cost": source_gap_cost,
     "compare_vision.times": compare_vision_times,
+    "quickstart.thread_speedup": quickstart_thread_speedup,
+    "fmnist_gpu.resnet110": fmnist_gpu_resnet110,
     "gpu_phase_ops_cpu": lambda: ops_table("gpu_phase_ops_cpu", {"before": "per-tensor (`4310047`)",
                                                                  "after": "flat buffers (full Hessian-vector products)"}),
     "transformer_cpu.iteration_range": lambda: ratio_range(["transformer_cpu_B2048"], TRANSFORMER_TIME_KEYS),
