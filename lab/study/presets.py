@@ -812,6 +812,9 @@ TESTBED = Preset(
             + ("--gradinit-source-margin", "0.05"), "gi-margin005 at seed 2"),
         _tb("gi-admin", WSKIP_ARCH + ADMIN_INIT + ("--gradinit-iters", "200"),
             "variant: GradInit (the plugin's defaults) on Admin's w_skip Transformer from Admin's initialization"),
+        _tb("gi-admin-ceiling", WSKIP_ARCH + ADMIN_INIT + ("--gradinit-iters", "200") + CONTRAST_10 + LOSS_CEILING,
+            "variant: gi-ceiling's GradInit (the contrast weighted 10, the loss ceiling) on Admin's w_skip "
+            "Transformer from Admin's initialization"),
         _tb("gi-srcpin", ("--gradinit-iters", "200", "--gradinit-scale-bounds", SOURCE_PATH_PINNED),
             "variant: the plugin's defaults with the source path (encoder, shared embedding, cross-attention) "
             "pinned at scale 1"),
@@ -1014,6 +1017,8 @@ def _converge_arms() -> Tuple[Arm, ...]:
          "GradInit with the source contrast in its objective, no warmup"),
         ("gi-srcpin", ("--gradinit-iters", "200", "--gradinit-scale-bounds", SOURCE_PATH_PINNED), (),
          "GradInit with the source path pinned at scale 1, no warmup"),
+        ("gi-ceiling", ("--gradinit-iters", "200") + CONTRAST_10 + LOSS_CEILING, (),
+         "GradInit with the source contrast weighted 10 and the loss ceiling, no warmup"),
     )
     out = []
     for name, args, drop, note in arms:
