@@ -155,6 +155,12 @@ class HealthThresholds:
     A single tensor at the floor is tolerated by ``floor_allowance``, but a pair switches a whole
     branch off, so any such pair is flagged.
 
+    ``max_loss_rise`` = 0.1: the loss on S at the learned scales (the mean of the phase's last ten
+    iterations) against the first iteration's, as a fraction of it. An objective can be bought with a model that is
+    worse before training starts, e.g. sharper logits, which widen every loss difference: on the d=128 testbed six
+    phases raised it by 13-53 % (the source contrast at weights 10 to 100, the source path pinned) and every other
+    by at most 6 % (docs/health.md#loss-rose); trained without warmup, none of the six held.
+
     ``max_encoder_quieting_ratio`` = 10: in an encoder-decoder model (blocks named ``encoder.*`` and
     ``decoder.*``), the median quieting of the encoder's blocks over the decoder's. The objective can lower the
     loss after a few steps fastest by silencing the encoder (a decoder that ignores its source is a language
@@ -172,11 +178,12 @@ class HealthThresholds:
     max_initial_norm_ratio: float = 10.0
     pair_floor_factor: float = 2.0
     max_encoder_quieting_ratio: float = 10.0
+    max_loss_rise: float = 0.1
 
     def __post_init__(self):
         for name in ("floor_fraction", "min_layer_norm_scale", "max_gain", "max_gain_ratio", "max_block_quieting",
                      "max_constraint_share", "max_initial_norm_ratio", "pair_floor_factor",
-                     "max_encoder_quieting_ratio"):
+                     "max_encoder_quieting_ratio", "max_loss_rise"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
                 raise ValueError(f"HealthThresholds.{name}={v!r} is invalid: expected a number >= 0")
@@ -242,6 +249,17 @@ class PhaseHealth:
     #: ||g||_p of the first iteration with a finite gradient (at the initial weights).
     first_grad_norm: Optional[float]
     gamma: Optional[float]
+    #: L(S) of the first iteration with a finite loss, and the mean of the last ten finite ones.
+    first_loss: Optional[float] = None
+    last_loss: Optional[float] = None
+
+    @property
+    def loss_rise(self) -> Optional[float]:
+        """How much the loss on S rose over the phase, as a fraction of its first value (None without both,
+        or when the first is not above 0)."""
+        if self.first_loss is None or self.last_loss is None or not self.first_loss > 0:
+            return None
+        return self.last_loss / self.first_loss - 1.0
 
     @property
     def constraint_share(self) -> Optional[float]:
@@ -257,7 +275,7 @@ class PhaseHealth:
 
     def to_dict(self) -> dict:
         return {**asdict(self), "constraint_share": self.constraint_share,
-                "initial_norm_ratio": self.initial_norm_ratio}
+                "initial_norm_ratio": self.initial_norm_ratio, "loss_rise": self.loss_rise}
 
 
 @dataclass
@@ -539,6 +557,15 @@ def encoder_silencing(blocks: Optional[Sequence[BlockGradient]], sides: Sequence
 
 
 def _phase_reasons(phase: PhaseHealth, th: HealthThresholds) -> List[str]:
+    rise = phase.loss_rise
+    risen = ([f"the loss on S at the learned scales rose from {phase.first_loss:.4g} to {phase.last_loss:.4g} "
+              f"(+{100 * rise:.0f} %, more than {100 * th.max_loss_rise:.0f} %): the scales made the model worse "
+              "before training starts (a loss ceiling bounds it; docs/health.md#loss-rose)"]
+             if rise is not None and rise > th.max_loss_rise else [])
+    return risen + _branch_reasons(phase, th)
+
+
+def _branch_reasons(phase: PhaseHealth, th: HealthThresholds) -> List[str]:
     if phase.constraint and not phase.objective:
         return [f"no objective iteration ran: all {phase.constraint} iterations that were not skipped were "
                 "constraint iterations, so the loss after one step was never optimized"]
@@ -563,9 +590,12 @@ def phase_health(history: Optional[Sequence[Any]], gamma: Optional[float]) -> Op
     branches = [get(r, "branch") for r in history]
     norms = [get(r, "grad_norm") for r in history]
     first = next((float(g) for g in norms if g is not None and math.isfinite(g)), None)
+    losses = [float(v) for v in (get(r, "loss_s") for r in history) if v is not None and math.isfinite(v)]
+    last = losses[-10:]
     return PhaseHealth(iterations=len(history), objective=branches.count("objective"),
                        constraint=branches.count("constraint"), skipped=branches.count("skipped"),
-                       first_grad_norm=first, gamma=None if gamma is None else float(gamma))
+                       first_grad_norm=first, gamma=None if gamma is None else float(gamma),
+                       first_loss=losses[0] if losses else None, last_loss=sum(last) / len(last) if last else None)
 
 
 def block_of(name: str) -> str:

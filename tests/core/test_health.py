@@ -264,3 +264,22 @@ def test_pinned_tensors_are_not_switched_off_and_encoder_silencing_is_named():
     even = [BlockGradient(b.name, 1.0, 5.0) for b in blocks]
     assert shock_reasons(even, None, [], HealthThresholds(), sides=sides) == []
     assert encoder_silencing([BlockGradient("layers.0", 1.0, 9.0)], sides) is None  # neither side has a block
+
+
+def test_a_phase_whose_loss_on_s_rose_is_degenerate_and_says_by_how_much():
+    from fairseq_gradinit.core.health import scale_verdict
+
+    def history(last):
+        losses = [9.0] + [9.0 + (last - 9.0) * i / 29 for i in range(1, 30)]
+        return [{"iteration": i + 1, "branch": "objective", "loss_s": v, "grad_norm": 1.0}
+                for i, v in enumerate(losses)]
+
+    scales = {"a.weight": 1.0, "b.weight": 0.9}
+    risen = scale_verdict(scales, history=history(10.5), gamma=2.0)
+    assert risen.verdict == "degenerate"
+    assert any("rose from 9 to" in r and "more than 10 %" in r for r in risen.reasons), risen.reasons
+    assert risen.phase.first_loss == 9.0 and risen.phase.loss_rise > 0.1
+    steady = scale_verdict(scales, history=history(9.4), gamma=2.0)  # +4 %: within the threshold
+    assert steady.verdict == "ok" and steady.phase.loss_rise < 0.1
+    assert scale_verdict(scales, history=history(10.5), gamma=2.0,
+                         thresholds=HealthThresholds(max_loss_rise=0.5)).verdict == "ok"

@@ -80,3 +80,33 @@ def test_the_stored_verdicts_name_encoder_silencing_where_the_stored_blocks_show
         named = any(r.startswith("the encoder's blocks are") for r in health["reasons"])
         if "encoder_silencing" in health:  # written by a version with the rule
             assert named == (silencing is not None and silencing["ratio"] >= th), arm
+
+
+def test_every_phase_whose_loss_on_s_rose_trained_a_model_that_fails():
+    """Recomputed from each stored phase's history: every arm whose phase raised L(S) by more than
+    ``max_loss_rise`` fails its verdict against the warmup run of its seed (the rise is a sufficient sign, not a
+    necessary one: the phases that silenced the encoder lowered L(S)), and the stored phases hold such arms."""
+    from fairseq_gradinit.core.health import phase_health
+    from lab.study.verdict import judge
+
+    th = HealthThresholds()
+    curves_of = {}
+    for batch in sorted(p for p in SOURCE_USE.iterdir() if (p / "curves.csv").is_file()):
+        curves_of.update(read_curves_csv(batch / "curves.csv"))
+    risen = {}
+    for batch in sorted(p for p in SOURCE_USE.iterdir() if (p / "gradinit.tar.gz").is_file()):
+        study = json.loads((batch / "study.json").read_text(encoding="utf-8"))
+        with tarfile.open(batch / "gradinit.tar.gz") as tar:
+            for arm, info in study["arms"].items():
+                group = info.get("gradinit_group")
+                if not group:
+                    continue
+                saved = json.load(tar.extractfile(f"{group}/gradinit.json"))
+                rise = phase_health(saved["history"], saved.get("gamma")).loss_rise
+                if rise > th.max_loss_rise:
+                    risen[arm] = rise
+    assert len(risen) >= 5, risen
+    for arm in risen:
+        ref = "warmup-s2" if arm.endswith("-s2") else "warmup"
+        verdict = judge(arm, curves_of[arm], ref, curves_of[ref])
+        assert verdict.holds is False, (arm, risen[arm], verdict.line())
