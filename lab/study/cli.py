@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-bleu", action="store_true", help="skip BLEU")
     p.add_argument("--bleu-ref", help="raw reference file of the BLEU subset (else fairseq's T- lines)")
     p.add_argument("--bleu-subset", default="test", help="binarized split BLEU translates (default: test)")
+    p.add_argument("--bleu-best", action="store_true", help="also translate each arm's checkpoint with the lowest "
+                   "validation loss where it is not the one translated (bleu.json: the arm's 'best')")
     p.add_argument("--bleu-args", default="", help="more fairseq-generate arguments, e.g. '--max-len-b 50' "
                    "(default length limits: --max-len-a 1.2 --max-len-b 10)")
     p.add_argument("--bleu-budget", type=float, help="minutes for the BLEU step; each translation gets its round's "
@@ -197,6 +199,7 @@ def config_from_args(args: argparse.Namespace) -> StudyConfig:
         bleu_args=tuple(shlex.split(args.bleu_args)),
         bleu_budget_s=bleu_budget * 60 if bleu_budget is not None else None, bleu_parallel=args.bleu_parallel,
         bleu_script=Path(os.path.abspath(args.bleu_script)) if args.bleu_script is not None else None,
+        bleu_best=args.bleu_best,
         gradinit_cache=Path(os.path.abspath(args.gradinit_cache)) if args.gradinit_cache else None,
     )
 

@@ -62,6 +62,7 @@ class StudyConfig:
     bleu_budget_s: Optional[float] = None
     bleu_parallel: Optional[int] = None       # BLEU translations at once (None: as parallel)
     bleu_script: Optional[Path] = None        # a script to run instead of BLEU_MODULE
+    bleu_best: bool = False                   # also decode each arm's checkpoint of lowest validation loss
     gradinit_cache: Optional[Path] = None     # default OUT/gradinit
     python: str = sys.executable
 

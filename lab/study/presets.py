@@ -1046,7 +1046,8 @@ CONVERGE = Preset(
 decayed linearly to 0 over {CONVERGE_UPDATES} updates (polynomial_decay, power 1), with the warmups
 the arms add; 'standard' is inverse_sqrt after a 300-update warmup. Every arm validates every 250
 updates in eval mode, with dropout on and with the sources rolled across the batch (src_gap), and
-BLEU is measured at the end (test split, beam 5; pass --bleu-ref with the raw test.en). GradInit
+BLEU is measured at the end (test split, beam 5; pass --bleu-ref with the raw test.en, and --bleu-best
+with --save-every 500 for the best checkpoint by validation loss too). GradInit
 phases are the testbed's (the schedule does not enter their fingerprint), so --gradinit-cache can
 point at the testbed's. Its calibration is in lab/record/testbed-d128.md (3000 updates left the
 warmup arm at BLEU 0.28; the length is now 4500, an hour per arm on one core).""",

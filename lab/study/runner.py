@@ -232,10 +232,11 @@ def run_study(cfg: StudyConfig) -> dict:
 
 def bleu_arm_command(cfg: StudyConfig, p: ArmPlan, checkpoint: Path, out_json: Path, *,
                      time_limit: Optional[float], gen_args: Sequence[str]) -> List[str]:
-    """The BLEU step of one arm: the package's BLEU module (or ``--bleu-script``) with the package as ``--user-dir``."""
+    """The BLEU step of one arm: the package's BLEU module (or ``--bleu-script``) with the package as ``--user-dir``;
+    its progress goes beside ``out_json`` (``bleu.json`` -> ``bleu.progress.json``)."""
     cmd = [*bleu_command(cfg), p.data, "--path", str(checkpoint),
            "--user-dir", str(PACKAGE_DIR), "--beam", "5", "--gen-subset", cfg.bleu_subset,
-           "--output-json", str(out_json), "--progress-json", str(p.save_dir / "bleu.progress.json")]
+           "--output-json", str(out_json), "--progress-json", str(out_json.with_suffix(".progress.json"))]
     if cfg.cpu:
         cmd.append("--cpu")
     if "--fp16" in p.argv:  # decoded as trained (fp32 on the CPU, where the script says so)
@@ -298,9 +299,51 @@ def run_bleu(cfg: StudyConfig, plans: Sequence[ArmPlan], env: Mapping[str, str],
     for job in jobs:
         result["arms"][job.name] = _bleu_entry(job, next(p for p in decoding if p.arm.name == job.name),
                                                ckpts[job.name][update], t0)
+    if cfg.bleu_best:
+        _decode_best(cfg, decoding, ckpts, update, result, env=step_env, gen_args=gen_args, limit=limit,
+                     deadline=t0 + budget if budget else None)
     _summarize_rates(result, cfg, len(decoding))
     write_json((Path(cfg.out) / "bleu.json"), result)
     return result
+
+
+def best_update(curves: Mapping[str, Mapping[int, float]], updates: Sequence[int]) -> Optional[int]:
+    """Of the checkpoint ``updates``, the one with the lowest eval-mode validation loss (the later one of a tie);
+    None where none of them was validated."""
+    loss = curves.get("valid_loss") or {}
+    scored = [u for u in updates if u in loss]
+    return min(scored, key=lambda u: (loss[u], -u)) if scored else None
+
+
+def _decode_best(cfg: StudyConfig, decoding: Sequence[ArmPlan], ckpts: Mapping[str, Mapping[int, Path]],
+                 update: int, result: dict, *, env: Mapping[str, str], gen_args: Sequence[str],
+                 limit: Optional[float], deadline: Optional[float]) -> None:
+    """``--bleu-best``: each arm's checkpoint with the lowest validation loss, decoded too where it is not the one
+    decoded at ``update``, into the arm's ``bleu_best.json``; its entry's ``best`` says which update and its score."""
+    jobs, best = [], {}
+    for p in decoding:
+        name = p.arm.name
+        b = best_update(arm_curves(p.save_dir / "train.log"), sorted(ckpts[name]))
+        best[name] = b
+        if b is None:
+            result["arms"][name]["best"] = {"update": None, "reason": "no checkpoint update was validated"}
+        elif b == update:
+            result["arms"][name]["best"] = {"update": b, "same_as_decoded": True}
+        else:
+            jobs.append(Job(name=name, kind="bleu", log=p.save_dir / "bleu_best.log",
+                            cmd=bleu_arm_command(cfg, p, ckpts[name][b], p.save_dir / "bleu_best.json",
+                                                 time_limit=limit, gen_args=gen_args)))
+    t0 = time.time()
+    run_jobs(jobs, parallel=cfg.bleu_at_once, env=env, cwd=Path.cwd(), deadline=deadline)
+    for job in jobs:
+        out = next(p for p in decoding if p.arm.name == job.name).save_dir / "bleu_best.json"
+        scored = json.loads(out.read_text()) if out.is_file() else {}
+        entry = {"update": best[job.name], "checkpoint": str(ckpts[job.name][best[job.name]]), **job.summary(t0),
+                 "bleu": scored.get("bleu") if job.status == "done" else None,
+                 "distinct_hypotheses": scored.get("distinct_hypotheses")}
+        if entry["bleu"] is None:
+            entry["reason"] = (scored.get("reason") or f"BLEU step {job.status}") + f"; see {job.log}"
+        result["arms"][job.name]["best"] = entry
 
 
 def _bleu_entry(job: Job, p: ArmPlan, checkpoint: Path, t0: float) -> dict:

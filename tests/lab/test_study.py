@@ -606,3 +606,36 @@ def test_bleu_step_decodes_one_arm_at_a_time_each_within_its_share(tmp_path, mon
     assert both["schedule"]["arm_time_limit_s"] == 60.0 / 2 - study_runner.BLEU_STOP_GRACE_S
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the caller's own setting stays
     assert study_runner.bleu_env({"OMP_NUM_THREADS": "3"}, 2)["OMP_NUM_THREADS"] == "3"
+
+
+def _valid_line(update, loss):
+    return (f"2026-11-29 03:00:00 | INFO | valid | epoch 001 | valid on 'valid' subset | loss {loss} | nll_loss {loss} "
+            f"| ppl 2 | wps 1 | wpb 1 | bsz 1 | num_updates {update} | best_loss {loss}\n")
+
+
+def test_bleu_best_also_decodes_the_checkpoint_of_lowest_validation_loss(tmp_path):
+    """--bleu-best: an arm whose lowest validation loss is at an earlier checkpoint gets that one decoded too (into
+    bleu_best.json, its entry's 'best'); an arm whose best is the decoded one is not decoded twice."""
+    script = tmp_path / "fake_bleu.py"
+    script.write_text(FAKE_BLEU.replace('"/b/"', '"/never/"'))
+    plans = []
+    for name, losses in (("early", {2: 5.0, 4: 6.0}), ("late", {2: 6.0, 4: 5.0})):
+        save = tmp_path / name
+        save.mkdir()
+        for u in losses:
+            (save / f"checkpoint_1_{u}.pt").write_bytes(b"")
+        (save / "train.log").write_text("".join(_valid_line(u, v) for u, v in losses.items()))
+        plans.append(study_plan.ArmPlan(arm=Arm(name, ()), argv=[], data=str(tmp_path), save_dir=save))
+    cfg = StudyConfig(data={"main": str(tmp_path)}, out=tmp_path, arms=tuple(p.arm for p in plans), bleu_script=script,
+                      bleu_best=True)
+    result = study_runner.run_bleu(cfg, plans, dict(os.environ))
+    assert result["update"] == 4
+    early = result["arms"]["early"]["best"]
+    assert early["update"] == 2 and early["bleu"] == 1.5 and early["checkpoint"].endswith("checkpoint_1_2.pt")
+    decoded = json.loads((tmp_path / "early" / "bleu_best.json").read_text())
+    assert decoded["argv"][decoded["argv"].index("--path") + 1].endswith("checkpoint_1_2.pt")
+    assert result["arms"]["late"]["best"] == {"update": 4, "same_as_decoded": True}
+    assert not (tmp_path / "late" / "bleu_best.json").exists()
+    # without the flag nothing more is decoded
+    plain = study_runner.run_bleu(dataclasses.replace(cfg, bleu_best=False), plans, dict(os.environ))
+    assert "best" not in plain["arms"]["early"]
