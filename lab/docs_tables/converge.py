@@ -53,12 +53,14 @@ def _arms(dirs: Sequence[Path]) -> Dict[str, dict]:
     arms: Dict[str, dict] = {}
     for d in dirs:
         study = json.loads((d / "study.json").read_text(encoding="utf-8"))
-        bleu = ((study.get("bleu") or {}).get("arms")) or {}
-        best = json.loads((d / "bleu_best.json").read_text(encoding="utf-8")) if (d / "bleu_best.json").is_file() else {}
+        # bleu.json, refreshed when the study is stored (distinct hypotheses), else the study's own copy
+        stored = json.loads((d / "bleu.json").read_text(encoding="utf-8")) if (d / "bleu.json").is_file() \
+            else study.get("bleu") or {}
+        bleu = stored.get("arms") or {}
         for name, curves in read_curves_csv(d / "curves.csv").items():
             args = (study.get("arms") or {}).get(name, {}).get("args", "")
             m = re.search(r"--gradinit-iters[ =](\d+)", args)
-            arms[name] = {"curves": curves, "bleu": bleu.get(name) or {}, "best": best.get(name),
+            arms[name] = {"curves": curves, "bleu": bleu.get(name) or {}, "best": (bleu.get(name) or {}).get("best"),
                           "iters": int(m.group(1)) if m else None, "batch": d.name}
     return arms
 
@@ -71,14 +73,15 @@ def best_update(curves: Mapping[str, Mapping[int, float]], save_every: int = 500
 
 def _bleu_pair(arm: dict) -> Tuple[Optional[float], Optional[float], Optional[int]]:
     """(best, last, distinct hypotheses of the last): the best checkpoint's BLEU is the last one's where the
-    best validation loss is at the last checkpoint, else the stored ``bleu_best.json`` entry."""
+    best validation loss is at the last checkpoint, else what the study's ``--bleu-best`` decoded (None if it did not)."""
     last = arm["bleu"].get("bleu")
     final = max((arm["curves"].get("valid_loss") or {0: None}))
     b = best_update(arm["curves"])
-    if b == final:
+    best_entry = arm["best"] or {}
+    if b == final or best_entry.get("same_as_decoded"):
         best = last
     else:
-        best = (arm["best"] or {}).get("bleu") if (arm["best"] or {}).get("update") == b else None
+        best = best_entry.get("bleu") if best_entry.get("update") == b else None
     return best, last, arm["bleu"].get("distinct_hypotheses")
 
 
