@@ -815,6 +815,11 @@ TESTBED = Preset(
         _tb("gi-admin-ceiling", WSKIP_ARCH + ADMIN_INIT + ("--gradinit-iters", "200") + CONTRAST_10 + LOSS_CEILING,
             "variant: gi-ceiling's GradInit (the contrast weighted 10, the loss ceiling) on Admin's w_skip "
             "Transformer from Admin's initialization"),
+        _tb("gi-wskip", WSKIP_ARCH + ("--gradinit-iters", "200"),
+            "variant: the paper's GradInit with w_skip: Admin's w_skip Transformer with omega = 1, the omegas scaled "
+            "by GradInit with the rest (the plugin's defaults)"),
+        _tb("gi-wskip-ceiling", WSKIP_ARCH + ("--gradinit-iters", "200") + CONTRAST_10 + LOSS_CEILING,
+            "variant: gi-wskip with gi-ceiling's objective (the contrast weighted 10, the loss ceiling)"),
         _tb("gi-srcpin", ("--gradinit-iters", "200", "--gradinit-scale-bounds", SOURCE_PATH_PINNED),
             "variant: the plugin's defaults with the source path (encoder, shared embedding, cross-attention) "
             "pinned at scale 1"),
