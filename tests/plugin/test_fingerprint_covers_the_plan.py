@@ -39,6 +39,7 @@ CHANGED = {
     "gradinit_dropout": ["--gradinit-dropout", "true"],
     "gradinit_lookahead_steps": ["--gradinit-lookahead-steps", "2"],
     "gradinit_lookahead_betas": ["--gradinit-lookahead-betas", "(0.8, 0.9)"],
+    "gradinit_loss_ceiling": ["--gradinit-loss-ceiling", "0.5"],
     "gradinit_unstepped_uses": ["--gradinit-unstepped-uses", "decoder\\.output_projection\\."],
     "gradinit_precision": ["--gradinit-precision", "tf32"],
     "gradinit_max_tokens": ["--gradinit-max-tokens", "300"],
