@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Mapping, Sequence, Tuple
 
+from .docs_tables.converge import headline_table
 from .docs_tables.health import clamp_health_table, decoder_quieting_table, layer_norm_gains_table
 from .docs_tables.hold import hold_a_table, hold_table
 from .docs_tables.quickstart import threads_table, timings_table
@@ -99,6 +100,7 @@ DOCS, RECORD = REPO / "docs", REPO / "lab" / "record"
 #: may hold several, each between its own markers.
 TABLES: Mapping[str, Tuple[Path, Callable[[], str]]] = {
     "source-use": (DOCS / "no-warmup.md", source_use_table),
+    "headline": (DOCS / "no-warmup.md", headline_table),
     "testbed-d128": (DOCS / "no-warmup.md", testbed_table),
     "testbed-d128-two-seeds": (DOCS / "no-warmup.md", two_seeds_table),
     "hold-a": (RECORD / "no-warmup.md", hold_a_table),

@@ -31,7 +31,7 @@ def test_the_source_use_table_judges_by_source_use_not_loss():
             assert cells[-1].startswith("fails: source gap"), arm
     assert set(TABLES) == {"source-use", "testbed-d128", "testbed-d128-two-seeds", "hold-a", "hold",
                            "remedies-hold-a", "clamp-health", "health-layer-norm-gains", "health-decoder-quieting",
-                           "quickstart-timings", "threads"}
+                           "quickstart-timings", "threads", "headline"}
 
 
 def test_an_arm_is_judged_against_the_comparator_run_of_its_own_seed(tmp_path):
