@@ -21,7 +21,8 @@ An *arm* is a name plus ``fairseq-train`` arguments on top of a common base (a p
    arm at the largest checkpoint update that all arms reached, in the same run, so checkpoints never
    have to leave the machine.
 
-The command line is ``python -m lab.study`` (:func:`~.cli.main`); presets are in :mod:`.presets`. Modules:
+The command line is ``python -m lab.study`` (:func:`~.cli.main`); presets are in :mod:`.presets` (data files
+``preset_data/*.toml``, read by :mod:`.preset_schema`). Modules:
 :mod:`.arms` (arm specs, pure Python), :mod:`.plan` (configuration, plan, GradInit phase; fairseq
 imported there only, lazily), :mod:`.scheduler`, :mod:`.results`, :mod:`.runner`, :mod:`.cli`,
 :mod:`.tables` (tables of a finished study, pure Python), :mod:`.estimate` (durations from measured GPU
