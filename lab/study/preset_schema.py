@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import difflib
 import re
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -39,6 +38,12 @@ from fairseq_gradinit.core.config import first_step
 from fairseq_gradinit.core.recipes import Recipe, recipe
 
 from .arms import Arm, merge_args, option_groups
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # the library runs on 3.9+; the lab reads its presets with 3.11's TOML reader
+    raise ImportError("the lab's study runner reads its presets (lab/study/preset_data/*.toml) with tomllib: it "
+                      "needs Python 3.11 or later, the tested set; the library itself runs on Python 3.9+") from None
 
 #: The presets' data files.
 DATA_DIR = Path(__file__).resolve().parent / "preset_data"
