@@ -157,9 +157,8 @@ class HealthThresholds:
 
     ``max_loss_rise`` = 0.1: the loss on S at the learned scales (the mean of the phase's last ten
     iterations) against the first iteration's, as a fraction of it. An objective can be bought with a model that is
-    worse before training starts, e.g. sharper logits, which widen every loss difference: on the d=128 testbed six
-    phases raised it by 13-53 % (the source contrast at weights 10 to 100, the source path pinned) and every other
-    by at most 6 % (docs/health.md#loss-rose); trained without warmup, none of the six held.
+    worse before training starts, e.g. sharper logits, which widen every loss difference. The testbed's phases that
+    did so, and what their models did, are in docs/health.md#loss-rose.
 
     ``max_encoder_quieting_ratio`` = 10: in an encoder-decoder model (blocks named ``encoder.*`` and
     ``decoder.*``), the median quieting of the encoder's blocks over the decoder's. The objective can lower the

@@ -10,11 +10,11 @@ from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..study.presets import CONVERGE_UPDATES
+from ..study.runner import best_update as best_checkpoint
 from ..study.tables import read_curves_csv
 from ..study.verdict import judge
-from .records import RECORD
+from .records import REPO, RECORD
 
-REPO = RECORD.parents[1]
 CONVERGE = RECORD / "testbed-d128" / "converge"
 #: The measured cost of one objective iteration of the default phase (four simulated steps), in training updates
 #: of the same model on the same machine (``benchmarks/bench_phase_e2e.py --tag phase_e2e_cpu_look4``).
@@ -66,9 +66,9 @@ def _arms(dirs: Sequence[Path]) -> Dict[str, dict]:
 
 
 def best_update(curves: Mapping[str, Mapping[int, float]], save_every: int = 500) -> Optional[int]:
-    """The checkpoint update with the lowest eval-mode validation loss (checkpoints every ``save_every``)."""
-    loss = {u: v for u, v in (curves.get("valid_loss") or {}).items() if u % save_every == 0}
-    return min(loss, key=lambda u: (loss[u], -u)) if loss else None
+    """The checkpoint update with the lowest eval-mode validation loss (checkpoints every ``save_every``), as the
+    study runner's ``--bleu-best`` picks it."""
+    return best_checkpoint(curves, [u for u in (curves.get("valid_loss") or {}) if u % save_every == 0])
 
 
 def _bleu_pair(arm: dict) -> Tuple[Optional[float], Optional[float], Optional[int]]:
