@@ -24,7 +24,7 @@ from .docs_tables.health import clamp_health_table, decoder_quieting_table, laye
 from .docs_tables.hold import hold_a_table, hold_table
 from .docs_tables.quickstart import threads_table, timings_table
 from .docs_tables.testbed import testbed_table, two_seeds_table
-from .study.tables import read_curves_csv
+from .study.tables import comparator_of, read_curves_csv, split_arm_name
 from .study.verdict import judge
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,19 +50,6 @@ def _fmt(v, digits: int = 3) -> str:
     return "–" if v is None else f"{round(v, digits) + 0.0:.{digits}f}"  # + 0.0: no "-0.000"
 
 
-def seed_of(name: str) -> int:
-    """An arm's seed from its name (``-s2`` for seed 2; the testbed's arms are seed 1 otherwise)."""
-    m = re.search(r"-s(\d+)$", name)
-    return int(m.group(1)) if m else 1
-
-
-def comparator_of(name: str, comparator: str, arms: Mapping[str, dict]) -> str:
-    """The comparator run of the same seed as ``name`` where one is stored, else ``comparator``."""
-    seed = seed_of(name)
-    twin = f"{comparator}-s{seed}" if seed != 1 else comparator
-    return twin if twin in arms else comparator
-
-
 def source_use_table(dirs: Sequence[Path] = (), *, comparator: str = "warmup",
                      updates: Tuple[int, ...] = (500, 1000)) -> str:
     """The CPU testbed's arms judged by source use: loss and source gap at ``updates``, BLEU and distinct
@@ -78,7 +65,8 @@ def source_use_table(dirs: Sequence[Path] = (), *, comparator: str = "warmup",
         c = curves[name]
         loss, gap = c.get("valid_loss", {}), c.get("valid_src_gap", {})
         b = bleu.get(name) or {}
-        ref_name = comparator_of(name, comparator, curves)
+        twin = comparator_of(name, comparator)
+        ref_name = twin if twin in curves else comparator
         if name in comparators:
             verdict = "the comparator"
         elif ref_name not in curves:
@@ -87,7 +75,7 @@ def source_use_table(dirs: Sequence[Path] = (), *, comparator: str = "warmup",
             v = judge(name, c, ref_name, curves[ref_name])
             verdict = "–" if v.holds is None else ("holds" if v.holds else "fails: " + "; ".join(v.reasons))
         lines.append("| " + " | ".join(
-            [f"`{name}`", batch_of[name], str(seed_of(name))] + [_fmt(loss.get(u)) for u in updates]
+            [f"`{name}`", batch_of[name], str(split_arm_name(name)[1] or 1)] + [_fmt(loss.get(u)) for u in updates]
             + [_fmt(gap.get(u)) for u in updates]
             + [_fmt(b.get("bleu"), 2), "–" if b.get("distinct_hypotheses") is None else str(b["distinct_hypotheses"]),
                verdict]) + " |")

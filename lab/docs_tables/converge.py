@@ -1,6 +1,7 @@
 """The headline table: the testbed's model trained to convergence (preset ``converge``), every arm by BLEU (best
 checkpoint by validation loss and last), its final source gap and loss, mean and spread over its seeds, each seed
-judged against the warmup run of its seed with BLEU deciding; GradInit arms also compute-matched."""
+of a no-warmup arm judged against the strongest warmup baseline's run of that seed with BLEU deciding; GradInit
+arms also compute-matched."""
 from __future__ import annotations
 
 import json
@@ -11,7 +12,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..study.presets import CONVERGE_UPDATES
 from ..study.runner import best_update as best_checkpoint
-from ..study.tables import read_curves_csv
+from ..study.tables import read_curves_csv, split_arm_name
 from ..study.verdict import judge
 from .records import REPO, RECORD
 
@@ -19,13 +20,13 @@ CONVERGE = RECORD / "testbed-d128" / "converge"
 #: The measured cost of one objective iteration of the default phase (four simulated steps), in training updates
 #: of the same model on the same machine (``benchmarks/bench_phase_e2e.py --tag phase_e2e_cpu_look4``).
 PHASE_BENCH = REPO / "benchmarks" / "results" / "phase_e2e_cpu_look4.json"
-#: Which arm every other is judged against (the one of its own seed).
-COMPARATOR = "warmup"
+#: An arm that warms its learning rate up is a baseline; the others are the no-warmup arms being judged.
+WARMUP_ARG = re.compile(r"--warmup-updates[ =]")
 
 
 def _seed(name: str) -> Tuple[str, int]:
-    m = re.fullmatch(r"(.*)-s(\d+)", name)
-    return (m.group(1), int(m.group(2))) if m else (name, 1)
+    base, seed = split_arm_name(name)
+    return base, seed or 1
 
 
 def updates_per_iteration(path: Path = PHASE_BENCH) -> float:
@@ -61,7 +62,8 @@ def _arms(dirs: Sequence[Path]) -> Dict[str, dict]:
             args = (study.get("arms") or {}).get(name, {}).get("args", "")
             m = re.search(r"--gradinit-iters[ =](\d+)", args)
             arms[name] = {"curves": curves, "bleu": bleu.get(name) or {}, "best": (bleu.get(name) or {}).get("best"),
-                          "iters": int(m.group(1)) if m else None, "batch": d.name}
+                          "iters": int(m.group(1)) if m else None, "batch": d.name,
+                          "warmup": bool(WARMUP_ARG.search(args))}
     return arms
 
 
@@ -111,10 +113,33 @@ def compute_matched(arm: dict, ref: dict, per_iteration: float, every: int = 250
             f"gap {a_gap[u]:.2f} vs {r_gap[u + cost]:.2f}")
 
 
+def strongest_baseline(arms: Mapping[str, dict]) -> Optional[str]:
+    """The comparator: of the warmup baselines (arms whose every seed warms up), the one with the highest BLEU
+    averaged over its seeds (each seed's best checkpoint, else its last); a reviewer compares against the
+    strongest baseline, not the one that happened to run first. Ties go to the name that sorts first."""
+    groups: Dict[str, List[str]] = {}
+    for name in arms:
+        groups.setdefault(_seed(name)[0], []).append(name)
+    scored = []
+    for base, names in groups.items():
+        if not all(arms[n]["warmup"] for n in names):
+            continue
+        bleus = [b if b is not None else last for b, last, _ in (_bleu_pair(arms[n]) for n in names)]
+        bleus = [b for b in bleus if b is not None]
+        if bleus:
+            scored.append((-sum(bleus) / len(bleus), base))
+    return min(scored)[1] if scored else None
+
+
 def headline_table(dirs: Sequence[Path] = ()) -> str:
-    """The headline table (rows: arms by name without the seed suffix; mean ± half the range over seeds)."""
+    """The headline table (rows: arms by name without the seed suffix, the comparator first, then the other warmup
+    baselines; mean ± half the range over seeds)."""
     dirs = list(dirs) or converge_runs()
     arms = _arms(dirs)
+    comparator = strongest_baseline(arms)
+    baselines = {_seed(n)[0] for n, a in arms.items() if a["warmup"]}
+    strongest = "the only warmup baseline stored" if len(baselines) == 1 \
+        else f"the strongest of {len(baselines)} warmup baselines"
     per_iteration = updates_per_iteration() if any(a["iters"] for a in arms.values()) else float("nan")
     groups: Dict[str, List[str]] = {}
     for name in arms:
@@ -122,7 +147,7 @@ def headline_table(dirs: Sequence[Path] = ()) -> str:
     head = ["arm", "seeds", "BLEU best", "BLEU last", "distinct hypotheses (last)", "source gap (last)",
             "loss (last)", "verdict per seed (BLEU decides)", "compute-matched (GradInit arms)"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
-    for base in sorted(groups, key=lambda b: (b != COMPARATOR, b)):
+    for base in sorted(groups, key=lambda b: (b != comparator, not arms[groups[b][0]]["warmup"], b)):
         names = sorted(groups[base], key=lambda n: _seed(n)[1])
         best, last, distinct, gaps, losses, verdicts, matched = [], [], [], [], [], [], []
         for n in names:
@@ -135,9 +160,11 @@ def headline_table(dirs: Sequence[Path] = ()) -> str:
             gaps.append((c.get("valid_src_gap") or {}).get(u))
             losses.append((c.get("valid_loss") or {}).get(u))
             seed = _seed(n)[1]
-            ref_name = COMPARATOR if seed == 1 else f"{COMPARATOR}-s{seed}"
-            if base == COMPARATOR:
-                verdicts.append(f"s{seed}: the comparator")
+            ref_name = None if comparator is None else comparator if seed == 1 else f"{comparator}-s{seed}"
+            if base == comparator:
+                verdicts.append(f"s{seed}: the comparator ({strongest})")
+            elif arms[n]["warmup"]:
+                verdicts.append(f"s{seed}: a warmup baseline")
             elif ref_name not in arms:
                 verdicts.append(f"s{seed}: no comparator run of seed {seed}")
             else:
