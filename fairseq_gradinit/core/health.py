@@ -117,6 +117,10 @@ class HealthThresholds:
     A weight at the floor 0.01 starts switched off: its elements are then about as small as one
     Adam step at a usual learning rate, so the first updates rewrite it, without warmup (the sizes:
     docs/health.md). A few such tensors in a large model are tolerated, a whole family of them is not.
+    ``live_bound`` = 0.1: a tensor at a lower bound of at least this (one a user set with ``scale_bounds``)
+    is listed but not counted as switched off: it keeps a tenth or more of its initial size (at d=512, elements
+    of 3e-3 to 4e-3: six to eight Adam steps at lr 5e-4), so the first updates do not rewrite it; the pair check
+    leaves it alone too.
 
     ``min_layer_norm_scale`` = 0.1: in a Post-LN block the LayerNorm's output is the whole residual
     stream of the next sublayer, so scaling its weight by s shrinks the next LayerNorm's input by
@@ -169,6 +173,7 @@ class HealthThresholds:
 
     floor_fraction: float = 0.05
     floor_allowance: int = 1
+    live_bound: float = 0.1
     min_layer_norm_scale: float = 0.1
     max_gain: float = 4.0
     max_gain_ratio: float = 4.0
@@ -180,7 +185,7 @@ class HealthThresholds:
     max_loss_rise: float = 0.1
 
     def __post_init__(self):
-        for name in ("floor_fraction", "min_layer_norm_scale", "max_gain", "max_gain_ratio", "max_block_quieting",
+        for name in ("floor_fraction", "live_bound", "min_layer_norm_scale", "max_gain", "max_gain_ratio", "max_block_quieting",
                      "max_constraint_share", "max_initial_norm_ratio", "pair_floor_factor",
                      "max_encoder_quieting_ratio", "max_loss_rise"):
             v = getattr(self, name)
@@ -454,14 +459,20 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
             continue
         if value <= _tolerance(lo):
             (floor_b if bias else floor_w)[name] = (value, lo)
+        if lo >= th.live_bound:
+            lows[name] = 0.0  # a bound that keeps the tensor alive: not a pair switched off either
         if not bias and is_layer_norm(name) and value < th.min_layer_norm_scale:
             small[name] = value
 
     reasons = []
     allowed = max(th.floor_allowance, th.floor_fraction * n_w)
-    if len(floor_w) > allowed:
-        reasons.append(f"{len(floor_w)} of {n_w} weight tensors are at their lower bound (more than "
-                       f"{allowed:g} allowed), e.g. {next(iter(floor_w))}: they start switched off")
+    switched_off = [n for n, (_, lo) in floor_w.items() if lo < th.live_bound]
+    if len(switched_off) > allowed:
+        reasons.append(f"{len(switched_off)} of {n_w} weight tensors are at their lower bound (more than "
+                       f"{allowed:g} allowed), e.g. {switched_off[0]}: they start switched off")
+    if len(switched_off) < len(floor_w):
+        notes.append(f"{len(floor_w) - len(switched_off)} weight tensors sit at a lower bound of at least "
+                     f"{th.live_bound:g} (scale_bounds): listed, not counted as switched off")
     if small and norms is None:
         name, value = min(small.items(), key=lambda kv: kv[1])
         reasons.append(f"{len(small)} LayerNorm weights scaled below {th.min_layer_norm_scale:g}, e.g. {name} "

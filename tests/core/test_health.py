@@ -65,8 +65,12 @@ def test_floor_uses_each_tensors_own_bound_and_the_allowance():
     cfg = {"min_scale": 0.01, "scale_bounds": [["bias", 0, None], ["re:^c\\.", 0.5, None]]}
     health = scale_verdict(scales, config=cfg)
     assert list(health.floor_weights) == ["a.weight", "c.weight"] and list(health.floor_biases) == ["d.bias"]
-    assert health.verdict == DEGENERATE  # 2 of 3 weights > max(1, 5% of 3)
-    lenient = scale_verdict(scales, config=cfg, thresholds=HealthThresholds(floor_allowance=2))
+    # c.weight sits at a bound of 0.5, which keeps it alive: listed, not counted as switched off
+    assert health.verdict == OK and "1 weight tensors sit at a lower bound of at least 0.1" in health.notes[-1]
+    low = {"min_scale": 0.01, "scale_bounds": [["bias", 0, None], ["re:^c\\.", 0.05, None]]}
+    health = scale_verdict({**scales, "c.weight": 0.05}, config=low)
+    assert health.verdict == DEGENERATE  # 2 of 3 weights switched off > max(1, 5% of 3)
+    lenient = scale_verdict({**scales, "c.weight": 0.05}, config=low, thresholds=HealthThresholds(floor_allowance=2))
     assert lenient.verdict == OK and lenient.reasons == []
     # without the file's bounds every tensor is held against the global 0.01
     assert list(scale_verdict(scales).floor_biases) == ["d.bias", "e.bias"]
@@ -79,7 +83,9 @@ def test_floor_uses_each_tensors_own_bound_and_the_allowance():
     model = PostLN()
     apply_scales(model, {"fc0.weight": 0.5})
     exact = scale_health(model, {"fc0.weight": 0.5}, None, config=cfg)
-    assert list(exact.floor_weights) == ["fc0.weight"] and not exact.notes and exact.norms is None
+    assert list(exact.floor_weights) == ["fc0.weight"] and exact.norms is None
+    assert exact.notes == ["1 weight tensors sit at a lower bound of at least 0.1 (scale_bounds): listed, "
+                           "not counted as switched off"]
 
 
 def _hand_ln1_input(model, x):
