@@ -119,8 +119,8 @@ class HealthThresholds:
     docs/health.md). A few such tensors in a large model are tolerated, a whole family of them is not.
     ``live_bound`` = 0.1: a tensor at a lower bound of at least this (one a user set with ``scale_bounds``)
     is listed but not counted as switched off: it keeps a tenth or more of its initial size (at d=512, elements
-    of 3e-3 to 4e-3: six to eight Adam steps at lr 5e-4), so the first updates do not rewrite it; the pair check
-    leaves it alone too.
+    of 3e-3 to 4e-3: six to eight Adam steps at lr 5e-4), so the first updates do not rewrite it. The pair check
+    still applies: two such tensors of one branch near their bounds multiply into a branch many times quieter.
 
     ``min_layer_norm_scale`` = 0.1: in a Post-LN block the LayerNorm's output is the whole residual
     stream of the next sublayer, so scaling its weight by s shrinks the next LayerNorm's input by
@@ -185,8 +185,8 @@ class HealthThresholds:
     max_loss_rise: float = 0.1
 
     def __post_init__(self):
-        for name in ("floor_fraction", "live_bound", "min_layer_norm_scale", "max_gain", "max_gain_ratio", "max_block_quieting",
-                     "max_constraint_share", "max_initial_norm_ratio", "pair_floor_factor",
+        for name in ("floor_fraction", "live_bound", "min_layer_norm_scale", "max_gain", "max_gain_ratio",
+                     "max_block_quieting", "max_constraint_share", "max_initial_norm_ratio", "pair_floor_factor",
                      "max_encoder_quieting_ratio", "max_loss_rise"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
@@ -459,8 +459,6 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
             continue
         if value <= _tolerance(lo):
             (floor_b if bias else floor_w)[name] = (value, lo)
-        if lo >= th.live_bound:
-            lows[name] = 0.0  # a bound that keeps the tensor alive: not a pair switched off either
         if not bias and is_layer_norm(name) and value < th.min_layer_norm_scale:
             small[name] = value
 
