@@ -440,6 +440,7 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
     floor_w: Dict[str, Tuple[float, float]] = {}
     lows: Dict[str, float] = {}
     floor_b: Dict[str, Tuple[float, float]] = {}
+    alive: set = set()
     n_w = n_b = 0
     small: Dict[str, float] = {}
     for name, value in scales.items():
@@ -458,13 +459,17 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
             lows[name] = 0.0  # pinned by its bounds: kept where the user put it, not switched off by GradInit
             continue
         if value <= _tolerance(lo):
+            # a group bound the user set at live_bound or above keeps the tensor alive (see HealthThresholds)
+            live = b is not None and b.min_scale is not None and lo >= th.live_bound
             (floor_b if bias else floor_w)[name] = (value, lo)
+            if live and not bias:
+                alive.add(name)
         if not bias and is_layer_norm(name) and value < th.min_layer_norm_scale:
             small[name] = value
 
     reasons = []
     allowed = max(th.floor_allowance, th.floor_fraction * n_w)
-    switched_off = [n for n, (_, lo) in floor_w.items() if lo < th.live_bound]
+    switched_off = [n for n in floor_w if n not in alive]
     if len(switched_off) > allowed:
         reasons.append(f"{len(switched_off)} of {n_w} weight tensors are at their lower bound (more than "
                        f"{allowed:g} allowed), e.g. {switched_off[0]}: they start switched off")
