@@ -118,8 +118,8 @@ class HealthThresholds:
     Adam step at a usual learning rate, so the first updates rewrite it, without warmup (the sizes:
     docs/health.md). A few such tensors in a large model are tolerated, a whole family of them is not.
     ``live_bound`` = 0.1: a tensor at a lower bound of at least this (one a user set with ``scale_bounds``)
-    is listed but not counted as switched off: it keeps a tenth or more of its initial size (at d=512, elements
-    of 3e-3 to 4e-3: six to eight Adam steps at lr 5e-4), so the first updates do not rewrite it. The pair check
+    is listed but not counted as switched off: it keeps a tenth or more of its initial size, several Adam steps
+    at a usual learning rate (the sizes: docs/health.md), so the first updates do not rewrite it. The pair check
     still applies: two such tensors of one branch near their bounds multiply into a branch many times quieter.
 
     ``min_layer_norm_scale`` = 0.1: in a Post-LN block the LayerNorm's output is the whole residual
@@ -459,10 +459,9 @@ def _judge(scales: Mapping[str, float], *, min_scale: float, bounds: Sequence, i
             lows[name] = 0.0  # pinned by its bounds: kept where the user put it, not switched off by GradInit
             continue
         if value <= _tolerance(lo):
-            # a group bound the user set at live_bound or above keeps the tensor alive (see HealthThresholds)
-            live = b is not None and b.min_scale is not None and lo >= th.live_bound
             (floor_b if bias else floor_w)[name] = (value, lo)
-            if live and not bias:
+            # a group bound the user set at live_bound or above keeps the tensor alive (see HealthThresholds)
+            if not bias and b is not None and b.min_scale is not None and lo >= th.live_bound:
                 alive.add(name)
         if not bias and is_layer_norm(name) and value < th.min_layer_norm_scale:
             small[name] = value

@@ -12,7 +12,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..study.presets import CONVERGE_UPDATES
 from ..study.runner import best_update as best_checkpoint
-from ..study.tables import read_curves_csv, split_arm_name
+from ..study.tables import comparator_of, read_curves_csv, split_arm_name
 from ..study.verdict import judge
 from .records import REPO, RECORD
 
@@ -113,13 +113,18 @@ def compute_matched(arm: dict, ref: dict, per_iteration: float, every: int = 250
             f"gap {a_gap[u]:.2f} vs {r_gap[u + cost]:.2f}")
 
 
-def strongest_baseline(arms: Mapping[str, dict]) -> Optional[str]:
-    """The comparator: of the warmup baselines (arms whose every seed warms up), the one with the highest BLEU
-    averaged over its seeds (each seed's best checkpoint, else its last); a reviewer compares against the
-    strongest baseline, not the one that happened to run first. Ties go to the name that sorts first."""
+def _by_config(arms: Mapping[str, dict]) -> Dict[str, List[str]]:
+    """Arm names grouped by their name without the seed suffix."""
     groups: Dict[str, List[str]] = {}
     for name in arms:
         groups.setdefault(_seed(name)[0], []).append(name)
+    return groups
+
+
+def strongest_baseline(arms: Mapping[str, dict], groups: Mapping[str, List[str]]) -> Optional[str]:
+    """The comparator: of the warmup baselines (``groups`` whose every seed warms up), the one with the highest
+    BLEU averaged over its seeds (each seed's best checkpoint, else its last); a reviewer compares against the
+    strongest baseline, not the one that happened to run first. Ties go to the name that sorts first."""
     scored = []
     for base, names in groups.items():
         if not all(arms[n]["warmup"] for n in names):
@@ -136,14 +141,12 @@ def headline_table(dirs: Sequence[Path] = ()) -> str:
     baselines; mean ± half the range over seeds)."""
     dirs = list(dirs) or converge_runs()
     arms = _arms(dirs)
-    comparator = strongest_baseline(arms)
+    groups = _by_config(arms)
+    comparator = strongest_baseline(arms, groups)
     baselines = {_seed(n)[0] for n, a in arms.items() if a["warmup"]}
     strongest = "the only warmup baseline stored" if len(baselines) == 1 \
         else f"the strongest of {len(baselines)} warmup baselines"
     per_iteration = updates_per_iteration() if any(a["iters"] for a in arms.values()) else float("nan")
-    groups: Dict[str, List[str]] = {}
-    for name in arms:
-        groups.setdefault(_seed(name)[0], []).append(name)
     head = ["arm", "seeds", "BLEU best", "BLEU last", "distinct hypotheses (last)", "source gap (last)",
             "loss (last)", "verdict per seed (BLEU decides)", "compute-matched (GradInit arms)"]
     lines = ["| " + " | ".join(head) + " |", "|---|---|---:|---:|---:|---:|---:|---|---|"]
@@ -160,7 +163,7 @@ def headline_table(dirs: Sequence[Path] = ()) -> str:
             gaps.append((c.get("valid_src_gap") or {}).get(u))
             losses.append((c.get("valid_loss") or {}).get(u))
             seed = _seed(n)[1]
-            ref_name = None if comparator is None else comparator if seed == 1 else f"{comparator}-s{seed}"
+            ref_name = comparator_of(n, comparator) if comparator else None
             if base == comparator:
                 verdicts.append(f"s{seed}: the comparator ({strongest})")
             elif arms[n]["warmup"]:
